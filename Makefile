@@ -1,0 +1,57 @@
+# The whole workflow of specstate. `make demo` and `make test` do all setup on a
+# fresh machine: system packages (scripts/system-deps.sh), a virtual
+# environment with the pinned tools (requirements-dev.txt), the native build.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Outside the clone, so that rebuilds of llama.cpp are incremental across clones.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
+# cargo test links the rlib against libpython; tell the loader where it is.
+PY_LIBDIR = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')")
+
+.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench clean
+
+all: test
+
+demo: develop
+	$(BIN)/python -m specstate
+
+test: develop lint test-rust test-python typecheck
+
+system-deps:
+	@scripts/system-deps.sh
+
+$(VENV)/.installed: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+develop: system-deps $(VENV)/.installed
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin develop --release --quiet
+
+test-rust: system-deps
+	LD_LIBRARY_PATH=$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} cargo test --release
+
+test-python: develop
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
+
+typecheck: develop
+	$(BIN)/mypy
+	$(BIN)/python -m mypy.stubtest specstate._native
+
+lint: system-deps
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+
+fmt:
+	cargo fmt
+
+wheel: system-deps $(VENV)/.installed
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin build --release --out dist
+
+bench: develop
+	$(BIN)/python benchmarks/cpu_baseline.py
+
+clean:
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .hypothesis

@@ -1,0 +1,72 @@
+"""specstate: speculative decoding on llama.cpp with exact, checkpointable state.
+
+This package exposes the seed contract of speculative draft sessions: its
+bounds (``MAX_SPECULATIVE_*``), its validators (:func:`validate_config`,
+:func:`validate_context_capacities`, :func:`validate_state_size`), the
+:class:`ContextCapacity` they take, and one typed exception per error variant
+(see :mod:`specstate.errors`). :func:`native_info` describes the native build.
+"""
+
+from __future__ import annotations
+
+from specstate._cpu import check_cpu as _check_cpu
+
+_check_cpu()
+
+from specstate._native import (  # noqa: E402
+    MAX_SPECULATIVE_DRAFT_TOKENS,
+    MAX_SPECULATIVE_PROMPT_TOKENS,
+    MAX_SPECULATIVE_SEQUENCES,
+    MAX_SPECULATIVE_STATE_BYTES,
+    ContextCapacity,
+    native_info,
+    validate_config,
+    validate_context_capacities,
+    validate_state_size,
+)
+from specstate._typing import NativeInfo  # noqa: E402
+from specstate.errors import (  # noqa: E402
+    BadSequenceError,
+    BufferTooSmallError,
+    CapacityError,
+    ConfigError,
+    ExcessiveStateError,
+    InvalidStateError,
+    NativeExceptionError,
+    NotQuiescentError,
+    NullStateError,
+    SpeculativeStateError,
+    StateOverflowError,
+    StateSizeChangedError,
+    StateUnavailableError,
+    UnknownStatusError,
+)
+
+__version__: str = native_info()["specstate_version"]
+
+__all__ = [
+    "MAX_SPECULATIVE_DRAFT_TOKENS",
+    "MAX_SPECULATIVE_PROMPT_TOKENS",
+    "MAX_SPECULATIVE_SEQUENCES",
+    "MAX_SPECULATIVE_STATE_BYTES",
+    "BadSequenceError",
+    "BufferTooSmallError",
+    "CapacityError",
+    "ConfigError",
+    "ContextCapacity",
+    "ExcessiveStateError",
+    "InvalidStateError",
+    "NativeInfo",
+    "NativeExceptionError",
+    "NotQuiescentError",
+    "NullStateError",
+    "SpeculativeStateError",
+    "StateOverflowError",
+    "StateSizeChangedError",
+    "StateUnavailableError",
+    "UnknownStatusError",
+    "native_info",
+    "validate_config",
+    "validate_context_capacities",
+    "validate_state_size",
+]

@@ -1,0 +1,168 @@
+"""Typed exceptions of specstate.
+
+Each class of the :class:`SpeculativeStateError` family mirrors one variant of
+the seed's ``SpeculativeStateError`` enum: its fields are attributes, it can be
+built from them as keyword arguments, its ``str()`` is the seed's ``Display``
+text, and it pickles. :class:`ConfigError` and :class:`CapacityError` carry the
+seed validators' messages and are :class:`ValueError` subclasses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "BadSequenceError",
+    "BufferTooSmallError",
+    "CapacityError",
+    "ConfigError",
+    "ExcessiveStateError",
+    "InvalidStateError",
+    "NativeExceptionError",
+    "NotQuiescentError",
+    "NullStateError",
+    "SpeculativeStateError",
+    "StateOverflowError",
+    "StateSizeChangedError",
+    "StateUnavailableError",
+    "UnknownStatusError",
+]
+
+
+class ConfigError(ValueError):
+    """A speculative configuration failed the seed's ``validate_config``.
+
+    ``str()`` is the seed's message for the first failing check.
+    """
+
+
+class CapacityError(ValueError):
+    """Target or draft context capacities cannot hold a speculative batch.
+
+    ``str()`` is the seed's ``validate_context_capacities`` message.
+    """
+
+
+class SpeculativeStateError(Exception):
+    """Base of the failures of capturing or restoring speculative state.
+
+    Subclasses mirror the seed enum's variants one to one. The base class
+    itself accepts an arbitrary message like any exception.
+    """
+
+    _fields: ClassVar[tuple[str, ...]] = ()
+    _template: ClassVar[str] = ""
+
+    def __str__(self) -> str:
+        if not self._template:
+            return super().__str__()
+        return self._template.format(**{name: getattr(self, name) for name in self._fields})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self._template:
+            return (type(self), self.args, self.__dict__ or None)
+        return (type(self), tuple(getattr(self, name) for name in self._fields))
+
+
+class _FieldlessStateError(SpeculativeStateError):
+    """A variant without fields: constructed with no arguments."""
+
+    def __init__(self) -> None:
+        super().__init__(self._template)
+
+
+class NullStateError(_FieldlessStateError):
+    """A required native session or output pointer was null."""
+
+    _template = "speculative state operation received a null native value"
+
+
+class BadSequenceError(_FieldlessStateError):
+    """The sequence id is outside the configured session range."""
+
+    _template = "speculative state sequence id is outside the configured range"
+
+
+class NotQuiescentError(_FieldlessStateError):
+    """A draft proposal has not yet been completed with ``accept``."""
+
+    _template = "speculative state is available only at a quiescent boundary"
+
+
+class BufferTooSmallError(_FieldlessStateError):
+    """Native reported that the supplied buffer was too small without a size."""
+
+    _template = "the speculative state buffer was too small"
+
+
+class StateUnavailableError(_FieldlessStateError):
+    """The active native implementation did not expose complete state."""
+
+    _template = "the active speculative implementation did not expose complete state"
+
+
+class InvalidStateError(_FieldlessStateError):
+    """The supplied state failed its exact version/configuration checks."""
+
+    _template = "speculative state is invalid for this session"
+
+
+class StateOverflowError(_FieldlessStateError):
+    """Native state size arithmetic overflowed."""
+
+    _template = "speculative state size overflowed"
+
+
+class NativeExceptionError(_FieldlessStateError):
+    """A C++ exception was contained by the speculative-state shim."""
+
+    _template = "the native speculative-state operation raised an exception"
+
+
+class StateSizeChangedError(SpeculativeStateError):
+    """Native state changed size between the size and copy calls.
+
+    Attributes:
+        expected: size returned by the initial query, in bytes.
+        actual: size required or written by the copy call, in bytes.
+    """
+
+    _fields = ("expected", "actual")
+    _template = "speculative state size changed from {expected} to {actual} bytes"
+
+    def __init__(self, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(expected, actual)
+
+
+class ExcessiveStateError(SpeculativeStateError):
+    """State exceeded the safe allocation/input bound.
+
+    Attributes:
+        size: requested or supplied byte count.
+        maximum: inclusive safe bound, in bytes.
+    """
+
+    _fields = ("size", "maximum")
+    _template = "speculative state is {size} bytes, exceeding the {maximum}-byte bound"
+
+    def __init__(self, size: int, maximum: int) -> None:
+        self.size = size
+        self.maximum = maximum
+        super().__init__(size, maximum)
+
+
+class UnknownStatusError(SpeculativeStateError):
+    """Native returned a status unknown to this binding revision.
+
+    Attributes:
+        status: the raw status value.
+    """
+
+    _fields = ("status",)
+    _template = "unknown speculative state status {status}"
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(status)

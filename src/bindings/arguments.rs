@@ -1,0 +1,127 @@
+//! Conversion of Python arguments into the native types the seed takes.
+//!
+//! The rules are the same for every binding:
+//! - an integer argument is anything `operator.index` accepts, except `bool`;
+//! - an integer outside the native type's range saturates to the nearest bound
+//!   of that type, so it fails the seed's own bound check with the seed's own
+//!   message (never an `OverflowError`);
+//! - a float argument is converted to `f32` exactly as C converts a double:
+//!   round to nearest, overflow to infinity.
+
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt};
+
+/// `operator.index(value)`, refusing `bool` with a `TypeError` naming `name`.
+pub(crate) fn index_argument<'py>(
+    value: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<Bound<'py, PyInt>> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an integer, not bool"
+        )));
+    }
+    if let Ok(int) = value.cast::<PyInt>() {
+        return Ok(int.clone());
+    }
+    let py = value.py();
+    // SAFETY: `value` is a live object for the duration of the call and the
+    // GIL is held (we have a `Python` token); `PyNumber_Index` returns a new
+    // reference or null with a Python error set, which `from_owned_ptr_or_err`
+    // takes ownership of.
+    let index =
+        unsafe { Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyNumber_Index(value.as_ptr())) };
+    match index {
+        Ok(index) => Ok(index.cast_into::<PyInt>()?),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{name} must be an integer, not {}",
+            value.get_type().name()?
+        ))),
+    }
+}
+
+/// An integer as `i128`, saturated when it does not fit.
+fn saturating_i128(value: &Bound<'_, PyInt>) -> PyResult<i128> {
+    match value.extract::<i128>() {
+        Ok(exact) => Ok(exact),
+        Err(error) if error.is_instance_of::<PyOverflowError>(value.py()) => {
+            Ok(if value.lt(0)? { i128::MIN } else { i128::MAX })
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// The integer clamped into `T`'s range, for bound checks that reject both ends.
+pub(crate) fn saturating<T>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T>
+where
+    T: TryFrom<i128> + Bounded,
+{
+    let wide = saturating_i128(&index_argument(value, name)?)?;
+    Ok(T::try_from(wide).unwrap_or(if wide < 0 { T::MIN } else { T::MAX }))
+}
+
+/// What an integer argument is, relative to a native type's range.
+pub(crate) enum Ranged<T> {
+    Fits(T),
+    Negative,
+    TooLarge,
+}
+
+/// The integer in `T` if it fits, or which side of `T`'s range it falls on.
+pub(crate) fn ranged<T: TryFrom<i128>>(
+    value: &Bound<'_, PyAny>,
+    name: &str,
+) -> PyResult<Ranged<T>> {
+    let wide = saturating_i128(&index_argument(value, name)?)?;
+    Ok(match T::try_from(wide) {
+        Ok(fits) => Ranged::Fits(fits),
+        Err(_) if wide < 0 => Ranged::Negative,
+        Err(_) => Ranged::TooLarge,
+    })
+}
+
+/// A probability argument as the native `float` receives it.
+///
+/// Accepts a `float` (converted to `f32` with round-to-nearest and overflow to
+/// infinity) or an integer per [`index_argument`] (an integer too large for a
+/// double becomes an infinity of its sign).
+pub(crate) fn f32_argument(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f32> {
+    if let Ok(float) = value.cast::<PyFloat>() {
+        return Ok(float.value() as f32);
+    }
+    if value.is_instance_of::<PyBool>()
+        || value.hasattr("__index__").map(|has| !has).unwrap_or(true)
+    {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int or a float, not {}",
+            value.get_type().name()?
+        )));
+    }
+    let int = index_argument(value, name)?;
+    match int.extract::<f64>() {
+        Ok(double) => Ok(double as f32),
+        Err(error) if error.is_instance_of::<PyOverflowError>(value.py()) => Ok(if int.lt(0)? {
+            f32::NEG_INFINITY
+        } else {
+            f32::INFINITY
+        }),
+        Err(error) => Err(error),
+    }
+}
+
+/// Native integer types with a smallest and largest value.
+pub(crate) trait Bounded: Sized {
+    const MIN: Self;
+    const MAX: Self;
+}
+
+macro_rules! bounded {
+    ($($t:ty),*) => {$(
+        impl Bounded for $t {
+            const MIN: Self = <$t>::MIN;
+            const MAX: Self = <$t>::MAX;
+        }
+    )*};
+}
+bounded!(u32, i32, u64, usize);

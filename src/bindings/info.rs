@@ -1,0 +1,36 @@
+//! `native_info()` and the import-time CPU check.
+
+use pyo3::exceptions::PyImportError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::native_info as build;
+
+/// A description of the native build, as a dict of plain values.
+#[pyfunction]
+pub(crate) fn native_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let info = PyDict::new(py);
+    info.set_item("specstate_version", env!("CARGO_PKG_VERSION"))?;
+    info.set_item("llama_cpp_sys_version", build::LLAMA_CPP_SYS_VERSION)?;
+    info.set_item("llama_cpp_build", build::LLAMA_CPP_BUILD)?;
+    info.set_item("llama_cpp_commit", build::LLAMA_CPP_COMMIT)?;
+    info.set_item("backends", build::compiled_backends())?;
+    info.set_item("cpu_baseline", build::CPU_BASELINE)?;
+    info.set_item("simd_features", build::compiled_simd_features())?;
+    info.set_item("system_info", build::system_info())?;
+    Ok(info)
+}
+
+/// Refuse to load on a CPU that lacks the SIMD features compiled in.
+pub(crate) fn ensure_cpu_supported() -> PyResult<()> {
+    let missing = build::missing_cpu_features();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(PyImportError::new_err(format!(
+        "specstate's native code was compiled for {} and this CPU lacks {}; \
+         rebuild it from source for this CPU (see docs/cpu-baseline.md)",
+        build::CPU_BASELINE,
+        missing.join(", ")
+    )))
+}

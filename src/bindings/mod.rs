@@ -1,0 +1,36 @@
+//! The Python module `specstate._native`: a thin layer over the Rust core.
+
+mod arguments;
+mod errors;
+mod info;
+mod validators;
+
+use pyo3::prelude::*;
+
+use crate::speculative::{
+    MAX_SPECULATIVE_DRAFT_TOKENS, MAX_SPECULATIVE_PROMPT_TOKENS, MAX_SPECULATIVE_SEQUENCES,
+    MAX_SPECULATIVE_STATE_BYTES,
+};
+
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    info::ensure_cpu_supported()?;
+    module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
+    module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
+    module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;
+    module.add(
+        "MAX_SPECULATIVE_PROMPT_TOKENS",
+        MAX_SPECULATIVE_PROMPT_TOKENS,
+    )?;
+    module.add_class::<validators::ContextCapacity>()?;
+    module.add_function(wrap_pyfunction!(validators::validate_config, module)?)?;
+    module.add_function(wrap_pyfunction!(
+        validators::validate_context_capacities,
+        module
+    )?)?;
+    module.add_function(wrap_pyfunction!(validators::validate_state_size, module)?)?;
+    module.add_function(wrap_pyfunction!(validators::_raise_for_status, module)?)?;
+    module.add_function(wrap_pyfunction!(validators::_seed_error_display, module)?)?;
+    module.add_function(wrap_pyfunction!(info::native_info, module)?)?;
+    Ok(())
+}

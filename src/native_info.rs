@@ -1,0 +1,154 @@
+//! What the native build is: pinned versions, backends, CPU kernels compiled in,
+//! and the check that this CPU can run them.
+
+use std::ffi::CStr;
+
+use llama_cpp_sys_4 as sys;
+
+/// The exact `llama-cpp-sys-4` release this crate pins in `Cargo.toml`.
+pub const LLAMA_CPP_SYS_VERSION: &str = "0.11.0";
+/// llama.cpp build vendored by that release (from its README).
+pub const LLAMA_CPP_BUILD: &str = "b12032+1";
+/// llama.cpp commit vendored by that release (from its README).
+pub const LLAMA_CPP_COMMIT: &str = "785322d17f";
+
+/// The documented CPU baseline of the default x86-64 build (`.cargo/config.toml`).
+pub const CPU_BASELINE: &str = if cfg!(target_arch = "x86_64") {
+    "x86-64-v3"
+} else {
+    "target default"
+};
+
+type Probe = unsafe extern "C" fn() -> std::os::raw::c_int;
+
+/// x86 SIMD features whose kernels ggml may compile in, with ggml's probe for
+/// "compiled in" (a compile-time macro test inside ggml-cpu).
+#[cfg(target_arch = "x86_64")]
+const X86_FEATURES: &[(&str, Probe)] = &[
+    ("sse3", sys::ggml_cpu_has_sse3),
+    ("ssse3", sys::ggml_cpu_has_ssse3),
+    ("avx", sys::ggml_cpu_has_avx),
+    ("avx2", sys::ggml_cpu_has_avx2),
+    ("fma", sys::ggml_cpu_has_fma),
+    ("f16c", sys::ggml_cpu_has_f16c),
+    ("bmi2", sys::ggml_cpu_has_bmi2),
+    ("avx_vnni", sys::ggml_cpu_has_avx_vnni),
+    ("avx512", sys::ggml_cpu_has_avx512),
+    ("avx512_vbmi", sys::ggml_cpu_has_avx512_vbmi),
+    ("avx512_vnni", sys::ggml_cpu_has_avx512_vnni),
+    ("avx512_bf16", sys::ggml_cpu_has_avx512_bf16),
+];
+
+#[cfg(not(target_arch = "x86_64"))]
+const X86_FEATURES: &[(&str, Probe)] = &[];
+
+/// The SIMD features ggml's CPU kernels were compiled for.
+pub fn compiled_simd_features() -> Vec<&'static str> {
+    X86_FEATURES
+        .iter()
+        // SAFETY: each probe is a parameterless ggml function returning a
+        // compile-time constant; it touches no state and cannot fail.
+        .filter(|(_, probe)| unsafe { probe() } != 0)
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// Whether this CPU has `feature` (one of [`X86_FEATURES`]' names).
+#[cfg(target_arch = "x86_64")]
+fn cpu_has(feature: &str) -> bool {
+    match feature {
+        "sse3" => std::arch::is_x86_feature_detected!("sse3"),
+        "ssse3" => std::arch::is_x86_feature_detected!("ssse3"),
+        "avx" => std::arch::is_x86_feature_detected!("avx"),
+        "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+        "fma" => std::arch::is_x86_feature_detected!("fma"),
+        "f16c" => std::arch::is_x86_feature_detected!("f16c"),
+        "bmi2" => std::arch::is_x86_feature_detected!("bmi2"),
+        "avx_vnni" => std::arch::is_x86_feature_detected!("avxvnni"),
+        "avx512" => std::arch::is_x86_feature_detected!("avx512f"),
+        "avx512_vbmi" => std::arch::is_x86_feature_detected!("avx512vbmi"),
+        "avx512_vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+        "avx512_bf16" => std::arch::is_x86_feature_detected!("avx512bf16"),
+        _ => false,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_has(_feature: &str) -> bool {
+    true
+}
+
+/// Compiled-in SIMD features this CPU lacks; running any kernel would then
+/// raise an illegal instruction, so the module refuses to load instead.
+pub fn missing_cpu_features() -> Vec<&'static str> {
+    compiled_simd_features()
+        .into_iter()
+        .filter(|feature| !cpu_has(feature))
+        .collect()
+}
+
+/// The backends compiled into this build.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let mut backends = vec!["cpu"];
+    if cfg!(feature = "cuda") {
+        backends.push("cuda");
+    }
+    if cfg!(feature = "metal") {
+        backends.push("metal");
+    }
+    backends
+}
+
+/// llama.cpp's own description of the build (`llama_print_system_info`).
+pub fn system_info() -> String {
+    // SAFETY: returns a pointer to a static, NUL-terminated buffer owned by
+    // llama.cpp; we copy it out immediately.
+    let raw = unsafe { sys::llama_print_system_info() };
+    if raw.is_null() {
+        return String::new();
+    }
+    // SAFETY: `raw` is non-null and NUL-terminated (see above).
+    unsafe { CStr::from_ptr(raw) }
+        .to_string_lossy()
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pinned_sys_version_is_the_one_in_the_manifest() {
+        let manifest = include_str!("../Cargo.toml");
+        let pin = format!("llama-cpp-sys-4 = \"={LLAMA_CPP_SYS_VERSION}\"");
+        assert!(manifest.contains(&pin), "Cargo.toml must pin {pin}");
+    }
+
+    #[test]
+    fn the_default_x86_build_compiles_the_x86_64_v3_kernels() {
+        if cfg!(target_arch = "x86_64") && !cfg!(feature = "cuda") {
+            let compiled = compiled_simd_features();
+            for feature in ["avx", "avx2", "fma", "f16c", "bmi2"] {
+                assert!(
+                    compiled.contains(&feature),
+                    "{feature} missing from {compiled:?}"
+                );
+            }
+            assert!(
+                !compiled.contains(&"avx512"),
+                "the baseline must not need AVX-512"
+            );
+        }
+    }
+
+    #[test]
+    fn this_machine_runs_the_compiled_kernels() {
+        assert_eq!(missing_cpu_features(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn system_info_names_the_cpu_backend() {
+        assert!(system_info().contains("CPU"), "{}", system_info());
+    }
+}
