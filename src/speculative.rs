@@ -59,10 +59,6 @@ pub enum SpeculativeStateError {
     Unknown(u32),
 }
 
-#[expect(
-    dead_code,
-    reason = "called by the speculative session layer, which is not built yet"
-)]
 pub(crate) fn capture_state(
     raw: NonNull<llama_cpp_sys_4::mtp_session>,
     seq_id: i32,
@@ -104,10 +100,6 @@ pub(crate) fn capture_state(
     Ok(state)
 }
 
-#[expect(
-    dead_code,
-    reason = "called by the speculative session layer, which is not built yet"
-)]
 pub(crate) fn restore_state(
     raw: NonNull<llama_cpp_sys_4::mtp_session>,
     seq_id: i32,

@@ -13,6 +13,12 @@ from typing import Any, ClassVar
 
 __all__ = [
     "BadSequenceError",
+    "ContextError",
+    "DecodeError",
+    "ModelLoadError",
+    "SequenceStateError",
+    "SessionError",
+    "ThreadAffinityError",
     "BufferTooSmallError",
     "CapacityError",
     "ConfigError",
@@ -41,6 +47,61 @@ class CapacityError(ValueError):
 
     ``str()`` is the seed's ``validate_context_capacities`` message.
     """
+
+
+class ModelLoadError(OSError):
+    """A model file is missing, unreadable, not GGUF, or refused by llama.cpp.
+
+    Attributes:
+        path: the path as given.
+        reason: why it could not be loaded.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"cannot load model {self.path}: {self.reason}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))
+
+
+class ContextError(RuntimeError):
+    """llama.cpp refused to create a context, or contexts do not fit together."""
+
+
+class DecodeError(RuntimeError):
+    """``llama_decode`` failed.
+
+    Attributes:
+        status: llama.cpp's return code (1: no memory slot for the batch,
+            2: aborted, negative: error).
+    """
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"llama_decode failed with status {self.status}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status,))
+
+
+class SequenceStateError(ValueError):
+    """A context's sequence state could not be read or restored."""
+
+
+class SessionError(RuntimeError):
+    """A speculative session call out of order (e.g. draft while a proposal is pending)."""
+
+
+class ThreadAffinityError(RuntimeError):
+    """A native object was used from a thread other than the one that created it."""
 
 
 class SpeculativeStateError(Exception):

@@ -4,9 +4,13 @@
 //! keyword arguments and pickle like any Python exception); this module maps
 //! the seed's error values onto them one to one.
 
+use std::thread::ThreadId;
+
 use pyo3::call::PyCallArgs;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::native::NativeError;
 use crate::speculative::SpeculativeStateError;
 
 const ERRORS_MODULE: &str = "specstate.errors";
@@ -61,4 +65,39 @@ pub(crate) fn speculative_state_error(py: Python<'_>, error: SpeculativeStateErr
         E::Excessive { size, maximum } => python_error(py, "ExcessiveStateError", (size, maximum)),
         E::Unknown(status) => python_error(py, "UnknownStatusError", (status,)),
     }
+}
+
+/// The Python exception of a native-layer failure.
+pub(crate) fn native_error(py: Python<'_>, error: NativeError) -> PyErr {
+    match error {
+        NativeError::ModelLoad { path, reason } => {
+            python_error(py, "ModelLoadError", (path.display().to_string(), reason))
+        }
+        NativeError::ContextInit(message) => python_error(py, "ContextError", (message,)),
+        NativeError::InvalidArgument(message) => PyValueError::new_err(message),
+        NativeError::Decode(status) => python_error(py, "DecodeError", (status,)),
+        NativeError::SequenceState(message) => python_error(py, "SequenceStateError", (message,)),
+    }
+}
+
+/// `SessionError(message)`: a speculative session call out of order.
+pub(crate) fn session_error(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    python_error(py, "SessionError", (message.into(),))
+}
+
+/// `ContextError(message)`: contexts that do not fit together.
+pub(crate) fn context_error(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    python_error(py, "ContextError", (message.into(),))
+}
+
+/// Raise `ThreadAffinityError` unless called on `owner`, the creating thread.
+pub(crate) fn ensure_thread(py: Python<'_>, owner: ThreadId, what: &str) -> PyResult<()> {
+    if std::thread::current().id() == owner {
+        return Ok(());
+    }
+    Err(python_error(
+        py,
+        "ThreadAffinityError",
+        (format!("this {what} was created on another thread; use it only from the thread that created it"),),
+    ))
 }

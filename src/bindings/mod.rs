@@ -1,8 +1,11 @@
 //! The Python module `specstate._native`: a thin layer over the Rust core.
 
 mod arguments;
+mod context;
 mod errors;
 mod info;
+mod model;
+mod session;
 mod validators;
 
 use pyo3::prelude::*;
@@ -23,6 +26,11 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
         MAX_SPECULATIVE_PROMPT_TOKENS,
     )?;
     module.add_class::<validators::ContextCapacity>()?;
+    module.add_class::<model::PyModel>()?;
+    module.add_class::<context::PyContext>()?;
+    module.add_class::<context::PyBatch>()?;
+    module.add_class::<session::PySession>()?;
+    module.add_class::<session::PyGreedyGeneration>()?;
     module.add_function(wrap_pyfunction!(validators::validate_config, module)?)?;
     module.add_function(wrap_pyfunction!(
         validators::validate_context_capacities,

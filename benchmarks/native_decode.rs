@@ -1,0 +1,96 @@
+//! Greedy decoding in a native loop with no Python in it.
+//!
+//! `native_decode MODEL [TOKENS] [THREADS] [RUNS]` prefills a fixed prompt, then
+//! decodes TOKENS tokens one at a time with greedy choice, RUNS times after one
+//! warm-up, and prints one JSON line with the median decode and prefill speeds.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use specstate::native::{Batch, Context, ContextParams, Model};
+
+const PROMPT: &str =
+    "Write a short story about a lighthouse keeper who finds a message in a bottle. \
+Describe the sea, the weather and the keeper's daily routine in detail before the discovery.";
+
+fn argmax(logits: &[f32]) -> i32 {
+    let mut best = 0;
+    for (index, value) in logits.iter().enumerate() {
+        if *value > logits[best] {
+            best = index;
+        }
+    }
+    best as i32
+}
+
+/// One run: (prefill seconds, decode seconds, tokens generated).
+fn run(model: &Arc<Model>, prompt: &[i32], tokens: usize, threads: i32) -> (f64, f64, Vec<i32>) {
+    let params = ContextParams {
+        n_ctx: 1024,
+        n_threads: threads,
+        ..ContextParams::default()
+    };
+    let mut context = Context::new(Arc::clone(model), params, None).expect("context");
+    let mut batch = Batch::new(512).expect("batch");
+    for (pos, &token) in prompt.iter().enumerate() {
+        batch
+            .push(token, pos as i32, 0, pos + 1 == prompt.len())
+            .expect("push");
+    }
+    let started = Instant::now();
+    context.decode(&batch).expect("prefill");
+    let mut next = argmax(context.logits(batch.len() as i32 - 1).expect("logits"));
+    let prefill = started.elapsed().as_secs_f64();
+    let mut generated = vec![next];
+    let started = Instant::now();
+    for step in 0..tokens - 1 {
+        batch.clear();
+        batch
+            .push(next, (prompt.len() + step) as i32, 0, true)
+            .expect("push");
+        context.decode(&batch).expect("decode");
+        next = argmax(context.logits(0).expect("logits"));
+        generated.push(next);
+    }
+    (prefill, started.elapsed().as_secs_f64(), generated)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let path = PathBuf::from(
+        args.next()
+            .expect("usage: native_decode MODEL [TOKENS] [THREADS] [RUNS]"),
+    );
+    let tokens: usize = args.next().map_or(128, |v| v.parse().expect("TOKENS"));
+    let threads: i32 = args.next().map_or(2, |v| v.parse().expect("THREADS"));
+    let runs: usize = args.next().map_or(5, |v| v.parse().expect("RUNS"));
+    let model = Arc::new(Model::load(&path, 0).expect("model"));
+    let prompt = model.tokenize(PROMPT, true, false).expect("tokenize");
+    let (_, _, reference) = run(&model, &prompt, tokens, threads);
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (p, d, generated) = run(&model, &prompt, tokens, threads);
+        assert_eq!(
+            generated, reference,
+            "greedy decoding must be deterministic"
+        );
+        prefill.push(prompt.len() as f64 / p);
+        decode.push((tokens - 1) as f64 / d);
+    }
+    println!(
+        "{{\"decode_tokens_per_s\": {:.2}, \"prefill_tokens_per_s\": {:.2}, \"prompt_tokens\": {}, \"tokens\": {}, \"threads\": {}, \"runs\": {}, \"simd\": \"{}\"}}",
+        median(decode),
+        median(prefill),
+        prompt.len(),
+        tokens,
+        threads,
+        runs,
+        specstate::native_info::compiled_simd_features().join(",")
+    );
+}

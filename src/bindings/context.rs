@@ -1,0 +1,343 @@
+//! `specstate.Context` and `specstate.Batch`: llama.cpp contexts from Python.
+
+use std::thread::ThreadId;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::errors::{ensure_thread, native_error};
+use super::model::PyModel;
+use super::validators::ContextCapacity;
+use crate::native::{Batch, Context, ContextKind, ContextParams, NativeError};
+
+/// A batch of token rows to decode, reusable across calls.
+#[pyclass(name = "Batch", module = "specstate._native")]
+pub(crate) struct PyBatch {
+    pub(crate) inner: Batch,
+    /// Bumped on every change, so a decoded batch can be told from a refilled one.
+    version: u64,
+}
+
+impl PyBatch {
+    /// Identity and version of the batch's current contents.
+    pub(crate) fn key(&self) -> (usize, u64) {
+        (std::ptr::from_ref(&self.inner) as usize, self.version)
+    }
+}
+
+#[pymethods]
+impl PyBatch {
+    #[new]
+    fn new(py: Python<'_>, capacity: usize) -> PyResult<Self> {
+        Ok(Self {
+            inner: Batch::new(capacity).map_err(|e| native_error(py, e))?,
+            version: 0,
+        })
+    }
+
+    /// Append `token` at position `pos` of `seq_id`; `logits` requests its output row.
+    #[pyo3(signature = (token, pos, *, seq_id = 0, logits = false))]
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        token: i32,
+        pos: i32,
+        seq_id: i32,
+        logits: bool,
+    ) -> PyResult<()> {
+        self.version += 1;
+        self.inner
+            .push(token, pos, seq_id, logits)
+            .map_err(|e| native_error(py, e))
+    }
+
+    /// Remove every row.
+    fn clear(&mut self) {
+        self.version += 1;
+        self.inner.clear();
+    }
+
+    /// Row capacity.
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+/// Fill `batch` with `tokens` at `start_pos..` of `seq_id`, logits on the last
+/// row or on every row.
+pub(crate) fn fill_batch(
+    batch: &mut Batch,
+    tokens: &[i32],
+    start_pos: i32,
+    seq_id: i32,
+    all_logits: bool,
+) -> Result<(), NativeError> {
+    if tokens.len() > batch.capacity() {
+        return Err(NativeError::InvalidArgument(format!(
+            "{} tokens exceed the context's n_batch of {}; decode them in chunks",
+            tokens.len(),
+            batch.capacity()
+        )));
+    }
+    batch.clear();
+    for (offset, &token) in tokens.iter().enumerate() {
+        let pos = i32::try_from(offset)
+            .ok()
+            .and_then(|offset| start_pos.checked_add(offset))
+            .ok_or_else(|| NativeError::InvalidArgument("token position overflows i32".into()))?;
+        batch.push(token, pos, seq_id, all_logits || offset + 1 == tokens.len())?;
+    }
+    Ok(())
+}
+
+/// A llama.cpp context over a model, used from the thread that created it.
+#[pyclass(name = "Context", module = "specstate._native")]
+pub(crate) struct PyContext {
+    pub(crate) inner: Context,
+    pub(crate) model: Py<PyModel>,
+    pub(crate) owner: ThreadId,
+    scratch: Batch,
+    /// Decodes run on this context so far.
+    decodes: u64,
+    /// The `PyBatch` key of the last decode, if it was a user batch.
+    last_batch: Option<(usize, u64)>,
+}
+
+// SAFETY: every method that touches the llama.cpp context checks first that it
+// runs on `owner`, the creating thread (`check_thread`); the only exceptions
+// are getters of values fixed at creation (`n_ctx`, `kind`, `capacity`), which
+// read constant fields. So the context is never used from two threads at once.
+unsafe impl Sync for PyContext {}
+
+fn parse_kind(kind: &str) -> PyResult<ContextKind> {
+    match kind {
+        "default" => Ok(ContextKind::Default),
+        "mtp" => Ok(ContextKind::Mtp),
+        other => Err(PyValueError::new_err(format!(
+            "kind must be 'default' or 'mtp', not {other:?}"
+        ))),
+    }
+}
+
+impl PyContext {
+    pub(crate) fn check_thread(&self, py: Python<'_>) -> PyResult<()> {
+        ensure_thread(py, self.owner, "Context")
+    }
+
+    /// Decode `tokens` through the scratch batch with the GIL released.
+    pub(crate) fn decode_tokens(
+        &mut self,
+        py: Python<'_>,
+        tokens: &[i32],
+        start_pos: i32,
+        seq_id: i32,
+        all_logits: bool,
+    ) -> PyResult<()> {
+        self.check_thread(py)?;
+        fill_batch(&mut self.scratch, tokens, start_pos, seq_id, all_logits)
+            .map_err(|e| native_error(py, e))?;
+        self.note_external_decode();
+        let Self { inner, scratch, .. } = self;
+        py.detach(|| inner.decode(scratch))
+            .map_err(|e| native_error(py, e))
+    }
+
+    /// Record a decode made outside `decode`/`decode_batch` (the generation loop's).
+    pub(crate) fn note_external_decode(&mut self) {
+        self.decodes += 1;
+        self.last_batch = None;
+    }
+
+    /// Decodes run on this context so far.
+    pub(crate) fn decode_count(&self) -> u64 {
+        self.decodes
+    }
+
+    /// The `PyBatch` key of the last decode, if it was a user batch.
+    pub(crate) fn last_batch(&self) -> Option<(usize, u64)> {
+        self.last_batch
+    }
+
+    /// The scratch batch that the last `decode_tokens` filled.
+    pub(crate) fn scratch(&self) -> &Batch {
+        &self.scratch
+    }
+}
+
+#[pymethods]
+impl PyContext {
+    #[new]
+    #[pyo3(signature = (model, *, n_ctx = 2048, n_batch = 512, n_ubatch = 512, n_seq_max = 1, n_rs_seq = 0,
+                        kind = "default", n_threads = 0, other = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model: Py<PyModel>,
+        n_ctx: u32,
+        n_batch: u32,
+        n_ubatch: u32,
+        n_seq_max: u32,
+        n_rs_seq: u32,
+        kind: &str,
+        n_threads: i32,
+        other: Option<PyRef<'_, PyContext>>,
+    ) -> PyResult<Self> {
+        let params = ContextParams {
+            n_ctx,
+            n_batch,
+            n_ubatch,
+            n_seq_max,
+            n_rs_seq,
+            kind: parse_kind(kind)?,
+            n_threads,
+        };
+        if let Some(other) = &other {
+            other.check_thread(py)?;
+        }
+        let shared = model.get().inner.clone();
+        let inner = Context::new(shared, params, other.as_deref().map(|o| &o.inner))
+            .map_err(|e| native_error(py, e))?;
+        let scratch =
+            Batch::new(inner.capacity().batch as usize).map_err(|e| native_error(py, e))?;
+        Ok(Self {
+            inner,
+            model,
+            owner: std::thread::current().id(),
+            scratch,
+            decodes: 0,
+            last_batch: None,
+        })
+    }
+
+    /// The model this context runs.
+    #[getter]
+    fn model(&self, py: Python<'_>) -> Py<PyModel> {
+        self.model.clone_ref(py)
+    }
+
+    /// Context length in tokens.
+    #[getter]
+    fn n_ctx(&self) -> u32 {
+        self.inner.n_ctx()
+    }
+
+    /// `'default'` or `'mtp'`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.inner.params().kind {
+            ContextKind::Default => "default",
+            ContextKind::Mtp => "mtp",
+        }
+    }
+
+    /// The capacities that bound a speculative batch, read from llama.cpp.
+    #[getter]
+    fn capacity(&self) -> ContextCapacity {
+        ContextCapacity {
+            inner: self.inner.capacity(),
+        }
+    }
+
+    /// Decode `tokens` at positions `start_pos..` of `seq_id` (GIL released).
+    ///
+    /// Logits are kept for the last token, or for every token with `all_logits`.
+    #[pyo3(signature = (tokens, start_pos, *, seq_id = 0, all_logits = false))]
+    fn decode(
+        &mut self,
+        py: Python<'_>,
+        tokens: Vec<i32>,
+        start_pos: i32,
+        seq_id: i32,
+        all_logits: bool,
+    ) -> PyResult<()> {
+        self.decode_tokens(py, &tokens, start_pos, seq_id, all_logits)
+    }
+
+    /// Decode a prepared batch (GIL released).
+    fn decode_batch(&mut self, py: Python<'_>, batch: PyRef<'_, PyBatch>) -> PyResult<()> {
+        self.check_thread(py)?;
+        self.decodes += 1;
+        self.last_batch = Some(batch.key());
+        let inner = &mut self.inner;
+        let batch = &batch.inner;
+        py.detach(|| inner.decode(batch))
+            .map_err(|e| native_error(py, e))
+    }
+
+    /// The logits of output row `row` of the last decode (`-1`: the last row).
+    #[pyo3(signature = (row = -1))]
+    fn logits(&self, py: Python<'_>, row: i32) -> PyResult<Vec<f32>> {
+        self.check_thread(py)?;
+        Ok(self
+            .inner
+            .logits(row)
+            .map_err(|e| native_error(py, e))?
+            .to_vec())
+    }
+
+    /// The greedy choice of output row `row`: the id of the largest logit (lowest id on ties).
+    #[pyo3(signature = (row = -1))]
+    fn argmax(&self, py: Python<'_>, row: i32) -> PyResult<i32> {
+        self.check_thread(py)?;
+        let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
+        Ok(crate::sampling::argmax(logits))
+    }
+
+    /// The `k` largest logits of row `row` as `(token, logit)`, largest first.
+    #[pyo3(signature = (row = -1, k = 2))]
+    fn top_logits(&self, py: Python<'_>, row: i32, k: usize) -> PyResult<Vec<(i32, f32)>> {
+        self.check_thread(py)?;
+        let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
+        Ok(crate::sampling::top_k(logits, k))
+    }
+
+    /// The exact state of one sequence (KV cells and recurrent state; no logits).
+    #[pyo3(signature = (seq_id = 0))]
+    fn seq_state<'py>(&mut self, py: Python<'py>, seq_id: i32) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_thread(py)?;
+        let state = self
+            .inner
+            .seq_state(seq_id)
+            .map_err(|e| native_error(py, e))?;
+        Ok(PyBytes::new(py, &state))
+    }
+
+    /// Replace one sequence's state with bytes from `seq_state`.
+    ///
+    /// On failure the sequence is left exactly as it was.
+    #[pyo3(signature = (seq_id, data))]
+    fn set_seq_state(&mut self, py: Python<'_>, seq_id: i32, data: &[u8]) -> PyResult<()> {
+        self.check_thread(py)?;
+        self.inner
+            .replace_seq_state(seq_id, data)
+            .map_err(|e| native_error(py, e))
+    }
+
+    /// Remove positions `p0..p1` of `seq_id` (`-1`: open end); False if llama.cpp refuses.
+    #[pyo3(signature = (seq_id = 0, p0 = -1, p1 = -1))]
+    fn seq_rm(&mut self, py: Python<'_>, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
+        self.check_thread(py)?;
+        Ok(self.inner.seq_rm(seq_id, p0, p1))
+    }
+
+    /// Clear one sequence.
+    #[pyo3(signature = (seq_id = 0))]
+    fn seq_clear(&mut self, py: Python<'_>, seq_id: i32) -> PyResult<()> {
+        self.check_thread(py)?;
+        self.inner.seq_rm(seq_id, -1, -1);
+        Ok(())
+    }
+
+    /// The highest position stored for `seq_id`, or -1 when empty.
+    #[pyo3(signature = (seq_id = 0))]
+    fn seq_pos_max(&self, py: Python<'_>, seq_id: i32) -> PyResult<i32> {
+        self.check_thread(py)?;
+        Ok(self.inner.seq_pos_max(seq_id))
+    }
+}

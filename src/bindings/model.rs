@@ -1,0 +1,158 @@
+//! `specstate.Model`: a loaded GGUF model.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::errors::native_error;
+use crate::native::Model;
+
+/// A GGUF model loaded by llama.cpp. Immutable; usable from any thread.
+#[pyclass(name = "Model", module = "specstate._native", frozen)]
+pub(crate) struct PyModel {
+    pub(crate) inner: Arc<Model>,
+}
+
+#[pymethods]
+impl PyModel {
+    #[new]
+    #[pyo3(signature = (path, *, n_gpu_layers = 0))]
+    fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: i32) -> PyResult<Self> {
+        let model = py
+            .detach(|| Model::load(&path, n_gpu_layers))
+            .map_err(|e| native_error(py, e))?;
+        Ok(Self {
+            inner: Arc::new(model),
+        })
+    }
+
+    /// The path the model was loaded from.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.path().to_path_buf()
+    }
+
+    /// Tokens in the vocabulary.
+    #[getter]
+    fn n_vocab(&self) -> usize {
+        self.inner.n_vocab()
+    }
+
+    /// Embedding width.
+    #[getter]
+    fn n_embd(&self) -> i32 {
+        self.inner.n_embd()
+    }
+
+    /// Layer count (MTP/nextn layers included).
+    #[getter]
+    fn n_layer(&self) -> i32 {
+        self.inner.n_layer()
+    }
+
+    /// Number of MTP (nextn) layers.
+    #[getter]
+    fn n_layer_nextn(&self) -> i32 {
+        self.inner.n_layer_nextn()
+    }
+
+    /// Whether every layer is recurrent.
+    #[getter]
+    fn is_recurrent(&self) -> bool {
+        self.inner.is_recurrent()
+    }
+
+    /// Whether recurrent and attention layers are mixed.
+    #[getter]
+    fn is_hybrid(&self) -> bool {
+        self.inner.is_hybrid()
+    }
+
+    /// The architecture (`general.architecture`).
+    #[getter]
+    fn architecture(&self) -> String {
+        self.inner.architecture()
+    }
+
+    /// Bytes of the model's tensors.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+
+    /// End-of-sequence token id.
+    #[getter]
+    fn eos(&self) -> i32 {
+        self.inner.eos()
+    }
+
+    /// Beginning-of-sequence token id.
+    #[getter]
+    fn bos(&self) -> i32 {
+        self.inner.bos()
+    }
+
+    /// GGUF metadata as text values.
+    #[getter]
+    fn metadata(&self) -> BTreeMap<String, String> {
+        self.inner.metadata().into_iter().collect()
+    }
+
+    /// Whether `token` ends a generation (EOS, EOT, ...).
+    fn is_eog(&self, token: i32) -> bool {
+        self.inner.is_eog(token)
+    }
+
+    /// Token ids of `text`.
+    #[pyo3(signature = (text, *, add_special = true, parse_special = false))]
+    fn tokenize(
+        &self,
+        py: Python<'_>,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> PyResult<Vec<i32>> {
+        self.inner
+            .tokenize(text, add_special, parse_special)
+            .map_err(|e| native_error(py, e))
+    }
+
+    /// The bytes of one token.
+    #[pyo3(signature = (token, *, special = false))]
+    fn token_to_piece<'py>(
+        &self,
+        py: Python<'py>,
+        token: i32,
+        special: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let piece = self
+            .inner
+            .token_to_piece(token, special)
+            .map_err(|e| native_error(py, e))?;
+        Ok(PyBytes::new(py, &piece))
+    }
+
+    /// The text of `tokens` (invalid UTF-8 replaced).
+    #[pyo3(signature = (tokens, *, special = false))]
+    fn detokenize(&self, py: Python<'_>, tokens: Vec<i32>, special: bool) -> PyResult<String> {
+        let bytes = self
+            .inner
+            .detokenize(&tokens, special)
+            .map_err(|e| native_error(py, e))?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Model(path={:?}, architecture={:?}, n_vocab={}, n_embd={}, n_layer={})",
+            self.inner.path().display().to_string(),
+            self.inner.architecture(),
+            self.inner.n_vocab(),
+            self.inner.n_embd(),
+            self.inner.n_layer()
+        )
+    }
+}

@@ -1,0 +1,94 @@
+//! An owned `llama_batch` of token rows for one sequence per row.
+
+use llama_cpp_sys_4 as sys;
+
+use super::{NativeError, NativeResult};
+
+/// A token batch with a fixed row capacity (`llama_batch_init`/`llama_batch_free`).
+pub struct Batch {
+    raw: sys::llama_batch,
+    capacity: usize,
+}
+
+impl Batch {
+    /// A batch holding at most `capacity` token rows (1 ..= i32::MAX).
+    pub fn new(capacity: usize) -> NativeResult<Self> {
+        let n_tokens = i32::try_from(capacity)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                NativeError::InvalidArgument(format!("batch capacity {capacity} is out of range"))
+            })?;
+        // SAFETY: `n_tokens > 0`, no embeddings, one sequence id per row; the
+        // returned arrays are owned by this value and freed in `Drop`.
+        let raw = unsafe { sys::llama_batch_init(n_tokens, 0, 1) };
+        if raw.token.is_null() || raw.pos.is_null() || raw.seq_id.is_null() || raw.logits.is_null()
+        {
+            return Err(NativeError::InvalidArgument(
+                "llama_batch_init failed to allocate".into(),
+            ));
+        }
+        Ok(Self { raw, capacity })
+    }
+
+    /// Remove every row.
+    pub fn clear(&mut self) {
+        self.raw.n_tokens = 0;
+    }
+
+    /// Rows in the batch.
+    pub fn len(&self) -> usize {
+        self.raw.n_tokens as usize
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.raw.n_tokens == 0
+    }
+
+    /// The row capacity.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Append `token` at `pos` of sequence `seq_id`; `logits` requests its output row.
+    pub fn push(&mut self, token: i32, pos: i32, seq_id: i32, logits: bool) -> NativeResult<()> {
+        let row = self.len();
+        if row >= self.capacity {
+            return Err(NativeError::InvalidArgument(format!(
+                "batch is full ({} rows)",
+                self.capacity
+            )));
+        }
+        // SAFETY: `row < capacity`, the number of rows `llama_batch_init`
+        // allocated in every per-row array, and `seq_id[row]` points at an
+        // array of one sequence id (n_seq_max = 1).
+        unsafe {
+            *self.raw.token.add(row) = token;
+            *self.raw.pos.add(row) = pos;
+            *self.raw.n_seq_id.add(row) = 1;
+            *(*self.raw.seq_id.add(row)) = seq_id;
+            *self.raw.logits.add(row) = i8::from(logits);
+        }
+        self.raw.n_tokens += 1;
+        Ok(())
+    }
+
+    /// The raw batch, for `llama_decode` and `mtp_session_process`.
+    pub(crate) fn raw(&self) -> &sys::llama_batch {
+        &self.raw
+    }
+}
+
+// SAFETY: the batch owns its arrays outright; nothing else points into them.
+unsafe impl Send for Batch {}
+// SAFETY: `&Batch` only reads the arrays (mutation needs `&mut Batch`).
+unsafe impl Sync for Batch {}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // `llama_batch_free` frees by the pointers; it must see the full batch.
+        // SAFETY: `raw` came from `llama_batch_init` and is freed exactly once.
+        unsafe { sys::llama_batch_free(self.raw) };
+    }
+}

@@ -1,0 +1,289 @@
+//! An owned llama.cpp context (`llama_init_from_model`/`llama_free`).
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use llama_cpp_sys_4 as sys;
+
+use super::{Batch, Model, NativeError, NativeResult};
+use crate::speculative::SpeculativeContextCapacity;
+
+/// Which computation a context runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextKind {
+    /// The model's ordinary forward pass.
+    Default,
+    /// The model's multi-token-prediction (nextn) head, as an MTP draft context.
+    Mtp,
+}
+
+/// Parameters of a new context; zero means llama.cpp's default where it has one.
+#[derive(Clone, Copy, Debug)]
+pub struct ContextParams {
+    /// Context length in tokens (0: the model's training length).
+    pub n_ctx: u32,
+    /// Rows one `decode` may hold.
+    pub n_batch: u32,
+    /// Rows one compute pass may hold.
+    pub n_ubatch: u32,
+    /// Sequences the context can hold.
+    pub n_seq_max: u32,
+    /// Recurrent-state snapshots per sequence kept for rollback.
+    pub n_rs_seq: u32,
+    /// Which computation the context runs.
+    pub kind: ContextKind,
+    /// Threads for single-token and for batch decoding (0: llama.cpp's default).
+    pub n_threads: i32,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        Self {
+            n_ctx: 2048,
+            n_batch: 512,
+            n_ubatch: 512,
+            n_seq_max: 1,
+            n_rs_seq: 0,
+            kind: ContextKind::Default,
+            n_threads: 0,
+        }
+    }
+}
+
+/// A llama.cpp context. Not `Send`: llama.cpp contexts are single-threaded.
+pub struct Context {
+    raw: NonNull<sys::llama_context>,
+    model: Arc<Model>,
+    params: ContextParams,
+}
+
+impl Context {
+    /// A context over `model`; `other` links a source context (EAGLE-3 drafts
+    /// read the target's hidden states through it).
+    pub fn new(
+        model: Arc<Model>,
+        params: ContextParams,
+        other: Option<&Context>,
+    ) -> NativeResult<Self> {
+        if params.n_batch == 0 || params.n_ubatch == 0 || params.n_seq_max == 0 {
+            return Err(NativeError::ContextInit(
+                "n_batch, n_ubatch and n_seq_max must be positive".into(),
+            ));
+        }
+        let recurrent = model.is_recurrent() || model.is_hybrid();
+        if recurrent && params.n_rs_seq > 0 && params.n_ubatch <= params.n_rs_seq.saturating_add(1)
+        {
+            // llama.cpp asserts `n_ubatch > n_rs_seq + 1` on the first decode
+            // of a recurrent memory with rollback snapshots (an abort, not an error).
+            return Err(NativeError::ContextInit(format!(
+                "n_ubatch ({}) must exceed n_rs_seq + 1 ({}) for a recurrent or hybrid model",
+                params.n_ubatch,
+                u64::from(params.n_rs_seq) + 1
+            )));
+        }
+        // SAFETY: returns a plain struct of defaults.
+        let mut raw_params = unsafe { sys::llama_context_default_params() };
+        raw_params.n_ctx = params.n_ctx;
+        raw_params.n_batch = params.n_batch;
+        raw_params.n_ubatch = params.n_ubatch;
+        raw_params.n_seq_max = params.n_seq_max;
+        raw_params.n_rs_seq = params.n_rs_seq;
+        raw_params.ctx_type = match params.kind {
+            ContextKind::Default => sys::LLAMA_CONTEXT_TYPE_DEFAULT,
+            ContextKind::Mtp => sys::LLAMA_CONTEXT_TYPE_MTP,
+        };
+        if params.n_threads > 0 {
+            raw_params.n_threads = params.n_threads;
+            raw_params.n_threads_batch = params.n_threads;
+        }
+        raw_params.no_perf = true;
+        raw_params.ctx_other = other.map_or(std::ptr::null_mut(), |context| context.raw.as_ptr());
+        // SAFETY: the model is live and kept alive by the `Arc` this context
+        // holds; `ctx_other`, when set, is a live context the caller keeps
+        // alive for as long as this one (the speculative session owns both).
+        let raw = unsafe { sys::llama_init_from_model(model.raw(), raw_params) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            NativeError::ContextInit(format!(
+                "llama.cpp refused the parameters {params:?} for model {}",
+                model.path().display()
+            ))
+        })?;
+        Ok(Self { raw, model, params })
+    }
+
+    /// The model this context runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The parameters the context was created with.
+    pub fn params(&self) -> &ContextParams {
+        &self.params
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::llama_context {
+        self.raw.as_ptr()
+    }
+
+    /// Context length in tokens.
+    pub fn n_ctx(&self) -> u32 {
+        // SAFETY: the context is live.
+        unsafe { sys::llama_n_ctx(self.raw.as_ptr()) }
+    }
+
+    /// The capacities the seed's `validate_context_capacities` checks, read from llama.cpp.
+    pub(crate) fn capacity(&self) -> SpeculativeContextCapacity {
+        // SAFETY: the context is live; these are plain getters.
+        let (batch, micro_batch, recurrent_slots) = unsafe {
+            (
+                sys::llama_n_batch(self.raw.as_ptr()),
+                sys::llama_n_ubatch(self.raw.as_ptr()),
+                sys::llama_n_rs_seq(self.raw.as_ptr()),
+            )
+        };
+        SpeculativeContextCapacity {
+            batch,
+            micro_batch,
+            recurrent_slots,
+            recurrent_or_hybrid: self.model.is_recurrent() || self.model.is_hybrid(),
+        }
+    }
+
+    /// Set the threads used for decoding.
+    pub fn set_threads(&mut self, n_threads: i32) {
+        // SAFETY: the context is live and exclusively borrowed.
+        unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), n_threads, n_threads) };
+    }
+
+    /// Decode a batch. Runs llama.cpp's compute; call without the GIL.
+    pub fn decode(&mut self, batch: &Batch) -> NativeResult<()> {
+        if batch.is_empty() {
+            return Err(NativeError::InvalidArgument(
+                "cannot decode an empty batch".into(),
+            ));
+        }
+        if batch.len() > self.capacity().batch as usize {
+            return Err(NativeError::InvalidArgument(format!(
+                "batch of {} rows exceeds the context's n_batch of {}",
+                batch.len(),
+                self.capacity().batch
+            )));
+        }
+        // SAFETY: the context is live and exclusively borrowed; the batch's
+        // arrays hold `n_tokens` valid rows (see `Batch::push`).
+        let status = unsafe { sys::llama_decode(self.raw.as_ptr(), *batch.raw()) };
+        match status {
+            0 => Ok(()),
+            status => Err(NativeError::Decode(status)),
+        }
+    }
+
+    /// The logits of output row `index` of the last decode (`n_vocab` floats).
+    pub fn logits(&self, index: i32) -> NativeResult<&[f32]> {
+        // SAFETY: the context is live; llama.cpp checks `index` and returns
+        // null (after logging) for a row without output.
+        let raw = unsafe { sys::llama_get_logits_ith(self.raw.as_ptr(), index) };
+        if raw.is_null() {
+            return Err(NativeError::InvalidArgument(format!(
+                "no logits for output row {index}"
+            )));
+        }
+        // SAFETY: llama.cpp's logits row has `n_vocab` floats and stays valid
+        // until the next decode, which needs `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(raw, self.model.n_vocab()) })
+    }
+
+    /// The highest position stored for `seq_id`, or -1 when empty.
+    pub fn seq_pos_max(&self, seq_id: i32) -> i32 {
+        // SAFETY: the context and its memory are live.
+        unsafe { sys::llama_memory_seq_pos_max(sys::llama_get_memory(self.raw.as_ptr()), seq_id) }
+    }
+
+    /// Remove positions `p0..p1` (`-1`: to the end) of `seq_id`; false if refused.
+    pub fn seq_rm(&mut self, seq_id: i32, p0: i32, p1: i32) -> bool {
+        // SAFETY: the context and its memory are live and exclusively borrowed.
+        unsafe {
+            sys::llama_memory_seq_rm(sys::llama_get_memory(self.raw.as_ptr()), seq_id, p0, p1)
+        }
+    }
+
+    /// Clear every sequence (KV cells and recurrent state).
+    pub fn clear(&mut self) {
+        // SAFETY: the context and its memory are live and exclusively borrowed.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.raw.as_ptr()), true) };
+    }
+
+    /// The exact state of one sequence (its KV cells and recurrent state, no logits).
+    pub fn seq_state(&mut self, seq_id: i32) -> NativeResult<Vec<u8>> {
+        // SAFETY: the context is live and exclusively borrowed.
+        let size = unsafe { sys::llama_state_seq_get_size(self.raw.as_ptr(), seq_id) };
+        let mut state = vec![0_u8; size];
+        // SAFETY: `state` has exactly `size` writable bytes.
+        let written = unsafe {
+            sys::llama_state_seq_get_data(
+                self.raw.as_ptr(),
+                state.as_mut_ptr(),
+                state.len(),
+                seq_id,
+            )
+        };
+        if written != size {
+            return Err(NativeError::SequenceState(format!(
+                "sequence {seq_id} state changed size from {size} to {written} bytes while copying"
+            )));
+        }
+        Ok(state)
+    }
+
+    /// Replace sequence `seq_id`'s state with `state` (from [`Context::seq_state`]).
+    ///
+    /// On failure llama.cpp has cleared the sequence; callers that must leave
+    /// it unchanged capture it first and restore that copy.
+    pub fn set_seq_state(&mut self, seq_id: i32, state: &[u8]) -> NativeResult<()> {
+        if state.is_empty() {
+            return Err(NativeError::SequenceState(
+                "an empty sequence state is not valid".into(),
+            ));
+        }
+        // SAFETY: `state` is readable for `len` bytes; llama.cpp validates the
+        // layout and returns 0 on failure.
+        let read = unsafe {
+            sys::llama_state_seq_set_data(self.raw.as_ptr(), state.as_ptr(), state.len(), seq_id)
+        };
+        if read == 0 {
+            return Err(NativeError::SequenceState(format!(
+                "the {}-byte state does not fit sequence {seq_id} of this context",
+                state.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Context {
+    /// Replace sequence `seq_id`'s state with `state`; on failure the previous
+    /// state is put back, so the sequence is left exactly as it was.
+    pub fn replace_seq_state(&mut self, seq_id: i32, state: &[u8]) -> NativeResult<()> {
+        let previous = self.seq_state(seq_id)?;
+        match self.set_seq_state(seq_id, state) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.set_seq_state(seq_id, &previous)?;
+                Err(error)
+            }
+        }
+    }
+}
+
+// SAFETY: a llama.cpp context has no thread affinity; what it forbids is
+// concurrent use. Every use goes through `&mut self` (or `&self` for reads
+// that no `&mut` call can overlap), so moving it between threads is sound.
+unsafe impl Send for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `llama_init_from_model` and is freed once;
+        // the model outlives it through the `Arc`.
+        unsafe { sys::llama_free(self.raw.as_ptr()) };
+    }
+}

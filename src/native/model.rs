@@ -1,0 +1,300 @@
+//! An owned llama.cpp model (`llama_model_load_from_file`/`llama_model_free`).
+
+use std::ffi::{c_char, CString};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use llama_cpp_sys_4 as sys;
+
+use super::{ensure_backend, NativeError, NativeResult};
+
+/// GGUF files start with these four bytes.
+const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+/// Longest metadata key or value copied out (values beyond are truncated by llama.cpp).
+const METADATA_BUFFER: usize = 64 * 1024;
+
+/// A loaded GGUF model. Immutable after loading and shareable between threads.
+pub struct Model {
+    raw: NonNull<sys::llama_model>,
+    path: PathBuf,
+}
+
+// SAFETY: a `llama_model` is read-only once loaded; llama.cpp creates contexts
+// from one model on several threads, and every method here only reads it.
+unsafe impl Send for Model {}
+// SAFETY: see `Send`: no method mutates the model.
+unsafe impl Sync for Model {}
+
+fn load_error(path: &Path, reason: impl Into<String>) -> NativeError {
+    NativeError::ModelLoad {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Refuse, before llama.cpp sees it, anything that is not a readable GGUF file.
+fn check_gguf_file(path: &Path) -> NativeResult<()> {
+    let mut file =
+        std::fs::File::open(path).map_err(|error| load_error(path, error.to_string()))?;
+    if !file
+        .metadata()
+        .map_err(|error| load_error(path, error.to_string()))?
+        .is_file()
+    {
+        return Err(load_error(path, "not a regular file"));
+    }
+    let mut magic = [0_u8; 4];
+    match file.read_exact(&mut magic) {
+        Ok(()) if &magic == GGUF_MAGIC => Ok(()),
+        Ok(()) => Err(load_error(path, "not a GGUF file (bad magic)")),
+        Err(_) => Err(load_error(path, "not a GGUF file (too short)")),
+    }
+}
+
+impl Model {
+    /// Load `path`, offloading `n_gpu_layers` layers to a GPU backend if one is built in.
+    pub fn load(path: &Path, n_gpu_layers: i32) -> NativeResult<Self> {
+        check_gguf_file(path)?;
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| load_error(path, "the path contains a NUL byte"))?;
+        ensure_backend();
+        // SAFETY: returns a plain struct of defaults.
+        let mut params = unsafe { sys::llama_model_default_params() };
+        params.n_gpu_layers = n_gpu_layers;
+        // Load MTP (nextn) heads where the model has them: an MTP draft
+        // context over a model loaded without them aborts inside llama.cpp.
+        params.load_mtp = true;
+        // SAFETY: `c_path` is NUL-terminated and outlives the call; on failure
+        // llama.cpp returns null and owns nothing.
+        let raw = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), params) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            load_error(
+                path,
+                "llama.cpp could not load it (truncated, corrupt or unsupported architecture)",
+            )
+        })?;
+        Ok(Self {
+            raw,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The path the model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::llama_model {
+        self.raw.as_ptr()
+    }
+
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: the model is live; the vocabulary lives as long as the model.
+        unsafe { sys::llama_model_get_vocab(self.raw.as_ptr()) }
+    }
+
+    /// Tokens in the vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the vocabulary is live (see `vocab`).
+        let n = unsafe { sys::llama_vocab_n_tokens(self.vocab()) };
+        usize::try_from(n).unwrap_or(0)
+    }
+
+    /// Embedding width.
+    pub fn n_embd(&self) -> i32 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_n_embd(self.raw.as_ptr()) }
+    }
+
+    /// Layer count (MTP/nextn layers included, as llama.cpp counts them).
+    pub fn n_layer(&self) -> i32 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_n_layer(self.raw.as_ptr()) }
+    }
+
+    /// Number of MTP (nextn) layers.
+    pub fn n_layer_nextn(&self) -> i32 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_n_layer_nextn(self.raw.as_ptr()) }
+    }
+
+    /// Whether every layer is recurrent (Mamba, RWKV, ...).
+    pub fn is_recurrent(&self) -> bool {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_is_recurrent(self.raw.as_ptr()) }
+    }
+
+    /// Whether the model mixes recurrent and attention layers.
+    pub fn is_hybrid(&self) -> bool {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_is_hybrid(self.raw.as_ptr()) }
+    }
+
+    /// Size of the model's tensors in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_size(self.raw.as_ptr()) }
+    }
+
+    /// End-of-sequence token id.
+    pub fn eos(&self) -> i32 {
+        // SAFETY: the vocabulary is live.
+        unsafe { sys::llama_vocab_eos(self.vocab()) }
+    }
+
+    /// Beginning-of-sequence token id.
+    pub fn bos(&self) -> i32 {
+        // SAFETY: the vocabulary is live.
+        unsafe { sys::llama_vocab_bos(self.vocab()) }
+    }
+
+    /// Whether `token` ends generation (EOS, EOT, ...).
+    pub fn is_eog(&self, token: i32) -> bool {
+        // SAFETY: the vocabulary is live; out-of-range ids return false.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
+    }
+
+    /// Whether `token` is a valid id of this vocabulary.
+    pub fn is_valid_token(&self, token: i32) -> bool {
+        usize::try_from(token).is_ok_and(|t| t < self.n_vocab())
+    }
+
+    /// Every GGUF metadata entry as text, in file order.
+    pub fn metadata(&self) -> Vec<(String, String)> {
+        // SAFETY: the model is live.
+        let count = unsafe { sys::llama_model_meta_count(self.raw.as_ptr()) };
+        (0..count)
+            .filter_map(|i| {
+                let key = read_c_string(|buf, len| {
+                    // SAFETY: `buf` has `len` writable bytes; `i < count`.
+                    unsafe { sys::llama_model_meta_key_by_index(self.raw.as_ptr(), i, buf, len) }
+                })?;
+                let value = read_c_string(|buf, len| {
+                    // SAFETY: as above.
+                    unsafe {
+                        sys::llama_model_meta_val_str_by_index(self.raw.as_ptr(), i, buf, len)
+                    }
+                })?;
+                Some((key, value))
+            })
+            .collect()
+    }
+
+    /// One metadata value by key.
+    pub fn metadata_value(&self, key: &str) -> Option<String> {
+        let key = CString::new(key).ok()?;
+        read_c_string(|buf, len| {
+            // SAFETY: `key` is NUL-terminated; `buf` has `len` writable bytes.
+            unsafe { sys::llama_model_meta_val_str(self.raw.as_ptr(), key.as_ptr(), buf, len) }
+        })
+    }
+
+    /// The architecture name (`general.architecture`).
+    pub fn architecture(&self) -> String {
+        self.metadata_value("general.architecture")
+            .unwrap_or_default()
+    }
+
+    /// Tokenize `text`; `add_special` adds BOS/EOS as the model is configured to.
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> NativeResult<Vec<i32>> {
+        let text_len = i32::try_from(text.len())
+            .map_err(|_| NativeError::InvalidArgument("text is too long to tokenize".into()))?;
+        // A token covers at least one byte, plus BOS/EOS.
+        let mut tokens = vec![0_i32; text.len() + 2];
+        // SAFETY: `text` is valid for `text_len` bytes; `tokens` has
+        // `tokens.len()` writable slots (≤ text_len + 2, fits in i32 after the
+        // check above unless text is within 2 of i32::MAX, which saturates).
+        let n = unsafe {
+            sys::llama_tokenize(
+                self.vocab(),
+                text.as_ptr().cast::<c_char>(),
+                text_len,
+                tokens.as_mut_ptr(),
+                i32::try_from(tokens.len()).unwrap_or(i32::MAX),
+                add_special,
+                parse_special,
+            )
+        };
+        let n = usize::try_from(n)
+            .map_err(|_| NativeError::InvalidArgument("tokenization failed".into()))?;
+        tokens.truncate(n);
+        Ok(tokens)
+    }
+
+    /// The bytes of one token (special tokens rendered when `special`).
+    pub fn token_to_piece(&self, token: i32, special: bool) -> NativeResult<Vec<u8>> {
+        if !self.is_valid_token(token) {
+            return Err(NativeError::InvalidArgument(format!(
+                "token {token} is outside the vocabulary of {} tokens",
+                self.n_vocab()
+            )));
+        }
+        let mut piece = vec![0_u8; 64];
+        loop {
+            let len = i32::try_from(piece.len()).unwrap_or(i32::MAX);
+            // SAFETY: `piece` has `len` writable bytes; `token` is in range.
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab(),
+                    token,
+                    piece.as_mut_ptr().cast(),
+                    len,
+                    0,
+                    special,
+                )
+            };
+            if n >= 0 {
+                piece.truncate(n as usize);
+                return Ok(piece);
+            }
+            let needed = n.unsigned_abs() as usize;
+            if needed <= piece.len() || needed > METADATA_BUFFER {
+                return Err(NativeError::InvalidArgument(format!(
+                    "token {token} has no text"
+                )));
+            }
+            piece.resize(needed, 0);
+        }
+    }
+
+    /// The bytes of a token sequence, specials rendered when `special`.
+    pub fn detokenize(&self, tokens: &[i32], special: bool) -> NativeResult<Vec<u8>> {
+        let mut text = Vec::new();
+        for &token in tokens {
+            text.extend(self.token_to_piece(token, special)?);
+        }
+        Ok(text)
+    }
+}
+
+/// Read a NUL-terminated string from a llama.cpp "copy into buffer" call that
+/// returns the full length (or a negative value when absent).
+fn read_c_string(mut call: impl FnMut(*mut c_char, usize) -> i32) -> Option<String> {
+    let mut buffer = vec![0_u8; 256];
+    loop {
+        let n = usize::try_from(call(buffer.as_mut_ptr().cast(), buffer.len())).ok()?;
+        if n < buffer.len() {
+            buffer.truncate(n);
+            return Some(String::from_utf8_lossy(&buffer).into_owned());
+        }
+        if buffer.len() >= METADATA_BUFFER {
+            buffer.truncate(buffer.len() - 1);
+            return Some(String::from_utf8_lossy(&buffer).into_owned());
+        }
+        buffer.resize((n + 1).min(METADATA_BUFFER), 0);
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `llama_model_load_from_file` and is freed
+        // once; contexts hold an `Arc<Model>`, so none outlives it.
+        unsafe { sys::llama_model_free(self.raw.as_ptr()) };
+    }
+}

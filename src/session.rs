@@ -1,0 +1,383 @@
+//! Speculative draft sessions over the `mtp_session_*` shim (MTP and EAGLE-3).
+//!
+//! The seed's validators run before any native allocation; state capture and
+//! restore go through the seed's protocol (`speculative::capture_state` and
+//! `speculative::restore_state`).
+
+use std::ptr::NonNull;
+
+use llama_cpp_sys_4 as sys;
+
+use crate::native::{Batch, Context};
+use crate::speculative::{self, SpeculativeStateError, MAX_SPECULATIVE_PROMPT_TOKENS};
+
+/// Which draft strategy a session drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecType {
+    /// Multi-token prediction: the draft context is the target model's own
+    /// nextn head, in a context of kind `Mtp`.
+    Mtp,
+    /// EAGLE-3: the draft context runs a separate EAGLE-3 draft model.
+    Eagle3,
+}
+
+impl SpecType {
+    fn raw(self) -> i32 {
+        match self {
+            Self::Mtp => sys::MTP_SPEC_TYPE_MTP as i32,
+            Self::Eagle3 => sys::MTP_SPEC_TYPE_EAGLE3 as i32,
+        }
+    }
+}
+
+/// A session's configuration, validated by the seed's `validate_config`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SessionConfig {
+    /// Sequence slots.
+    pub n_seq: u32,
+    /// Most tokens one draft may propose.
+    pub n_draft_max: i32,
+    /// Fewest tokens a draft must have to be proposed.
+    pub n_min: i32,
+    /// Smallest draft-token probability kept.
+    pub p_min: f32,
+    /// The draft strategy.
+    pub spec_type: SpecType,
+}
+
+/// Failures of a session call.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SessionError {
+    /// The seed's `validate_config` refused the configuration.
+    #[error("{0}")]
+    Config(&'static str),
+    /// The seed's `validate_context_capacities` refused the contexts.
+    #[error("{0}")]
+    Capacity(&'static str),
+    /// The contexts do not fit the strategy (kinds, models, sequence slots).
+    #[error("{0}")]
+    Incompatible(String),
+    /// A call out of order or with bad arguments (the message says which).
+    #[error("{0}")]
+    Usage(String),
+    /// The sequence id is outside the session's range.
+    #[error("sequence id {seq_id} is outside the session's {n_seq} sequences")]
+    BadSequence {
+        /// The id given.
+        seq_id: i32,
+        /// Sequences the session has.
+        n_seq: u32,
+    },
+    /// llama.cpp reported a failure in a session call.
+    #[error("{0}")]
+    Native(String),
+    /// Speculative state capture or restore failed.
+    #[error(transparent)]
+    State(#[from] SpeculativeStateError),
+}
+
+/// A native speculative session (`mtp_session_new`/`mtp_session_free`).
+///
+/// llama.cpp keeps pointers to both contexts inside the session: the owner of
+/// a `DraftSession` must keep the target and draft contexts alive, and must
+/// not move them, for as long as the session lives (see [`DraftSession::new`]).
+pub struct DraftSession {
+    raw: NonNull<sys::mtp_session>,
+    config: SessionConfig,
+    /// Tokens proposed by the pending draft of each sequence (0: none pending).
+    proposed: Vec<usize>,
+    drafted: u64,
+    accepted: u64,
+    /// Whether the target model is recurrent or hybrid.
+    target_recurrent: bool,
+}
+
+// SAFETY: the native session has no thread affinity; every call goes through
+// `&mut self` or reads through `&self` that no `&mut` call can overlap.
+unsafe impl Send for DraftSession {}
+
+fn check_contexts(
+    target: &Context,
+    draft: &Context,
+    config: &SessionConfig,
+) -> Result<(), SessionError> {
+    use crate::native::ContextKind;
+    let (expected_kind, same_model) = match config.spec_type {
+        SpecType::Mtp => (ContextKind::Mtp, true),
+        SpecType::Eagle3 => (ContextKind::Default, false),
+    };
+    if target.params().kind != ContextKind::Default {
+        return Err(SessionError::Incompatible(
+            "the target context must be of kind 'default'".into(),
+        ));
+    }
+    if draft.params().kind != expected_kind {
+        let kind = if expected_kind == ContextKind::Mtp {
+            "mtp"
+        } else {
+            "default"
+        };
+        return Err(SessionError::Incompatible(format!(
+            "the draft context of a {:?} session must be of kind '{kind}'",
+            config.spec_type
+        )));
+    }
+    let shares_model = std::sync::Arc::ptr_eq(target.model(), draft.model());
+    if same_model && !shares_model {
+        return Err(SessionError::Incompatible(
+            "an MTP draft context must be created from the target's own model".into(),
+        ));
+    }
+    if same_model && target.model().n_layer_nextn() < 1 {
+        return Err(SessionError::Incompatible(
+            "the model has no MTP (nextn) layer".into(),
+        ));
+    }
+    if !same_model && shares_model {
+        return Err(SessionError::Incompatible(
+            "an EAGLE-3 draft context must run a separate EAGLE-3 draft model".into(),
+        ));
+    }
+    if !same_model && target.model().n_vocab() != draft.model().n_vocab() {
+        return Err(SessionError::Incompatible(format!(
+            "the target has {} tokens and the draft {}: vocabularies differ",
+            target.model().n_vocab(),
+            draft.model().n_vocab()
+        )));
+    }
+    for (name, context) in [("target", target), ("draft", draft)] {
+        if context.params().n_seq_max < config.n_seq {
+            return Err(SessionError::Incompatible(format!(
+                "the {name} context holds {} sequences, fewer than n_seq={}",
+                context.params().n_seq_max,
+                config.n_seq
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl DraftSession {
+    /// Validate `config` and both contexts, then create the native session.
+    ///
+    /// # Safety
+    /// `target` and `draft` must stay alive, at the same address, and must
+    /// not be used by another session, for as long as the returned session
+    /// lives: llama.cpp keeps pointers to them.
+    pub unsafe fn new(
+        target: &mut Context,
+        draft: &mut Context,
+        config: SessionConfig,
+    ) -> Result<Self, SessionError> {
+        speculative::validate_config(config.n_seq, config.n_draft_max, config.n_min, config.p_min)
+            .map_err(SessionError::Config)?;
+        let maximum = u32::try_from(config.n_draft_max)
+            .map_err(|_| SessionError::Config("n_draft_max is outside the supported bound"))?;
+        speculative::validate_context_capacities(target.capacity(), draft.capacity(), maximum)
+            .map_err(SessionError::Capacity)?;
+        check_contexts(target, draft, &config)?;
+        let raw_config = sys::mtp_session_config {
+            n_seq: config.n_seq,
+            n_draft_max: config.n_draft_max,
+            n_min: config.n_min,
+            p_min: config.p_min,
+            spec_type: config.spec_type.raw(),
+        };
+        // SAFETY: both contexts are live (the caller keeps them so, see the
+        // contract above); `raw_config` lives for the call; null means failure.
+        let raw = unsafe { sys::mtp_session_new(target.raw(), draft.raw(), &raw const raw_config) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            SessionError::Incompatible(format!(
+                "llama.cpp could not create a {:?} session for these contexts (missing draft heads or target layers)",
+                config.spec_type
+            ))
+        })?;
+        Ok(Self {
+            raw,
+            config,
+            proposed: vec![0; config.n_seq as usize],
+            drafted: 0,
+            accepted: 0,
+            target_recurrent: target.capacity().recurrent_or_hybrid,
+        })
+    }
+
+    /// Whether the native state is complete for this strategy and target.
+    ///
+    /// llama.cpp's EAGLE-3 state carries the deferred boundary row (the
+    /// target's hidden state at the last accepted position) only for
+    /// recurrent or hybrid targets; for a transformer target it is empty, and
+    /// a session restored from it cannot draft again. Report that as the
+    /// seed's `Unavailable` instead of handing out an incomplete state.
+    fn state_is_complete(&self) -> bool {
+        self.config.spec_type != SpecType::Eagle3 || self.target_recurrent
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    fn slot(&self, seq_id: i32) -> Result<usize, SessionError> {
+        usize::try_from(seq_id)
+            .ok()
+            .filter(|slot| *slot < self.proposed.len())
+            .ok_or(SessionError::BadSequence {
+                seq_id,
+                n_seq: self.config.n_seq,
+            })
+    }
+
+    /// Start a generation on `seq_id` whose `prompt` was decoded into the target.
+    pub fn begin(&mut self, seq_id: i32, prompt: &[i32]) -> Result<(), SessionError> {
+        let slot = self.slot(seq_id)?;
+        if prompt.len() > MAX_SPECULATIVE_PROMPT_TOKENS {
+            return Err(SessionError::Usage(format!(
+                "the prompt has {} tokens, more than MAX_SPECULATIVE_PROMPT_TOKENS ({MAX_SPECULATIVE_PROMPT_TOKENS})",
+                prompt.len()
+            )));
+        }
+        if self.proposed[slot] > 0 {
+            return Err(SessionError::Usage(
+                "cannot begin while a proposal is pending; accept it first".into(),
+            ));
+        }
+        // SAFETY: the session is live and exclusively borrowed; `prompt` is
+        // readable for `len` tokens during the call.
+        let ok = unsafe {
+            sys::mtp_session_begin(self.raw.as_ptr(), seq_id, prompt.as_ptr(), prompt.len())
+        };
+        ok.then_some(())
+            .ok_or_else(|| SessionError::Native("mtp_session_begin failed".into()))
+    }
+
+    /// Tell the session about `batch`, which was just decoded on the target.
+    pub fn process(&mut self, batch: &Batch) -> Result<(), SessionError> {
+        // SAFETY: the session and the batch are live; the shim only reads the batch.
+        let ok = unsafe { sys::mtp_session_process(self.raw.as_ptr(), batch.raw()) };
+        ok.then_some(())
+            .ok_or_else(|| SessionError::Native("mtp_session_process failed".into()))
+    }
+
+    /// Draft up to `n_draft_max` tokens for `seq_id` after `id_last` at `n_past`.
+    pub fn draft(
+        &mut self,
+        seq_id: i32,
+        n_past: i32,
+        id_last: i32,
+    ) -> Result<Vec<i32>, SessionError> {
+        let slot = self.slot(seq_id)?;
+        if self.proposed[slot] > 0 {
+            return Err(SessionError::Usage(
+                "a proposal is already pending for this sequence; accept it before drafting again"
+                    .into(),
+            ));
+        }
+        let capacity = self.config.n_draft_max;
+        let mut tokens = vec![0_i32; capacity as usize];
+        let mut written = capacity;
+        // SAFETY: `tokens` has `capacity` writable slots and `written` says so
+        // on entry, as the shim requires; the session is exclusively borrowed.
+        let ok = unsafe {
+            sys::mtp_session_draft(
+                self.raw.as_ptr(),
+                seq_id,
+                n_past,
+                id_last,
+                tokens.as_mut_ptr(),
+                &raw mut written,
+            )
+        };
+        if !ok {
+            return Err(SessionError::Native("mtp_session_draft failed".into()));
+        }
+        tokens.truncate(usize::try_from(written).unwrap_or(0).min(capacity as usize));
+        self.proposed[slot] = tokens.len();
+        self.drafted += tokens.len() as u64;
+        Ok(tokens)
+    }
+
+    /// Complete the pending proposal of `seq_id`: `n_accepted` of its tokens were verified.
+    pub fn accept(&mut self, seq_id: i32, n_accepted: usize) -> Result<(), SessionError> {
+        let slot = self.slot(seq_id)?;
+        let proposed = self.proposed[slot];
+        if proposed == 0 {
+            return Err(SessionError::Usage(
+                "there is no pending proposal to accept".into(),
+            ));
+        }
+        if n_accepted > proposed {
+            return Err(SessionError::Usage(format!(
+                "cannot accept {n_accepted} tokens of a {proposed}-token proposal"
+            )));
+        }
+        // `proposed <= n_draft_max <= 4096`, so the count fits u16.
+        let count = u16::try_from(n_accepted)
+            .map_err(|_| SessionError::Usage("n_accepted exceeds u16".into()))?;
+        // SAFETY: the session is live and exclusively borrowed.
+        let ok = unsafe { sys::mtp_session_accept(self.raw.as_ptr(), seq_id, count) };
+        if !ok {
+            return Err(SessionError::Native("mtp_session_accept failed".into()));
+        }
+        self.proposed[slot] = 0;
+        self.accepted += n_accepted as u64;
+        Ok(())
+    }
+
+    /// Whether no sequence has a pending proposal.
+    pub fn is_quiescent(&self) -> bool {
+        // SAFETY: the session is live.
+        unsafe { sys::mtp_session_is_quiescent(self.raw.as_ptr()) }
+    }
+
+    /// Whether `seq_id` has a pending proposal.
+    pub fn has_pending_proposal(&self, seq_id: i32) -> Result<bool, SessionError> {
+        self.slot(seq_id)?;
+        // SAFETY: the session is live.
+        Ok(unsafe { sys::mtp_session_has_pending_proposal(self.raw.as_ptr(), seq_id) })
+    }
+
+    /// Whether the target must keep post-norm embeddings.
+    pub fn need_embd(&self) -> bool {
+        // SAFETY: the session is live.
+        unsafe { sys::mtp_session_need_embd(self.raw.as_ptr()) }
+    }
+
+    /// Whether the target must keep pre-norm hidden states.
+    pub fn need_embd_pre_norm(&self) -> bool {
+        // SAFETY: the session is live.
+        unsafe { sys::mtp_session_need_embd_pre_norm(self.raw.as_ptr()) }
+    }
+
+    /// Tokens drafted so far.
+    pub fn drafted(&self) -> u64 {
+        self.drafted
+    }
+
+    /// Drafted tokens accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
+    /// The exact speculative state of `seq_id` (quiescent sessions only).
+    pub fn state(&self, seq_id: i32) -> Result<Vec<u8>, SpeculativeStateError> {
+        let state = speculative::capture_state(self.raw, seq_id)?;
+        if !self.state_is_complete() {
+            return Err(SpeculativeStateError::Unavailable);
+        }
+        Ok(state)
+    }
+
+    /// Restore `seq_id`'s speculative state; invalid bytes leave it unchanged.
+    pub fn restore(&mut self, seq_id: i32, state: &[u8]) -> Result<(), SpeculativeStateError> {
+        speculative::restore_state(self.raw, seq_id, state)
+    }
+}
+
+impl Drop for DraftSession {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `mtp_session_new` and is freed once, while
+        // the contexts it points to are still alive (the owner's contract).
+        unsafe { sys::mtp_session_free(self.raw.as_ptr()) };
+    }
+}
