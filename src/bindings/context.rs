@@ -271,7 +271,7 @@ impl PyContext {
     }
 
     /// The logits of output row `row` of the last decode (`-1`: the last row).
-    #[pyo3(signature = (row = -1))]
+    #[pyo3(signature = (row = -1), text_signature = "(self, /, row=-1)")]
     fn logits(&self, py: Python<'_>, row: i32) -> PyResult<Vec<f32>> {
         self.check_thread(py)?;
         Ok(self
@@ -282,7 +282,7 @@ impl PyContext {
     }
 
     /// The greedy choice of output row `row`: the id of the largest logit (lowest id on ties).
-    #[pyo3(signature = (row = -1))]
+    #[pyo3(signature = (row = -1), text_signature = "(self, /, row=-1)")]
     fn argmax(&self, py: Python<'_>, row: i32) -> PyResult<i32> {
         self.check_thread(py)?;
         let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
@@ -290,7 +290,7 @@ impl PyContext {
     }
 
     /// The `k` largest logits of row `row` as `(token, logit)`, largest first.
-    #[pyo3(signature = (row = -1, k = 2))]
+    #[pyo3(signature = (row = -1, k = 2), text_signature = "(self, /, row=-1, k=2)")]
     fn top_logits(&self, py: Python<'_>, row: i32, k: usize) -> PyResult<Vec<(i32, f32)>> {
         self.check_thread(py)?;
         let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
@@ -320,7 +320,7 @@ impl PyContext {
     }
 
     /// Remove positions `p0..p1` of `seq_id` (`-1`: open end); False if llama.cpp refuses.
-    #[pyo3(signature = (seq_id = 0, p0 = -1, p1 = -1))]
+    #[pyo3(signature = (seq_id = 0, p0 = -1, p1 = -1), text_signature = "(self, /, seq_id=0, p0=-1, p1=-1)")]
     fn seq_rm(&mut self, py: Python<'_>, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
         self.check_thread(py)?;
         Ok(self.inner.seq_rm(seq_id, p0, p1))

@@ -32,7 +32,7 @@ pub struct ContextParams {
     pub n_rs_seq: u32,
     /// Which computation the context runs.
     pub kind: ContextKind,
-    /// Threads for single-token and for batch decoding (0: llama.cpp's default).
+    /// Threads for single-token and for batch decoding (0: the CPUs available).
     pub n_threads: i32,
 }
 
@@ -50,7 +50,15 @@ impl Default for ContextParams {
     }
 }
 
-/// A llama.cpp context. Not `Send`: llama.cpp contexts are single-threaded.
+/// Threads when none are asked for: the CPUs this process may run on.
+///
+/// llama.cpp's own default (4) oversubscribes smaller machines, where its
+/// spinning worker threads then slow decoding by orders of magnitude.
+fn default_threads() -> i32 {
+    std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(i32::MAX))
+}
+
+/// A llama.cpp context, used by one thread at a time.
 pub struct Context {
     raw: NonNull<sys::llama_context>,
     model: Arc<Model>,
@@ -92,10 +100,13 @@ impl Context {
             ContextKind::Default => sys::LLAMA_CONTEXT_TYPE_DEFAULT,
             ContextKind::Mtp => sys::LLAMA_CONTEXT_TYPE_MTP,
         };
-        if params.n_threads > 0 {
-            raw_params.n_threads = params.n_threads;
-            raw_params.n_threads_batch = params.n_threads;
-        }
+        let threads = if params.n_threads > 0 {
+            params.n_threads
+        } else {
+            default_threads()
+        };
+        raw_params.n_threads = threads;
+        raw_params.n_threads_batch = threads;
         raw_params.no_perf = true;
         raw_params.ctx_other = other.map_or(std::ptr::null_mut(), |context| context.raw.as_ptr());
         // SAFETY: the model is live and kept alive by the `Arc` this context
