@@ -31,7 +31,7 @@ fn run(model: &Arc<Model>, prompt: &[i32], tokens: usize, threads: i32) -> (f64,
         n_threads: threads,
         ..ContextParams::default()
     };
-    let mut context = Context::new(Arc::clone(model), params, None).expect("context");
+    let mut context = Context::new(Arc::clone(model), params).expect("context");
     let mut batch = Batch::new(512).expect("batch");
     for (pos, &token) in prompt.iter().enumerate() {
         batch

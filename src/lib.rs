@@ -7,7 +7,9 @@
 //! layer that exposes both to Python as `specstate._native`.
 
 mod bindings;
+pub mod checkpoint;
 pub mod generation;
+pub mod generator;
 pub mod native;
 pub mod native_info;
 pub mod sampling;

@@ -145,6 +145,20 @@ fn check_contexts(
             draft.model().n_vocab()
         )));
     }
+    if !same_model {
+        let target_width = i64::from(target.model().n_embd());
+        let expected = draft.model().metadata_value("eagle3.target_hidden_size");
+        if let Some(width) = expected
+            .as_deref()
+            .and_then(|w| w.trim().parse::<i64>().ok())
+        {
+            if width != target_width {
+                return Err(SessionError::Incompatible(format!(
+                    "the EAGLE-3 draft reads {width}-wide target hidden states, the target's are {target_width}"
+                )));
+            }
+        }
+    }
     for (name, context) in [("target", target), ("draft", draft)] {
         if context.params().n_seq_max < config.n_seq {
             return Err(SessionError::Incompatible(format!(

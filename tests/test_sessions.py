@@ -408,3 +408,46 @@ def test_session_properties(models_by_kind: dict[str, tuple[Model, Model | None]
     assert session.target is setup.target and session.draft_context is setup.draft
     assert session.need_embd_pre_norm and not session.need_embd
     assert isinstance(session, MtpSession) and isinstance(session, specstate.DraftSession)
+
+
+def test_eagle3_draft_without_its_own_head_reads_the_targets(qwen35_model: Model, tmp_path: Path) -> None:
+    import models
+
+    _, headless = models.build_eagle3_pair(tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0,
+                                           draft_own_head=False)
+    draft_model = Model(headless)
+    target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
+    with pytest.raises(ContextError):
+        Context(draft_model, n_ctx=N_CTX)  # needs the target's embedding and head
+    draft = Context(draft_model, n_ctx=N_CTX, other=target)
+    session = Eagle3Session(target, draft)
+    generation = generate(Setup(target, draft, session), qwen35_model.tokenize("headless"), 60)
+    plain, gaps = plain_greedy(qwen35_model, qwen35_model.tokenize("headless"), 60)
+    assert agreement(generation.tokens[:60], plain, gaps) >= 1
+    assert generation.n_accepted > 0
+
+
+def test_a_linked_context_keeps_its_source_alive(qwen35_model: Model, tmp_path: Path) -> None:
+    import gc
+
+    import models
+
+    _, headless = models.build_eagle3_pair(tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0,
+                                           draft_own_head=False)
+    target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
+    draft = Context(Model(headless), n_ctx=N_CTX, other=target)
+    session = Eagle3Session(target, draft)
+    del target
+    gc.collect()
+    generation = GreedyGeneration(session)
+    generation.prefill(qwen35_model.tokenize("still here"))
+    assert len(generation.generate(20)) >= 20
+
+
+def test_eagle3_draft_for_another_target_width_is_refused(qwen35_model: Model, tmp_path: Path) -> None:
+    import models
+
+    _, wide = models.build_eagle3_pair(tmp_path / "t128.gguf", tmp_path / "e128.gguf", seed=0, n_embd=128)
+    target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
+    with pytest.raises(ContextError, match="128-wide"):
+        Eagle3Session(target, Context(Model(wide), n_ctx=N_CTX))

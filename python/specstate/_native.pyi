@@ -17,6 +17,7 @@ __all__ = [
     "Batch",
     "Context",
     "DraftSession",
+    "Generator",
     "GreedyGeneration",
     "Model",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
@@ -26,6 +27,8 @@ __all__ = [
     "ContextCapacity",
     "_raise_for_status",
     "_seed_error_display",
+    "inspect_checkpoint",
+    "model_fingerprint",
     "native_info",
     "validate_config",
     "validate_context_capacities",
@@ -378,3 +381,85 @@ class GreedyGeneration:
     @property
     def n_accepted(self) -> int:
         """Drafted tokens accepted by this generation."""
+
+@final
+class Generator:
+    """The native five-mode generator behind :class:`specstate.Generator`.
+
+    Rounds run with the GIL released; use from the creating thread only.
+    """
+
+    def __new__(
+        cls,
+        target: Model,
+        *,
+        mode: Literal["none", "ngram", "draft", "mtp", "eagle3"] = "none",
+        draft_model: Model | None = None,
+        n_draft: int = 8,
+        n_ctx: int = 2048,
+        n_batch: int = 512,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        ngram_max: int = 4,
+        ngram_min: int = 1,
+        n_threads: int = 0,
+    ) -> Generator: ...
+    def prefill(self, prompt: Sequence[int]) -> int:
+        """Decode the prompt and commit the first generated token; return it."""
+    def step(self, max_new: int = ...) -> list[int]:
+        """One round committing at most ``max_new`` tokens; empty once finished or full."""
+    def checkpoint(self) -> bytes:
+        """The whole checkpoint of the current boundary."""
+    @staticmethod
+    def restore(data: bytes, target: Model, *, draft_model: Model | None = None, n_threads: int = 0) -> Generator:
+        """A generator continuing a checkpoint on these models (validated first)."""
+    def load(self, data: bytes, *, n_threads: int = 0) -> None:
+        """Replace this generation with a checkpoint; on failure nothing changes."""
+    @property
+    def history(self) -> list[int]:
+        """Prompt and committed tokens."""
+    @property
+    def n_prompt(self) -> int:
+        """Prompt tokens at the start of ``history``."""
+    @property
+    def n_past(self) -> int:
+        """Tokens in the target's memory."""
+    @property
+    def finished(self) -> bool:
+        """Whether an end-of-generation token was committed."""
+    @property
+    def rounds(self) -> int:
+        """Rounds run."""
+    @property
+    def n_drafted(self) -> int:
+        """Draft tokens verified."""
+    @property
+    def n_accepted(self) -> int:
+        """Draft tokens accepted."""
+    @property
+    def mode(self) -> str:
+        """The mode's name."""
+    @property
+    def target(self) -> Model:
+        """The target model."""
+    @property
+    def draft_model(self) -> Model | None:
+        """The draft model, if the mode has one."""
+    @property
+    def config(self) -> dict[str, object]:
+        """Mode, draft length, context, batch and sampling parameters."""
+
+def inspect_checkpoint(data: bytes) -> dict[str, object]:
+    """Validate a checkpoint and describe it (no model needed).
+
+    Keys: ``format_version``, versions, ``config``, ``target_model`` and
+    ``draft_model`` (file, size, sha256), ``n_prompt``, ``n_tokens``,
+    ``n_generated``, ``n_past``, ``finished``, counters, ``sections``
+    (name, bytes), ``checksum``, ``size``. Raises ``CheckpointError``
+    subclasses like a restore.
+    """
+
+def model_fingerprint(model: Model) -> tuple[str, int]:
+    """The SHA-256 (hex) and size of a model's file, as checkpoints record them."""

@@ -13,6 +13,16 @@ from typing import Any, ClassVar
 
 __all__ = [
     "BadSequenceError",
+    "CheckpointError",
+    "ChecksumMismatchError",
+    "ConfigMismatchError",
+    "CorruptCheckpointError",
+    "GenerationError",
+    "ModelMismatchError",
+    "NotACheckpointError",
+    "SectionTooLargeError",
+    "TruncatedCheckpointError",
+    "UnsupportedVersionError",
     "ContextError",
     "DecodeError",
     "ModelLoadError",
@@ -102,6 +112,54 @@ class SessionError(RuntimeError):
 
 class ThreadAffinityError(RuntimeError):
     """A native object was used from a thread other than the one that created it."""
+
+
+class GenerationError(RuntimeError):
+    """A generator call that does not fit its state (e.g. stepping before a prompt)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint was refused. Nothing was restored and nothing was changed.
+
+    Subclasses name the reason; their extra fields are attributes (and pickle).
+    """
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class NotACheckpointError(CheckpointError):
+    """The data does not start with the checkpoint magic."""
+
+
+class UnsupportedVersionError(CheckpointError):
+    """Written in a format version this build cannot read (fields ``found``, ``supported``)."""
+
+
+class TruncatedCheckpointError(CheckpointError):
+    """Fewer bytes than the header declares (fields ``expected``, ``actual``)."""
+
+
+class ChecksumMismatchError(CheckpointError):
+    """The CRC-32 trailer does not match the content (fields ``stored``, ``computed``)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The structure or content is inconsistent though the checksum matched."""
+
+
+class SectionTooLargeError(CheckpointError):
+    """A section exceeds its bound (fields ``section``, ``size``, ``maximum``)."""
+
+
+class ModelMismatchError(CheckpointError):
+    """Taken with a different model file (fields ``role``, ``expected``, ``actual``)."""
+
+
+class ConfigMismatchError(CheckpointError):
+    """Another mode or configuration than the generator's (fields ``field``, ``checkpoint``, ``generator``)."""
 
 
 class SpeculativeStateError(Exception):

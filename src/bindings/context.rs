@@ -103,6 +103,8 @@ pub(crate) struct PyContext {
     pub(crate) model: Py<PyModel>,
     pub(crate) owner: ThreadId,
     scratch: Batch,
+    /// The linked source context (`other`), kept alive as long as this one.
+    _other: Option<Py<PyContext>>,
     /// Decodes run on this context so far.
     decodes: u64,
     /// The `PyBatch` key of the last decode, if it was a user batch.
@@ -186,7 +188,7 @@ impl PyContext {
         n_rs_seq: u32,
         kind: &str,
         n_threads: i32,
-        other: Option<PyRef<'_, PyContext>>,
+        other: Option<Py<PyContext>>,
     ) -> PyResult<Self> {
         let params = ContextParams {
             n_ctx,
@@ -197,12 +199,18 @@ impl PyContext {
             kind: parse_kind(kind)?,
             n_threads,
         };
-        if let Some(other) = &other {
-            other.check_thread(py)?;
-        }
         let shared = model.get().inner.clone();
-        let inner = Context::new(shared, params, other.as_deref().map(|o| &o.inner))
-            .map_err(|e| native_error(py, e))?;
+        let inner = match &other {
+            None => Context::new(shared, params),
+            Some(other) => {
+                let other = other.bind(py).borrow();
+                other.check_thread(py)?;
+                // SAFETY: the new `PyContext` holds `other` in `_other`, so the
+                // linked context outlives it; pyclass values never move.
+                unsafe { Context::with_other(shared, params, &other.inner) }
+            }
+        }
+        .map_err(|e| native_error(py, e))?;
         let scratch =
             Batch::new(inner.capacity().batch as usize).map_err(|e| native_error(py, e))?;
         Ok(Self {
@@ -210,6 +218,7 @@ impl PyContext {
             model,
             owner: std::thread::current().id(),
             scratch,
+            _other: other,
             decodes: 0,
             last_batch: None,
         })

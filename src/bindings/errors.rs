@@ -10,6 +10,9 @@ use pyo3::call::PyCallArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use pyo3::types::PyDict;
+
+use crate::checkpoint::CheckpointError;
 use crate::native::NativeError;
 use crate::speculative::SpeculativeStateError;
 
@@ -100,4 +103,104 @@ pub(crate) fn ensure_thread(py: Python<'_>, owner: ThreadId, what: &str) -> PyRe
         "ThreadAffinityError",
         (format!("this {what} was created on another thread; use it only from the thread that created it"),),
     ))
+}
+
+/// The Python exception of a refused checkpoint, with its fields as keyword arguments.
+pub(crate) fn checkpoint_error(py: Python<'_>, error: &CheckpointError) -> PyErr {
+    use CheckpointError as E;
+    let message = error.to_string();
+    let kwargs = PyDict::new(py);
+    let set = |name: &str, value: Bound<'_, PyAny>| {
+        let _ = kwargs.set_item(name, value);
+    };
+    let class = match error {
+        E::NotACheckpoint => "NotACheckpointError",
+        E::UnsupportedVersion { found, supported } => {
+            set("found", found.into_pyobject(py).expect("int").into_any());
+            set(
+                "supported",
+                supported.into_pyobject(py).expect("int").into_any(),
+            );
+            "UnsupportedVersionError"
+        }
+        E::Truncated { expected, actual } => {
+            set(
+                "expected",
+                expected.into_pyobject(py).expect("int").into_any(),
+            );
+            set("actual", actual.into_pyobject(py).expect("int").into_any());
+            "TruncatedCheckpointError"
+        }
+        E::ChecksumMismatch { stored, computed } => {
+            set("stored", stored.into_pyobject(py).expect("int").into_any());
+            set(
+                "computed",
+                computed.into_pyobject(py).expect("int").into_any(),
+            );
+            "ChecksumMismatchError"
+        }
+        E::Corrupt(_) => "CorruptCheckpointError",
+        E::SectionTooLarge {
+            section,
+            size,
+            maximum,
+        } => {
+            set(
+                "section",
+                section.into_pyobject(py).expect("str").into_any(),
+            );
+            set("size", size.into_pyobject(py).expect("int").into_any());
+            set(
+                "maximum",
+                maximum.into_pyobject(py).expect("int").into_any(),
+            );
+            "SectionTooLargeError"
+        }
+        E::ModelMismatch {
+            role,
+            expected,
+            actual,
+        } => {
+            set("role", role.into_pyobject(py).expect("str").into_any());
+            set(
+                "expected",
+                expected.into_pyobject(py).expect("str").into_any(),
+            );
+            set("actual", actual.into_pyobject(py).expect("str").into_any());
+            "ModelMismatchError"
+        }
+        E::ConfigMismatch {
+            field,
+            checkpoint,
+            generator,
+        } => {
+            set("field", field.into_pyobject(py).expect("str").into_any());
+            set(
+                "checkpoint",
+                checkpoint.into_pyobject(py).expect("str").into_any(),
+            );
+            set(
+                "generator",
+                generator.into_pyobject(py).expect("str").into_any(),
+            );
+            "ConfigMismatchError"
+        }
+    };
+    let raised = py
+        .import(ERRORS_MODULE)
+        .and_then(|module| module.getattr(class))
+        .and_then(|class| class.call((message,), Some(&kwargs)));
+    match raised {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(error) => error,
+    }
+}
+
+/// `specstate.errors.<class_name>(message)`.
+pub(crate) fn python_error_message(
+    py: Python<'_>,
+    class_name: &str,
+    message: impl Into<String>,
+) -> PyErr {
+    python_error(py, class_name, (message.into(),))
 }

@@ -3,6 +3,7 @@
 mod arguments;
 mod context;
 mod errors;
+mod generator;
 mod info;
 mod model;
 mod session;
@@ -31,6 +32,9 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<context::PyBatch>()?;
     module.add_class::<session::PySession>()?;
     module.add_class::<session::PyGreedyGeneration>()?;
+    module.add_class::<generator::PyGenerator>()?;
+    module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;
+    module.add_function(wrap_pyfunction!(generator::model_fingerprint, module)?)?;
     module.add_function(wrap_pyfunction!(validators::validate_config, module)?)?;
     module.add_function(wrap_pyfunction!(
         validators::validate_context_capacities,

@@ -66,9 +66,30 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context over `model`; `other` links a source context (EAGLE-3 drafts
-    /// read the target's hidden states through it).
-    pub fn new(
+    /// A context over `model`.
+    pub fn new(model: Arc<Model>, params: ContextParams) -> NativeResult<Self> {
+        // SAFETY: no linked context, so there is nothing to outlive.
+        unsafe { Self::create(model, params, None) }
+    }
+
+    /// A context over `model` linked to a source context `other` (`ctx_other`):
+    /// EAGLE-3 drafts without their own embedding or head read the target's.
+    ///
+    /// # Safety
+    /// `other` must stay alive, at the same address, for as long as the new
+    /// context lives: llama.cpp keeps a pointer to it.
+    pub unsafe fn with_other(
+        model: Arc<Model>,
+        params: ContextParams,
+        other: &Context,
+    ) -> NativeResult<Self> {
+        // SAFETY: forwarded to the caller (see above).
+        unsafe { Self::create(model, params, Some(other)) }
+    }
+
+    /// # Safety
+    /// As [`Context::with_other`] when `other` is given.
+    unsafe fn create(
         model: Arc<Model>,
         params: ContextParams,
         other: Option<&Context>,
@@ -110,8 +131,8 @@ impl Context {
         raw_params.no_perf = true;
         raw_params.ctx_other = other.map_or(std::ptr::null_mut(), |context| context.raw.as_ptr());
         // SAFETY: the model is live and kept alive by the `Arc` this context
-        // holds; `ctx_other`, when set, is a live context the caller keeps
-        // alive for as long as this one (the speculative session owns both).
+        // holds; `ctx_other`, when set, is a live context that the caller
+        // keeps alive for as long as this one (the function's contract).
         let raw = unsafe { sys::llama_init_from_model(model.raw(), raw_params) };
         let raw = NonNull::new(raw).ok_or_else(|| {
             NativeError::ContextInit(format!(

@@ -18,6 +18,8 @@ const METADATA_BUFFER: usize = 64 * 1024;
 pub struct Model {
     raw: NonNull<sys::llama_model>,
     path: PathBuf,
+    /// SHA-256 (hex) and size of the file, computed on first use.
+    digest: std::sync::OnceLock<(String, u64)>,
 }
 
 // SAFETY: a `llama_model` is read-only once loaded; llama.cpp creates contexts
@@ -77,7 +79,40 @@ impl Model {
         Ok(Self {
             raw,
             path: path.to_path_buf(),
+            digest: std::sync::OnceLock::new(),
         })
+    }
+
+    /// SHA-256 (hex) and size of the model file, read once and cached.
+    ///
+    /// Computed from the file as it is on disk when first asked; a model file
+    /// replaced after loading is reported as a read error only if unreadable.
+    pub fn file_digest(&self) -> NativeResult<(String, u64)> {
+        if let Some(digest) = self.digest.get() {
+            return Ok(digest.clone());
+        }
+        use sha2::Digest;
+        let mut file =
+            std::fs::File::open(&self.path).map_err(|e| load_error(&self.path, e.to_string()))?;
+        let mut hasher = sha2::Sha256::new();
+        let mut buffer = vec![0_u8; 1 << 20];
+        let mut size = 0_u64;
+        loop {
+            let n = file
+                .read(&mut buffer)
+                .map_err(|e| load_error(&self.path, e.to_string()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buffer[..n]);
+            size += n as u64;
+        }
+        let hex: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(self.digest.get_or_init(|| (hex, size)).clone())
     }
 
     /// The path the model was loaded from.

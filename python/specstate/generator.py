@@ -1,0 +1,323 @@
+"""One generator, five modes, exact checkpoints.
+
+:class:`Generator` drives a generation over a target model in one of these
+modes, all under the same exactness contract:
+
+========  ==================================================================
+``none``   plain decoding, one token per target pass
+``ngram``  prompt lookup: drafts what followed the latest repeat of the last
+           n tokens of the history (no extra model)
+``draft``  a separate draft model with the same vocabulary drafts
+           autoregressively
+``mtp``    the target's own multi-token-prediction head (llama.cpp MTP)
+``eagle3`` a separate EAGLE-3 draft model (llama.cpp EAGLE-3)
+========  ==================================================================
+
+What each mode guarantees:
+
+* Greedy decoding (``temperature=0``, the default): every committed token is
+  the target's own argmax at verification, so every mode commits the tokens
+  ``none`` mode does -- up to llama.cpp's batch-shape numerics: a token
+  verified inside a batch and the same token decoded alone can get logits
+  that differ by ~0.1, which flips the choice only at near-ties.
+* Seeded sampling (``temperature > 0``, ``top_k``, ``top_p``, ``seed``):
+  drafts are verified by speculative rejection sampling (the draft model's
+  distribution in ``draft`` mode, a point mass on the drafted token in the
+  other modes), so committed tokens follow the target's sampling
+  distribution exactly. The samples themselves differ from ``none`` mode's
+  (the RNG is consumed differently), but each mode is reproducible from its
+  seed.
+* Every mode: a checkpoint taken between rounds resumes bit for bit -- the
+  continuation equals the uninterrupted run token for token, in any process
+  that has the same model files. The RNG state is part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from specstate import _native
+from specstate._native import Model
+
+__all__ = ["Generator", "Mode"]
+
+Mode = Literal["none", "ngram", "draft", "mtp", "eagle3"]
+
+
+def _read(source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    return Path(source).read_bytes()
+
+
+class Generator:
+    """A generation over ``model`` in one mode; see the module docstring.
+
+    Args:
+        model: the target model.
+        mode: ``none``, ``ngram``, ``draft``, ``mtp`` or ``eagle3``.
+        draft_model: the draft model (``draft`` and ``eagle3`` modes).
+        n_draft: most tokens drafted per round.
+        n_ctx: context length; n_batch: rows per decode.
+        temperature, top_k, top_p, seed: sampling (``temperature=0``: greedy).
+        ngram_max, ngram_min: n-gram lengths looked up (``ngram`` mode).
+        n_threads: threads per context (0: the CPUs available).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        mode: Mode = "none",
+        draft_model: Model | None = None,
+        n_draft: int = 8,
+        n_ctx: int = 2048,
+        n_batch: int = 512,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        ngram_max: int = 4,
+        ngram_min: int = 1,
+        n_threads: int = 0,
+    ) -> None:
+        self._native = _native.Generator(
+            model, mode=mode, draft_model=draft_model, n_draft=n_draft, n_ctx=n_ctx, n_batch=n_batch,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, ngram_max=ngram_max,
+            ngram_min=ngram_min, n_threads=n_threads,
+        )
+        self._reset_text()
+
+    # --- construction from checkpoints -----------------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        source: bytes | bytearray | memoryview | str | os.PathLike[str],
+        model: Model,
+        *,
+        draft_model: Model | None = None,
+        n_threads: int = 0,
+    ) -> Generator:
+        """A generator continuing a checkpoint (bytes or a path) on these models.
+
+        Raises a :class:`~specstate.errors.CheckpointError` subclass for any
+        bad checkpoint: not one, unsupported version, truncated, checksum
+        mismatch, corrupt, a section too large, or other model files.
+        """
+        generator = cls.__new__(cls)
+        generator._native = _native.Generator.restore(_read(source), model, draft_model=draft_model,
+                                                       n_threads=n_threads)
+        generator._reset_text()
+        return generator
+
+    def load(self, source: bytes | bytearray | memoryview | str | os.PathLike[str], *, n_threads: int = 0) -> None:
+        """Replace this generation with a checkpoint of the same mode, configuration and models.
+
+        Everything is validated before anything changes: on any error
+        (``CheckpointError`` subclasses, ``ConfigMismatchError`` for another
+        mode or configuration) this generator is left exactly as it was.
+        """
+        self._native.load(_read(source), n_threads=n_threads)
+        self._reset_text()
+
+    def checkpoint(self) -> bytes:
+        """Everything the generation needs to resume, in one versioned, checksummed blob."""
+        return self._native.checkpoint()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`checkpoint` to ``path`` atomically.
+
+        The bytes go to a temporary file in the same directory, which is
+        flushed, fsynced and renamed over ``path`` (then the directory is
+        fsynced): a crash leaves either the old file or the new one.
+        """
+        target = Path(path)
+        data = self.checkpoint()
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory = os.open(target.parent or ".", os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    # --- generation ------------------------------------------------------------------------------
+
+    def _reset_text(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        model = self._native.target
+        for token in self._native.history[self._native.n_prompt:]:
+            self._decoder.decode(model.token_to_piece(token))
+        self._elapsed = 0.0
+        self._timed_tokens = 0
+        self.stopped_by: str | None = None
+        """Why the last call stopped: ``"eos"``, ``"stop"``, ``"max_tokens"``, ``"context"``."""
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self._native.target.tokenize(prompt)
+        return list(prompt)
+
+    def stream(
+        self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()
+    ) -> Iterator[str]:
+        """Yield text pieces as tokens are committed, up to ``max_tokens`` new tokens.
+
+        ``prompt`` starts the generation (text or token ids); omit it to
+        continue one (for instance after :meth:`restore`). Stops at an
+        end-of-generation token, at the first of the ``stop`` strings (not
+        included in the text), or after ``max_tokens`` tokens.
+        """
+        if max_tokens < 0:
+            raise ValueError("max_tokens must not be negative")
+        native, model = self._native, self._native.target
+        held = ""  # text held back while it could begin a stop string
+        hold = max((len(s) for s in stop), default=1) - 1
+        emitted: list[str] = []
+        self.stopped_by = None
+        remaining = max_tokens
+        started = time.perf_counter()
+        committed_count = 0
+        try:
+            if prompt is not None:
+                if native.history:
+                    raise _native_error("this generator already has a prompt; omit it to continue")
+                if remaining == 0:
+                    return
+                committed: list[int] = [native.prefill(self._encode(prompt))]
+            elif not native.history:
+                raise ValueError("a prompt is needed to start a generation")
+            else:
+                committed = []
+            while True:
+                remaining -= len(committed)
+                committed_count += len(committed)
+                for token in committed:
+                    held += self._decoder.decode(model.token_to_piece(token))
+                cut = _find_stop(held, stop)
+                if cut is not None:
+                    text, held = held[:cut], ""
+                    if text:
+                        emitted.append(text)
+                        yield text
+                    self.stopped_by = "stop"
+                    return
+                if native.finished:
+                    self.stopped_by = "eos"
+                    break
+                if remaining <= 0:
+                    self.stopped_by = "max_tokens"
+                    break
+                ready = len(held) - hold if hold else len(held)
+                if ready > 0:
+                    emitted.append(held[:ready])
+                    yield held[:ready]
+                    held = held[ready:]
+                committed = native.step(remaining)
+                if not committed:
+                    self.stopped_by = "context"
+                    break
+            if held:
+                yield held
+        finally:
+            self._elapsed += time.perf_counter() - started
+            self._timed_tokens += committed_count
+
+    def generate(
+        self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()
+    ) -> str:
+        """The text of up to ``max_tokens`` new tokens (see :meth:`stream`)."""
+        return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop))
+
+    # --- what it has done ------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The mode."""
+        return self._native.mode
+
+    @property
+    def config(self) -> dict[str, object]:
+        """Mode, draft length, context, batch and sampling parameters."""
+        return self._native.config
+
+    @property
+    def model(self) -> Model:
+        """The target model."""
+        return self._native.target
+
+    @property
+    def draft_model(self) -> Model | None:
+        """The draft model, if the mode has one."""
+        return self._native.draft_model
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        """The prompt's token ids."""
+        return self._native.history[: self._native.n_prompt]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Every generated token so far (across calls and restores)."""
+        return self._native.history[self._native.n_prompt:]
+
+    @property
+    def text(self) -> str:
+        """The text of every generated token so far."""
+        return self._native.target.detokenize(self.tokens)
+
+    @property
+    def finished(self) -> bool:
+        """Whether an end-of-generation token was committed."""
+        return self._native.finished
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens verified so far."""
+        return self._native.n_drafted
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted so far."""
+        return self._native.n_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """``accepted / drafted`` (0 before any draft)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def rounds(self) -> int:
+        """Target verification passes after the prompt."""
+        return self._native.rounds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens committed per second of this object's generation calls (prefill included)."""
+        return self._timed_tokens / self._elapsed if self._elapsed > 0 else 0.0
+
+
+def _find_stop(text: str, stop: Sequence[str]) -> int | None:
+    hits = [index for index in (text.find(s) for s in stop if s) if index >= 0]
+    return min(hits) if hits else None
+
+
+def _native_error(message: str) -> Exception:
+    from specstate.errors import GenerationError
+
+    return GenerationError(message)

@@ -1,0 +1,337 @@
+//! `specstate._native.Generator`: the five-mode generator and its checkpoints.
+
+use std::sync::Arc;
+use std::thread::ThreadId;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use super::errors::{checkpoint_error, ensure_thread, native_error, python_error_message};
+use super::model::PyModel;
+use super::session::session_error_to_py;
+use crate::checkpoint::{self, CheckpointError};
+use crate::generator::ngram::NgramConfig;
+use crate::generator::{Generator, GeneratorConfig, GeneratorError, Mode, RuntimeOptions};
+use crate::sampling::SamplingParams;
+
+pub(crate) fn generator_error(py: Python<'_>, error: GeneratorError) -> PyErr {
+    match error {
+        GeneratorError::Invalid(message) => PyValueError::new_err(message),
+        GeneratorError::Usage(message) => python_error_message(py, "GenerationError", message),
+        GeneratorError::Native(error) => native_error(py, error),
+        GeneratorError::Session(error) => session_error_to_py(py, error),
+        GeneratorError::Checkpoint(error) => checkpoint_error(py, &error),
+    }
+}
+
+fn parse_mode(mode: &str, ngram_max: usize, ngram_min: usize) -> PyResult<Mode> {
+    Ok(match mode {
+        "none" => Mode::None,
+        "ngram" => {
+            if ngram_min == 0 || ngram_min > ngram_max || ngram_max > 64 {
+                return Err(PyValueError::new_err(
+                    "ngram sizes must satisfy 1 <= ngram_min <= ngram_max <= 64",
+                ));
+            }
+            Mode::Ngram(NgramConfig {
+                n_max: ngram_max,
+                n_min: ngram_min,
+            })
+        }
+        "draft" => Mode::Draft,
+        "mtp" => Mode::Mtp,
+        "eagle3" => Mode::Eagle3,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "mode must be one of none, ngram, draft, mtp, eagle3; not {other:?}"
+            )))
+        }
+    })
+}
+
+/// A generation over a target model in one of five modes (see `specstate.Generator`).
+#[pyclass(name = "Generator", module = "specstate._native")]
+pub(crate) struct PyGenerator {
+    inner: Generator,
+    target: Py<PyModel>,
+    draft: Option<Py<PyModel>>,
+    owner: ThreadId,
+}
+
+// SAFETY: every method that touches `inner` checks first that it runs on
+// `owner`, the creating thread, so the contexts are never used concurrently.
+unsafe impl Sync for PyGenerator {}
+
+impl PyGenerator {
+    fn check_thread(&self, py: Python<'_>) -> PyResult<()> {
+        ensure_thread(py, self.owner, "Generator")
+    }
+
+    fn wrap(inner: Generator, target: Py<PyModel>, draft: Option<Py<PyModel>>) -> Self {
+        Self {
+            inner,
+            target,
+            draft,
+            owner: std::thread::current().id(),
+        }
+    }
+}
+
+fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
+    model.as_ref().map(|m| Arc::clone(&m.get().inner))
+}
+
+#[pymethods]
+impl PyGenerator {
+    #[new]
+    #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = 8, n_ctx = 2048, n_batch = 512,
+                        temperature = 0.0, top_k = 0, top_p = 1.0, seed = 0, ngram_max = 4, ngram_min = 1,
+                        n_threads = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        target: Py<PyModel>,
+        mode: &str,
+        draft_model: Option<Py<PyModel>>,
+        n_draft: u32,
+        n_ctx: u32,
+        n_batch: u32,
+        temperature: f32,
+        top_k: u32,
+        top_p: f32,
+        seed: u64,
+        ngram_max: usize,
+        ngram_min: usize,
+        n_threads: i32,
+    ) -> PyResult<Self> {
+        let config = GeneratorConfig {
+            mode: parse_mode(mode, ngram_max, ngram_min)?,
+            n_draft,
+            sampling: SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+            },
+            n_ctx,
+            n_batch: n_batch.min(n_ctx),
+        };
+        let target_model = Arc::clone(&target.get().inner);
+        let inner = Generator::new(
+            target_model,
+            arc(&draft_model),
+            config,
+            RuntimeOptions { n_threads },
+        )
+        .map_err(|e| generator_error(py, e))?;
+        Ok(Self::wrap(inner, target, draft_model))
+    }
+
+    /// Decode the prompt and commit the first generated token; returns it.
+    fn prefill(&mut self, py: Python<'_>, prompt: Vec<i32>) -> PyResult<i32> {
+        self.check_thread(py)?;
+        let inner = &mut self.inner;
+        py.detach(|| inner.prefill(&prompt))
+            .map_err(|e| generator_error(py, e))
+    }
+
+    /// One round committing at most `max_new` tokens; returns them (empty when finished).
+    #[pyo3(signature = (max_new = usize::MAX))]
+    fn step(&mut self, py: Python<'_>, max_new: usize) -> PyResult<Vec<i32>> {
+        self.check_thread(py)?;
+        let inner = &mut self.inner;
+        py.detach(|| inner.step(max_new))
+            .map_err(|e| generator_error(py, e))
+    }
+
+    /// The whole checkpoint of the current boundary, as bytes.
+    fn checkpoint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_thread(py)?;
+        let capture = checkpoint::capture(&mut self.inner).map_err(|e| generator_error(py, e))?;
+        PyBytes::new_with(py, capture.encoded_len(), |out| {
+            capture.encode_into(out);
+            Ok(())
+        })
+    }
+
+    /// A generator continuing a checkpoint on these models (validated first).
+    #[staticmethod]
+    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = 0))]
+    fn restore(
+        py: Python<'_>,
+        data: &[u8],
+        target: Py<PyModel>,
+        draft_model: Option<Py<PyModel>>,
+        n_threads: i32,
+    ) -> PyResult<Self> {
+        let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
+        let target_model = Arc::clone(&target.get().inner);
+        let inner = checkpoint::restore(
+            &decoded,
+            target_model,
+            arc(&draft_model),
+            RuntimeOptions { n_threads },
+        )
+        .map_err(|e| generator_error(py, e))?;
+        Ok(Self::wrap(inner, target, draft_model))
+    }
+
+    /// Replace this generation with a checkpoint of the same mode, configuration
+    /// and models. Everything is validated first; on any failure this
+    /// generator is left exactly as it was.
+    #[pyo3(signature = (data, *, n_threads = 0))]
+    fn load(&mut self, py: Python<'_>, data: &[u8], n_threads: i32) -> PyResult<()> {
+        self.check_thread(py)?;
+        let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
+        checkpoint::check_config(&decoded, self.inner.config())
+            .map_err(|e| generator_error(py, e))?;
+        let target_model = Arc::clone(&self.target.get().inner);
+        let fresh = checkpoint::restore(
+            &decoded,
+            target_model,
+            arc(&self.draft),
+            RuntimeOptions { n_threads },
+        )
+        .map_err(|e| generator_error(py, e))?;
+        self.inner = fresh;
+        Ok(())
+    }
+
+    /// Prompt and committed tokens.
+    #[getter]
+    fn history(&self) -> Vec<i32> {
+        self.inner.state().history.clone()
+    }
+
+    /// Prompt tokens at the start of `history`.
+    #[getter]
+    fn n_prompt(&self) -> usize {
+        self.inner.state().n_prompt
+    }
+
+    /// Tokens in the target's memory.
+    #[getter]
+    fn n_past(&self) -> usize {
+        self.inner.state().n_past
+    }
+
+    /// Whether an end-of-generation token was committed.
+    #[getter]
+    fn finished(&self) -> bool {
+        self.inner.state().finished
+    }
+
+    /// Rounds run.
+    #[getter]
+    fn rounds(&self) -> u64 {
+        self.inner.state().rounds
+    }
+
+    /// Draft tokens verified.
+    #[getter]
+    fn n_drafted(&self) -> u64 {
+        self.inner.state().drafted
+    }
+
+    /// Draft tokens accepted.
+    #[getter]
+    fn n_accepted(&self) -> u64 {
+        self.inner.state().accepted
+    }
+
+    /// The mode's name.
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.inner.config().mode.name()
+    }
+
+    /// The target model.
+    #[getter]
+    fn target(&self, py: Python<'_>) -> Py<PyModel> {
+        self.target.clone_ref(py)
+    }
+
+    /// The draft model, if the mode has one.
+    #[getter]
+    fn draft_model(&self, py: Python<'_>) -> Option<Py<PyModel>> {
+        self.draft.as_ref().map(|m| m.clone_ref(py))
+    }
+
+    /// The configuration as a dict.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        config_dict(py, self.inner.config())
+    }
+}
+
+fn config_dict<'py>(py: Python<'py>, config: &GeneratorConfig) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("mode", config.mode.name())?;
+    if let Mode::Ngram(ngram) = config.mode {
+        dict.set_item("ngram_max", ngram.n_max)?;
+        dict.set_item("ngram_min", ngram.n_min)?;
+    }
+    dict.set_item("n_draft", config.n_draft)?;
+    dict.set_item("n_ctx", config.n_ctx)?;
+    dict.set_item("n_batch", config.n_batch)?;
+    dict.set_item("temperature", config.sampling.temperature)?;
+    dict.set_item("top_k", config.sampling.top_k)?;
+    dict.set_item("top_p", config.sampling.top_p)?;
+    dict.set_item("seed", config.sampling.seed)?;
+    Ok(dict)
+}
+
+/// Validate a checkpoint and describe it (no model needed): versions, models,
+/// mode, configuration, positions, section sizes, checksum.
+#[pyfunction]
+pub(crate) fn inspect_checkpoint<'py>(
+    py: Python<'py>,
+    data: &[u8],
+) -> PyResult<Bound<'py, PyDict>> {
+    let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
+    let meta = &decoded.meta;
+    let config = meta
+        .config()
+        .map_err(|e: CheckpointError| checkpoint_error(py, &e))?;
+    let info = PyDict::new(py);
+    info.set_item("format_version", checkpoint::FORMAT_VERSION)?;
+    info.set_item("specstate_version", &meta.specstate_version)?;
+    info.set_item("llama_cpp_sys_version", &meta.llama_cpp_sys_version)?;
+    info.set_item("llama_cpp_build", &meta.llama_cpp_build)?;
+    info.set_item("llama_cpp_commit", &meta.llama_cpp_commit)?;
+    info.set_item("config", config_dict(py, &config)?)?;
+    let model = |fingerprint: &checkpoint::ModelFingerprint| -> PyResult<Bound<'py, PyDict>> {
+        let entry = PyDict::new(py);
+        entry.set_item("file", &fingerprint.file)?;
+        entry.set_item("size", fingerprint.size)?;
+        entry.set_item("sha256", &fingerprint.sha256)?;
+        Ok(entry)
+    };
+    info.set_item("target_model", model(&meta.target_model)?)?;
+    info.set_item(
+        "draft_model",
+        meta.draft_model.as_ref().map(model).transpose()?,
+    )?;
+    let state = &decoded.state;
+    info.set_item("n_prompt", state.n_prompt)?;
+    info.set_item("n_tokens", state.history.len())?;
+    info.set_item("n_generated", state.history.len() - state.n_prompt)?;
+    info.set_item("n_past", state.n_past)?;
+    info.set_item("finished", state.finished)?;
+    info.set_item("rounds", state.rounds)?;
+    info.set_item("drafted", state.drafted)?;
+    info.set_item("accepted", state.accepted)?;
+    info.set_item("sections", decoded.sections.clone())?;
+    info.set_item("checksum", format!("{:08x}", decoded.checksum))?;
+    info.set_item("size", data.len())?;
+    Ok(info)
+}
+
+/// The SHA-256 (hex) and size of a model's file, as checkpoints record them.
+#[pyfunction]
+pub(crate) fn model_fingerprint(py: Python<'_>, model: Py<PyModel>) -> PyResult<(String, u64)> {
+    let inner = Arc::clone(&model.get().inner);
+    py.detach(|| inner.file_digest())
+        .map_err(|e| native_error(py, e))
+}

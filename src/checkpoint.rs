@@ -1,0 +1,716 @@
+//! The checkpoint format: one versioned, checksummed file holding everything a
+//! generation needs to resume bit for bit (specified in docs/checkpoint-format.md).
+//!
+//! Layout (little-endian): a 32-byte header, a table of sections, the section
+//! payloads in table order, and a CRC-32 trailer over every preceding byte.
+//! Decoding validates everything before anything is applied.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::generator::ngram::NgramConfig;
+use crate::generator::{
+    Generator, GeneratorConfig, GeneratorError, GeneratorState, Mode, RuntimeOptions,
+};
+use crate::native::Model;
+use crate::native_info;
+use crate::sampling::SamplingParams;
+use crate::speculative::MAX_SPECULATIVE_STATE_BYTES;
+
+/// First eight bytes of every checkpoint.
+pub const MAGIC: &[u8; 8] = b"SPECSTAT";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+const HEADER_SIZE: usize = 32;
+const TABLE_ENTRY_SIZE: usize = 24;
+const TRAILER_SIZE: usize = 4;
+const MAX_SECTIONS: usize = 16;
+
+/// Section kinds, in the order they are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum SectionKind {
+    /// JSON: versions, model fingerprints, mode, configuration, sampling.
+    Meta = 1,
+    /// Binary generator state: positions, counters, RNG.
+    State = 2,
+    /// Token history (prompt and committed tokens), i32 each.
+    Tokens = 3,
+    /// The target context's sequence state.
+    TargetState = 4,
+    /// The draft context's sequence state.
+    DraftState = 5,
+    /// The speculative session's state.
+    SpeculativeState = 6,
+}
+
+impl SectionKind {
+    const ALL: [SectionKind; 6] = [
+        Self::Meta,
+        Self::State,
+        Self::Tokens,
+        Self::TargetState,
+        Self::DraftState,
+        Self::SpeculativeState,
+    ];
+
+    fn from_u32(raw: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| *kind as u32 == raw)
+    }
+
+    /// The section's name in errors and `inspect`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Meta => "meta",
+            Self::State => "state",
+            Self::Tokens => "tokens",
+            Self::TargetState => "target_state",
+            Self::DraftState => "draft_state",
+            Self::SpeculativeState => "speculative_state",
+        }
+    }
+
+    /// The largest payload accepted.
+    pub fn maximum(self) -> u64 {
+        match self {
+            Self::Meta => 1 << 20,
+            Self::State => 1 << 10,
+            Self::Tokens => 4 << 24,
+            Self::TargetState | Self::DraftState => 1 << 36,
+            Self::SpeculativeState => MAX_SPECULATIVE_STATE_BYTES as u64,
+        }
+    }
+}
+
+/// Why a checkpoint was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    /// The bytes do not start with the checkpoint magic.
+    #[error("not a specstate checkpoint")]
+    NotACheckpoint,
+    /// Written by a format version this build cannot read.
+    #[error(
+        "unsupported checkpoint format version {found} (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// The version found.
+        found: u16,
+        /// The version supported.
+        supported: u16,
+    },
+    /// Fewer bytes than the header declares.
+    #[error("the checkpoint is truncated: {actual} of {expected} bytes")]
+    Truncated {
+        /// Bytes declared.
+        expected: u64,
+        /// Bytes present.
+        actual: u64,
+    },
+    /// The checksum does not match the content.
+    #[error("checkpoint checksum mismatch: stored {stored:08x}, computed {computed:08x}")]
+    ChecksumMismatch {
+        /// Checksum stored in the trailer.
+        stored: u32,
+        /// Checksum of the content.
+        computed: u32,
+    },
+    /// Inconsistent structure or content.
+    #[error("corrupt checkpoint: {0}")]
+    Corrupt(String),
+    /// A section is larger than its bound.
+    #[error("checkpoint section {section} is {size} bytes, exceeding its {maximum}-byte bound")]
+    SectionTooLarge {
+        /// The section's name.
+        section: &'static str,
+        /// Its declared size.
+        size: u64,
+        /// The bound.
+        maximum: u64,
+    },
+    /// Taken with a different model file.
+    #[error("the checkpoint's {role} model is {expected}, but the {role} model given is {actual}")]
+    ModelMismatch {
+        /// `target` or `draft`.
+        role: &'static str,
+        /// Fingerprint in the checkpoint (or `none`).
+        expected: String,
+        /// Fingerprint of the model given (or `none`).
+        actual: String,
+    },
+    /// A different mode or configuration than the generator's.
+    #[error("the checkpoint's {field} is {checkpoint}, the generator's is {generator}")]
+    ConfigMismatch {
+        /// The differing field.
+        field: &'static str,
+        /// Value in the checkpoint.
+        checkpoint: String,
+        /// Value in the generator.
+        generator: String,
+    },
+}
+
+/// An exact fingerprint of a model file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelFingerprint {
+    /// SHA-256 of the file's bytes, hex.
+    pub sha256: String,
+    /// File size in bytes.
+    pub size: u64,
+    /// File name when saved (informational).
+    pub file: String,
+}
+
+impl std::fmt::Display for ModelFingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} bytes, sha256 {})",
+            self.file, self.size, self.sha256
+        )
+    }
+}
+
+/// The fingerprint of a loaded model's file.
+pub fn fingerprint(model: &Model) -> Result<ModelFingerprint, GeneratorError> {
+    let (sha256, size) = model.file_digest().map_err(GeneratorError::Native)?;
+    Ok(ModelFingerprint {
+        sha256,
+        size,
+        file: model
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    })
+}
+
+/// The `meta` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Meta {
+    /// specstate release that wrote it.
+    pub specstate_version: String,
+    /// Pinned llama-cpp-sys-4 release.
+    pub llama_cpp_sys_version: String,
+    /// llama.cpp build.
+    pub llama_cpp_build: String,
+    /// llama.cpp commit.
+    pub llama_cpp_commit: String,
+    /// `none`, `ngram`, `draft`, `mtp` or `eagle3`.
+    pub mode: String,
+    /// n-gram lengths (`ngram` mode).
+    pub ngram: Option<[usize; 2]>,
+    /// Most tokens drafted per round.
+    pub n_draft: u32,
+    /// Context length.
+    pub n_ctx: u32,
+    /// Rows per decode.
+    pub n_batch: u32,
+    /// Sampling temperature (0: greedy).
+    pub temperature: f32,
+    /// Top-k (0: off).
+    pub top_k: u32,
+    /// Top-p (1: off).
+    pub top_p: f32,
+    /// RNG seed.
+    pub seed: u64,
+    /// The target model.
+    pub target_model: ModelFingerprint,
+    /// The draft model (`draft` and `eagle3` modes).
+    pub draft_model: Option<ModelFingerprint>,
+}
+
+impl Meta {
+    /// The generator configuration the checkpoint was taken with.
+    pub fn config(&self) -> Result<GeneratorConfig, CheckpointError> {
+        let mode = match (self.mode.as_str(), self.ngram) {
+            ("none", None) => Mode::None,
+            ("ngram", Some([n_max, n_min])) if n_min >= 1 && n_min <= n_max && n_max <= 64 => {
+                Mode::Ngram(NgramConfig { n_max, n_min })
+            }
+            ("draft", None) => Mode::Draft,
+            ("mtp", None) => Mode::Mtp,
+            ("eagle3", None) => Mode::Eagle3,
+            (mode, _) => return Err(CheckpointError::Corrupt(format!("unknown mode {mode:?}"))),
+        };
+        Ok(GeneratorConfig {
+            mode,
+            n_draft: self.n_draft,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            n_ctx: self.n_ctx,
+            n_batch: self.n_batch,
+        })
+    }
+}
+
+fn describe_mode(config: &GeneratorConfig) -> (String, Option<[usize; 2]>) {
+    match config.mode {
+        Mode::Ngram(ngram) => ("ngram".into(), Some([ngram.n_max, ngram.n_min])),
+        mode => (mode.name().into(), None),
+    }
+}
+
+/// A decoded, structurally valid checkpoint borrowing its payloads.
+#[derive(Debug)]
+pub struct Checkpoint<'a> {
+    /// The `meta` section.
+    pub meta: Meta,
+    /// The generator state (history included).
+    pub state: GeneratorState,
+    /// The target context's sequence state.
+    pub target_state: &'a [u8],
+    /// The draft context's sequence state.
+    pub draft_state: Option<&'a [u8]>,
+    /// The speculative state.
+    pub speculative_state: Option<&'a [u8]>,
+    /// `(section, payload bytes)` in file order.
+    pub sections: Vec<(&'static str, u64)>,
+    /// The CRC-32 stored in the trailer.
+    pub checksum: u32,
+}
+
+const STATE_SIZE: usize = 8 * 7 + 1 + 32;
+
+fn encode_state(state: &GeneratorState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STATE_SIZE);
+    for value in [
+        state.n_prompt as u64,
+        state.n_past as u64,
+        state.draft_past as u64,
+        state.rounds,
+        state.drafted,
+        state.accepted,
+        state.history.len() as u64,
+    ] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.push(u8::from(state.finished));
+    for word in state.rng {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
+}
+
+fn decode_state(bytes: &[u8], tokens: &[u8]) -> Result<GeneratorState, CheckpointError> {
+    let corrupt = |what: &str| CheckpointError::Corrupt(what.to_owned());
+    if bytes.len() != STATE_SIZE {
+        return Err(corrupt("the state section has the wrong size"));
+    }
+    let field = |index: usize| u64_at(bytes, index * 8);
+    let history_len = field(6);
+    if tokens.len() % 4 != 0 || (tokens.len() / 4) as u64 != history_len || history_len == 0 {
+        return Err(corrupt("the token history does not match the state"));
+    }
+    let history: Vec<i32> = tokens
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().expect("4")))
+        .collect();
+    let (n_prompt, n_past, draft_past) = (field(0), field(1), field(2));
+    if n_prompt == 0 || n_prompt > n_past || n_past >= history_len || draft_past > history_len {
+        return Err(corrupt("positions in the state are inconsistent"));
+    }
+    let finished = match bytes[56] {
+        0 => false,
+        1 => true,
+        _ => return Err(corrupt("the finished flag is not 0 or 1")),
+    };
+    let rng = [0, 1, 2, 3].map(|i| u64_at(bytes, 57 + 8 * i));
+    if rng == [0; 4] {
+        return Err(corrupt("the RNG state is all zero"));
+    }
+    Ok(GeneratorState {
+        history,
+        n_prompt: n_prompt as usize,
+        n_past: n_past as usize,
+        draft_past: draft_past as usize,
+        rng,
+        finished,
+        rounds: field(3),
+        drafted: field(4),
+        accepted: field(5),
+    })
+}
+
+/// Everything a checkpoint is written from, captured from a generator.
+pub struct Capture {
+    meta: Vec<u8>,
+    state: Vec<u8>,
+    tokens: Vec<u8>,
+    target_state: Vec<u8>,
+    draft_state: Option<Vec<u8>>,
+    speculative_state: Option<Vec<u8>>,
+}
+
+/// Capture a generator at its current boundary.
+pub fn capture(generator: &mut Generator) -> Result<Capture, GeneratorError> {
+    if !generator.started() {
+        return Err(GeneratorError::Usage(
+            "nothing to checkpoint: the generator has no prompt yet".into(),
+        ));
+    }
+    let config = *generator.config();
+    let (mode, ngram) = describe_mode(&config);
+    let meta = Meta {
+        specstate_version: env!("CARGO_PKG_VERSION").into(),
+        llama_cpp_sys_version: native_info::LLAMA_CPP_SYS_VERSION.into(),
+        llama_cpp_build: native_info::LLAMA_CPP_BUILD.into(),
+        llama_cpp_commit: native_info::LLAMA_CPP_COMMIT.into(),
+        mode,
+        ngram,
+        n_draft: config.n_draft,
+        n_ctx: config.n_ctx,
+        n_batch: config.n_batch,
+        temperature: config.sampling.temperature,
+        top_k: config.sampling.top_k,
+        top_p: config.sampling.top_p,
+        seed: config.sampling.seed,
+        target_model: fingerprint(generator.target_model())?,
+        draft_model: generator
+            .draft_model()
+            .map(|m| fingerprint(m))
+            .transpose()?,
+    };
+    let meta = serde_json::to_vec(&meta).map_err(|e| GeneratorError::Invalid(e.to_string()))?;
+    let state = generator.state();
+    Ok(Capture {
+        meta,
+        state: encode_state(state),
+        tokens: state.history.iter().flat_map(|t| t.to_le_bytes()).collect(),
+        speculative_state: generator.speculative_state()?,
+        target_state: generator.target_state()?,
+        draft_state: generator.draft_state()?,
+    })
+}
+
+impl Capture {
+    fn sections(&self) -> Vec<(SectionKind, &[u8])> {
+        let mut sections = vec![
+            (SectionKind::Meta, self.meta.as_slice()),
+            (SectionKind::State, self.state.as_slice()),
+            (SectionKind::Tokens, self.tokens.as_slice()),
+            (SectionKind::TargetState, self.target_state.as_slice()),
+        ];
+        if let Some(draft) = &self.draft_state {
+            sections.push((SectionKind::DraftState, draft));
+        }
+        if let Some(speculative) = &self.speculative_state {
+            sections.push((SectionKind::SpeculativeState, speculative));
+        }
+        sections
+    }
+
+    /// Bytes of the encoded checkpoint.
+    pub fn encoded_len(&self) -> usize {
+        let sections = self.sections();
+        HEADER_SIZE
+            + TABLE_ENTRY_SIZE * sections.len()
+            + sections
+                .iter()
+                .map(|(_, payload)| payload.len())
+                .sum::<usize>()
+            + TRAILER_SIZE
+    }
+
+    /// Write the checkpoint into `out`, which is exactly `encoded_len()` bytes.
+    pub fn encode_into(&self, out: &mut [u8]) {
+        let sections = self.sections();
+        let total = self.encoded_len();
+        assert_eq!(
+            out.len(),
+            total,
+            "the output buffer must be encoded_len() bytes"
+        );
+        out[..8].copy_from_slice(MAGIC);
+        out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[10..12].copy_from_slice(&(HEADER_SIZE as u16).to_le_bytes());
+        out[12..16].copy_from_slice(&(sections.len() as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&(total as u64).to_le_bytes());
+        out[24..32].fill(0);
+        let mut offset = HEADER_SIZE + TABLE_ENTRY_SIZE * sections.len();
+        for (index, (kind, payload)) in sections.iter().enumerate() {
+            let entry = HEADER_SIZE + TABLE_ENTRY_SIZE * index;
+            out[entry..entry + 4].copy_from_slice(&(*kind as u32).to_le_bytes());
+            out[entry + 4..entry + 8].fill(0);
+            out[entry + 8..entry + 16].copy_from_slice(&(offset as u64).to_le_bytes());
+            out[entry + 16..entry + 24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            out[offset..offset + payload.len()].copy_from_slice(payload);
+            offset += payload.len();
+        }
+        let checksum = crc32fast::hash(&out[..offset]);
+        out[offset..offset + TRAILER_SIZE].copy_from_slice(&checksum.to_le_bytes());
+    }
+
+    /// The encoded checkpoint as a new vector.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0; self.encoded_len()];
+        self.encode_into(&mut out);
+        out
+    }
+}
+
+/// Validate and decode `bytes`: structure, checksum, bounds and content.
+pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
+    let len = bytes.len() as u64;
+    if bytes.len() < MAGIC.len() {
+        return Err(if MAGIC.starts_with(bytes) && !bytes.is_empty() {
+            CheckpointError::Truncated {
+                expected: HEADER_SIZE as u64,
+                actual: len,
+            }
+        } else {
+            CheckpointError::NotACheckpoint
+        });
+    }
+    if &bytes[..8] != MAGIC {
+        return Err(CheckpointError::NotACheckpoint);
+    }
+    if bytes.len() < 10 {
+        return Err(CheckpointError::Truncated {
+            expected: HEADER_SIZE as u64,
+            actual: len,
+        });
+    }
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+    if version != FORMAT_VERSION {
+        return Err(CheckpointError::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if bytes.len() < HEADER_SIZE {
+        return Err(CheckpointError::Truncated {
+            expected: HEADER_SIZE as u64,
+            actual: len,
+        });
+    }
+    let total = u64_at(bytes, 16);
+    if len < total {
+        return Err(CheckpointError::Truncated {
+            expected: total,
+            actual: len,
+        });
+    }
+    if len > total {
+        return Err(CheckpointError::Corrupt(format!(
+            "{} bytes follow the declared end",
+            len - total
+        )));
+    }
+    let header_size = u16::from_le_bytes([bytes[10], bytes[11]]) as usize;
+    let count = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
+    if header_size != HEADER_SIZE || bytes[24..32] != [0; 8] {
+        return Err(CheckpointError::Corrupt("unexpected header fields".into()));
+    }
+    if count == 0 || count > MAX_SECTIONS {
+        return Err(CheckpointError::Corrupt(format!("{count} sections")));
+    }
+    let table_end = HEADER_SIZE + TABLE_ENTRY_SIZE * count;
+    if table_end + TRAILER_SIZE > bytes.len() {
+        return Err(CheckpointError::Corrupt(
+            "the section table overruns the file".into(),
+        ));
+    }
+    let body_end = bytes.len() - TRAILER_SIZE;
+    let stored = u32::from_le_bytes(bytes[body_end..].try_into().expect("4"));
+    let computed = crc32fast::hash(&bytes[..body_end]);
+    if stored != computed {
+        return Err(CheckpointError::ChecksumMismatch { stored, computed });
+    }
+    let mut payloads: [Option<&[u8]>; 6] = [None; 6];
+    let mut sections = Vec::with_capacity(count);
+    let mut expected_offset = table_end as u64;
+    for index in 0..count {
+        let entry = &bytes
+            [HEADER_SIZE + TABLE_ENTRY_SIZE * index..HEADER_SIZE + TABLE_ENTRY_SIZE * (index + 1)];
+        let raw_kind = u32::from_le_bytes(entry[..4].try_into().expect("4"));
+        let kind = SectionKind::from_u32(raw_kind)
+            .ok_or_else(|| CheckpointError::Corrupt(format!("unknown section kind {raw_kind}")))?;
+        let (offset, size) = (u64_at(entry, 8), u64_at(entry, 16));
+        if entry[4..8] != [0; 4] {
+            return Err(CheckpointError::Corrupt("unexpected section flags".into()));
+        }
+        if size > kind.maximum() {
+            return Err(CheckpointError::SectionTooLarge {
+                section: kind.name(),
+                size,
+                maximum: kind.maximum(),
+            });
+        }
+        if offset != expected_offset
+            || offset
+                .checked_add(size)
+                .is_none_or(|end| end > body_end as u64)
+        {
+            return Err(CheckpointError::Corrupt(format!(
+                "section {} is out of place",
+                kind.name()
+            )));
+        }
+        let slot = &mut payloads[kind as usize - 1];
+        if slot.is_some() {
+            return Err(CheckpointError::Corrupt(format!(
+                "section {} appears twice",
+                kind.name()
+            )));
+        }
+        *slot = Some(&bytes[offset as usize..(offset + size) as usize]);
+        sections.push((kind.name(), size));
+        expected_offset = offset + size;
+    }
+    if expected_offset != body_end as u64 {
+        return Err(CheckpointError::Corrupt(
+            "the sections do not fill the file".into(),
+        ));
+    }
+    let required = |kind: SectionKind| {
+        payloads[kind as usize - 1]
+            .ok_or_else(|| CheckpointError::Corrupt(format!("no {} section", kind.name())))
+    };
+    let meta: Meta = serde_json::from_slice(required(SectionKind::Meta)?)
+        .map_err(|e| CheckpointError::Corrupt(format!("meta section: {e}")))?;
+    let config = meta.config()?;
+    let state = decode_state(
+        required(SectionKind::State)?,
+        required(SectionKind::Tokens)?,
+    )?;
+    let draft_state = payloads[SectionKind::DraftState as usize - 1];
+    let speculative_state = payloads[SectionKind::SpeculativeState as usize - 1];
+    let needs_draft_state = matches!(config.mode, Mode::Draft | Mode::Mtp | Mode::Eagle3);
+    let needs_speculative = matches!(config.mode, Mode::Mtp | Mode::Eagle3);
+    if needs_draft_state != draft_state.is_some()
+        || needs_speculative != speculative_state.is_some()
+    {
+        return Err(CheckpointError::Corrupt(format!(
+            "sections do not fit mode {}",
+            meta.mode
+        )));
+    }
+    if config.mode.needs_draft_model() != meta.draft_model.is_some() {
+        return Err(CheckpointError::Corrupt(format!(
+            "draft model entry does not fit mode {}",
+            meta.mode
+        )));
+    }
+    Ok(Checkpoint {
+        meta,
+        state,
+        target_state: required(SectionKind::TargetState)?,
+        draft_state,
+        speculative_state,
+        sections,
+        checksum: stored,
+    })
+}
+
+fn check_model(
+    role: &'static str,
+    expected: Option<&ModelFingerprint>,
+    model: Option<&Model>,
+) -> Result<(), GeneratorError> {
+    let actual = model.map(fingerprint).transpose()?;
+    let same = match (expected, &actual) {
+        (Some(e), Some(a)) => e.sha256 == a.sha256 && e.size == a.size,
+        (None, None) => true,
+        _ => false,
+    };
+    if same {
+        return Ok(());
+    }
+    let show =
+        |f: Option<&ModelFingerprint>| f.map_or_else(|| "none".to_owned(), ToString::to_string);
+    Err(checkpoint_error(CheckpointError::ModelMismatch {
+        role,
+        expected: show(expected),
+        actual: show(actual.as_ref()),
+    }))
+}
+
+/// Wrap a checkpoint error as a generator error (it stays recognisable).
+pub fn checkpoint_error(error: CheckpointError) -> GeneratorError {
+    GeneratorError::Checkpoint(error)
+}
+
+/// Check that `checkpoint` was taken with these models.
+pub fn check_models(
+    checkpoint: &Checkpoint<'_>,
+    target: &Model,
+    draft: Option<&Model>,
+) -> Result<(), GeneratorError> {
+    check_model("target", Some(&checkpoint.meta.target_model), Some(target))?;
+    check_model("draft", checkpoint.meta.draft_model.as_ref(), draft)
+}
+
+/// Check that `checkpoint` has the same mode and configuration as `config`.
+pub fn check_config(
+    checkpoint: &Checkpoint<'_>,
+    config: &GeneratorConfig,
+) -> Result<(), GeneratorError> {
+    let theirs = checkpoint.meta.config().map_err(checkpoint_error)?;
+    let fields: [(&'static str, String, String); 5] = [
+        (
+            "mode",
+            format!("{:?}", theirs.mode),
+            format!("{:?}", config.mode),
+        ),
+        (
+            "n_draft",
+            theirs.n_draft.to_string(),
+            config.n_draft.to_string(),
+        ),
+        ("n_ctx", theirs.n_ctx.to_string(), config.n_ctx.to_string()),
+        (
+            "n_batch",
+            theirs.n_batch.to_string(),
+            config.n_batch.to_string(),
+        ),
+        (
+            "sampling",
+            format!("{:?}", theirs.sampling),
+            format!("{:?}", config.sampling),
+        ),
+    ];
+    for (field, checkpoint_value, generator_value) in fields {
+        if checkpoint_value != generator_value {
+            return Err(checkpoint_error(CheckpointError::ConfigMismatch {
+                field,
+                checkpoint: checkpoint_value,
+                generator: generator_value,
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// A new generator continuing `checkpoint` on these models.
+pub fn restore(
+    checkpoint: &Checkpoint<'_>,
+    target: Arc<Model>,
+    draft: Option<Arc<Model>>,
+    runtime: RuntimeOptions,
+) -> Result<Generator, GeneratorError> {
+    check_models(checkpoint, &target, draft.as_deref())?;
+    let config = checkpoint.meta.config().map_err(checkpoint_error)?;
+    if checkpoint.state.history.len() >= config.n_ctx as usize + 1 {
+        return Err(checkpoint_error(CheckpointError::Corrupt(
+            "the history exceeds the context".into(),
+        )));
+    }
+    let mut generator = Generator::new(target, draft, config, runtime)?;
+    generator.restore(
+        checkpoint.state.clone(),
+        checkpoint.target_state,
+        checkpoint.draft_state,
+        checkpoint.speculative_state,
+    )?;
+    Ok(generator)
+}

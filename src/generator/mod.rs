@@ -1,0 +1,617 @@
+//! One generator over a target model in five modes under one exactness
+//! contract: `none` (plain decoding), `ngram` (prompt lookup), `draft` (a
+//! separate same-vocabulary draft model), `mtp` and `eagle3` (llama.cpp's
+//! speculative sessions).
+//!
+//! A generation advances in rounds. Between rounds it is at a quiescent
+//! boundary: the target context holds positions `0..n_past` of the history,
+//! `history[n_past]` is the last committed token (not yet decoded), and the
+//! draft side (draft context, speculative session) is quiescent. The
+//! [`GeneratorState`] plus the contexts' sequence states and the speculative
+//! state is a complete, exact checkpoint.
+
+pub mod ngram;
+
+use std::sync::Arc;
+
+use crate::native::{Batch, Context, ContextKind, ContextParams, Model, NativeError};
+use crate::sampling::{self, Distribution, Rng, SamplingParams};
+use crate::session::{DraftSession, SessionConfig, SessionError, SpecType};
+use ngram::NgramConfig;
+
+/// The five ways of drafting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Plain decoding: no drafts.
+    None,
+    /// Prompt lookup over the history.
+    Ngram(NgramConfig),
+    /// A separate draft model with the same vocabulary.
+    Draft,
+    /// The target's own multi-token-prediction head.
+    Mtp,
+    /// A separate EAGLE-3 draft model.
+    Eagle3,
+}
+
+impl Mode {
+    /// The mode's name: `none`, `ngram`, `draft`, `mtp`, `eagle3`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Ngram(_) => "ngram",
+            Self::Draft => "draft",
+            Self::Mtp => "mtp",
+            Self::Eagle3 => "eagle3",
+        }
+    }
+
+    /// Whether the mode needs a separate draft model.
+    pub fn needs_draft_model(&self) -> bool {
+        matches!(self, Self::Draft | Self::Eagle3)
+    }
+}
+
+/// Everything that decides what a generation computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GeneratorConfig {
+    /// How drafts are made.
+    pub mode: Mode,
+    /// Most tokens drafted per round (ignored by `none`).
+    pub n_draft: u32,
+    /// How tokens are chosen.
+    pub sampling: SamplingParams,
+    /// Context length of the target (and draft) context.
+    pub n_ctx: u32,
+    /// Rows per decode call (and per processed batch).
+    pub n_batch: u32,
+}
+
+/// Threads are a runtime choice, not part of what is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RuntimeOptions {
+    /// Threads per context (0: the CPUs available).
+    pub n_threads: i32,
+}
+
+/// Where a generation stands at a round boundary (everything but the contexts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GeneratorState {
+    /// Prompt and committed tokens; the last one is not yet in the target's memory.
+    pub history: Vec<i32>,
+    /// Prompt tokens at the start of `history`.
+    pub n_prompt: usize,
+    /// Tokens in the target's memory (`history[..n_past]`).
+    pub n_past: usize,
+    /// Tokens of `history` decoded in the draft context (`draft` mode).
+    pub draft_past: usize,
+    /// The RNG state.
+    pub rng: [u64; 4],
+    /// Whether an end-of-generation token was committed.
+    pub finished: bool,
+    /// Rounds run.
+    pub rounds: u64,
+    /// Draft tokens verified.
+    pub drafted: u64,
+    /// Draft tokens accepted.
+    pub accepted: u64,
+}
+
+/// Failures of a generator call.
+#[derive(Debug, thiserror::Error)]
+pub enum GeneratorError {
+    /// Bad configuration or arguments.
+    #[error("{0}")]
+    Invalid(String),
+    /// The call does not fit the generator's state.
+    #[error("{0}")]
+    Usage(String),
+    /// A native failure.
+    #[error(transparent)]
+    Native(#[from] NativeError),
+    /// A speculative session failure.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// A checkpoint was refused.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+}
+
+type Result<T> = std::result::Result<T, GeneratorError>;
+
+/// A generation over a target model (and, by mode, a draft model or session).
+pub struct Generator {
+    // Field order is drop order: the session points into both contexts, and an
+    // EAGLE-3 draft context into the target context.
+    session: Option<DraftSession>,
+    draft: Option<Context>,
+    target: Context,
+    batch: Batch,
+    draft_batch: Option<Batch>,
+    config: GeneratorConfig,
+    state: GeneratorState,
+    rng: Rng,
+}
+
+fn context_params(
+    model: &Model,
+    config: &GeneratorConfig,
+    runtime: RuntimeOptions,
+    kind: ContextKind,
+) -> ContextParams {
+    let recurrent = model.is_recurrent() || model.is_hybrid();
+    let speculative = !matches!(config.mode, Mode::None);
+    // Rollback of rejected drafts needs recurrent snapshots (seed: slots >= n_draft).
+    let n_rs_seq = if recurrent && speculative {
+        config.n_draft.max(1)
+    } else {
+        0
+    };
+    ContextParams {
+        n_ctx: config.n_ctx,
+        n_batch: config.n_batch,
+        n_ubatch: config.n_batch.max(n_rs_seq + 2),
+        n_seq_max: 1,
+        n_rs_seq,
+        kind,
+        n_threads: runtime.n_threads,
+    }
+}
+
+impl Generator {
+    /// Build the contexts (and session) that `config.mode` needs.
+    pub fn new(
+        target_model: Arc<Model>,
+        draft_model: Option<Arc<Model>>,
+        config: GeneratorConfig,
+        runtime: RuntimeOptions,
+    ) -> Result<Self> {
+        config
+            .sampling
+            .validate()
+            .map_err(GeneratorError::Invalid)?;
+        if config.n_batch == 0 || config.n_ctx < 2 {
+            return Err(GeneratorError::Invalid(
+                "n_ctx must be at least 2 and n_batch positive".into(),
+            ));
+        }
+        let speculative = !matches!(config.mode, Mode::None);
+        if speculative
+            && !(1..=crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32)
+                .contains(&config.n_draft)
+        {
+            return Err(GeneratorError::Invalid(format!(
+                "n_draft must be between 1 and {}",
+                crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS
+            )));
+        }
+        if speculative && config.n_draft + 1 > config.n_batch {
+            return Err(GeneratorError::Invalid(
+                "n_batch must exceed n_draft".into(),
+            ));
+        }
+        match (config.mode.needs_draft_model(), &draft_model) {
+            (true, None) => {
+                return Err(GeneratorError::Invalid(format!(
+                    "mode '{}' needs a draft model",
+                    config.mode.name()
+                )))
+            }
+            (false, Some(_)) => {
+                return Err(GeneratorError::Invalid(format!(
+                    "mode '{}' takes no draft model",
+                    config.mode.name()
+                )))
+            }
+            _ => {}
+        }
+        if let (Mode::Draft, Some(draft)) = (config.mode, &draft_model) {
+            if draft.n_vocab() != target_model.n_vocab() {
+                return Err(GeneratorError::Invalid(format!(
+                    "the draft model has {} tokens and the target {}: vocabularies differ",
+                    draft.n_vocab(),
+                    target_model.n_vocab()
+                )));
+            }
+        }
+        let mut target = Context::new(
+            Arc::clone(&target_model),
+            context_params(&target_model, &config, runtime, ContextKind::Default),
+        )?;
+        let mut draft = match (config.mode, draft_model) {
+            (Mode::Mtp, _) => Some(Context::new(
+                Arc::clone(&target_model),
+                context_params(&target_model, &config, runtime, ContextKind::Mtp),
+            )?),
+            (Mode::Eagle3, Some(model)) => {
+                let params = context_params(&model, &config, runtime, ContextKind::Default);
+                // SAFETY: the generator owns both contexts and drops the draft
+                // context before the target (field order), so `target` outlives it.
+                Some(unsafe { Context::with_other(model, params, &target)? })
+            }
+            (Mode::Draft, Some(model)) => {
+                let params = context_params(&model, &config, runtime, ContextKind::Default);
+                Some(Context::new(model, params)?)
+            }
+            _ => None,
+        };
+        let session = match (config.mode, draft.as_mut()) {
+            (Mode::Mtp | Mode::Eagle3, Some(draft_context)) => {
+                let spec_type = if config.mode == Mode::Mtp {
+                    SpecType::Mtp
+                } else {
+                    SpecType::Eagle3
+                };
+                let session_config = SessionConfig {
+                    n_seq: 1,
+                    n_draft_max: config.n_draft as i32,
+                    n_min: 0,
+                    p_min: 0.0,
+                    spec_type,
+                };
+                // SAFETY: the generator owns both contexts and drops the
+                // session first (field order); llama.cpp's contexts live on
+                // the heap, so moving the `Context` values does not move them.
+                Some(unsafe { DraftSession::new(&mut target, draft_context, session_config)? })
+            }
+            _ => None,
+        };
+        let batch = Batch::new(config.n_batch as usize)?;
+        let draft_batch = match config.mode {
+            Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
+            _ => None,
+        };
+        let rng = Rng::new(config.sampling.seed);
+        Ok(Self {
+            session,
+            draft,
+            target,
+            batch,
+            draft_batch,
+            config,
+            state: GeneratorState {
+                history: Vec::new(),
+                n_prompt: 0,
+                n_past: 0,
+                draft_past: 0,
+                rng: rng.state(),
+                finished: false,
+                rounds: 0,
+                drafted: 0,
+                accepted: 0,
+            },
+            rng,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GeneratorConfig {
+        &self.config
+    }
+
+    /// The state at the current boundary.
+    pub fn state(&self) -> &GeneratorState {
+        &self.state
+    }
+
+    /// The target model.
+    pub fn target_model(&self) -> &Arc<Model> {
+        self.target.model()
+    }
+
+    /// The draft model (`draft` and `eagle3` modes).
+    pub fn draft_model(&self) -> Option<&Arc<Model>> {
+        match self.config.mode {
+            Mode::Draft | Mode::Eagle3 => self.draft.as_ref().map(Context::model),
+            _ => None,
+        }
+    }
+
+    /// Whether the prompt has been decoded.
+    pub fn started(&self) -> bool {
+        !self.state.history.is_empty()
+    }
+
+    fn choose(&mut self, logits_row: i32) -> Result<i32> {
+        let logits = self.target.logits(logits_row)?;
+        Ok(if self.config.sampling.is_greedy() {
+            sampling::argmax(logits)
+        } else {
+            sampling::sample(
+                &sampling::distribution(logits, &self.config.sampling),
+                &mut self.rng,
+            )
+        })
+    }
+
+    /// Decode `prompt` and commit the first generated token; returns it.
+    pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
+        if self.started() {
+            return Err(GeneratorError::Usage(
+                "the generator already has a prompt".into(),
+            ));
+        }
+        if prompt.is_empty() {
+            return Err(GeneratorError::Invalid("the prompt is empty".into()));
+        }
+        if prompt.len() >= self.target.n_ctx() as usize {
+            return Err(GeneratorError::Invalid(format!(
+                "the prompt has {} tokens; the context holds {}",
+                prompt.len(),
+                self.target.n_ctx()
+            )));
+        }
+        if let Some(token) = prompt
+            .iter()
+            .find(|t| !self.target.model().is_valid_token(**t))
+        {
+            return Err(GeneratorError::Invalid(format!(
+                "token {token} is outside the vocabulary"
+            )));
+        }
+        let chunk = self.config.n_batch as usize;
+        for (index, piece) in prompt.chunks(chunk).enumerate() {
+            fill(&mut self.batch, piece, index * chunk, false)?;
+            self.target.decode(&self.batch)?;
+            if let Some(session) = self.session.as_mut() {
+                session.process(&self.batch)?;
+            }
+        }
+        if let Some(session) = self.session.as_mut() {
+            session.begin(0, prompt)?;
+        }
+        let first = self.choose(-1)?;
+        self.state.history = prompt.to_vec();
+        self.state.history.push(first);
+        self.state.n_prompt = prompt.len();
+        self.state.n_past = prompt.len();
+        self.state.finished = self.target.model().is_eog(first);
+        self.state.rng = self.rng.state();
+        Ok(first)
+    }
+
+    /// Run one round committing at most `max_new` tokens; returns them (empty
+    /// once finished or when the context is full).
+    pub fn step(&mut self, max_new: usize) -> Result<Vec<i32>> {
+        if !self.started() {
+            return Err(GeneratorError::Usage("call prefill() first".into()));
+        }
+        let room = (self.target.n_ctx() as usize).saturating_sub(self.state.n_past + 1);
+        if self.state.finished || max_new == 0 || room == 0 {
+            return Ok(Vec::new());
+        }
+        let n_past = self.state.n_past;
+        let id_last = *self.state.history.last().expect("started");
+        // A round commits accepted drafts plus one token: bound the draft so
+        // that neither the budget nor the context overflows.
+        let limit = (max_new - 1)
+            .min(room - 1)
+            .min(self.config.n_draft as usize);
+        let (mut proposal, draft_dists) = self.make_draft(n_past, id_last, limit)?;
+        proposal.truncate(limit);
+        let mut rows = Vec::with_capacity(proposal.len() + 1);
+        rows.push(id_last);
+        rows.extend_from_slice(&proposal);
+        fill(&mut self.batch, &rows, n_past, true)?;
+        let verified = self
+            .target
+            .decode(&self.batch)
+            .map_err(GeneratorError::from)
+            .and_then(|()| {
+                if let Some(session) = self.session.as_mut() {
+                    session.process(&self.batch)?;
+                }
+                Ok(())
+            });
+        if let Err(error) = verified {
+            self.abandon_proposal()?;
+            return Err(error);
+        }
+        let target = &self.target;
+        let logits_rows: Vec<&[f32]> = (0..rows.len())
+            .map(|i| target.logits(i as i32))
+            .collect::<std::result::Result<_, _>>()?;
+        let verdict = sampling::verify(
+            |i| logits_rows[i],
+            &proposal,
+            draft_dists.as_deref(),
+            &self.config.sampling,
+            &mut self.rng,
+        );
+        let mut committed: Vec<i32> = proposal[..verdict.accepted].to_vec();
+        committed.push(verdict.next);
+        // Stop at an end-of-generation token: what follows it is not committed.
+        let mut accepted = verdict.accepted;
+        if let Some(end) = committed
+            .iter()
+            .position(|t| self.target.model().is_eog(*t))
+        {
+            committed.truncate(end + 1);
+            accepted = accepted.min(end);
+            self.state.finished = true;
+        }
+        self.finish_round(n_past, proposal.len(), accepted)?;
+        self.state.history.extend_from_slice(&committed);
+        self.state.n_past = n_past + accepted + 1;
+        self.state.rounds += 1;
+        self.state.drafted += proposal.len() as u64;
+        self.state.accepted += accepted as u64;
+        self.state.rng = self.rng.state();
+        Ok(committed)
+    }
+
+    /// The draft of this round and, in `draft` mode, the draft's distributions.
+    fn make_draft(
+        &mut self,
+        n_past: usize,
+        id_last: i32,
+        limit: usize,
+    ) -> Result<(Vec<i32>, Option<Vec<Distribution>>)> {
+        if limit == 0 {
+            return Ok((Vec::new(), None));
+        }
+        match self.config.mode {
+            Mode::None => Ok((Vec::new(), None)),
+            Mode::Ngram(config) => Ok((ngram::propose(&self.state.history, config, limit), None)),
+            Mode::Mtp | Mode::Eagle3 => {
+                let session = self
+                    .session
+                    .as_mut()
+                    .expect("speculative modes have a session");
+                let proposal = session.draft(0, n_past as i32, id_last)?;
+                // The draft context holds the drafted positions; the verify batch goes at n_past.
+                if let Some(draft) = self.draft.as_mut() {
+                    draft.seq_rm(0, n_past as i32, -1);
+                }
+                Ok((proposal, None))
+            }
+            Mode::Draft => self
+                .draft_with_model(limit)
+                .map(|(tokens, dists)| (tokens, Some(dists))),
+        }
+    }
+
+    /// Autoregressive drafting on the draft model, after catching its context
+    /// up with the history (the last token included).
+    fn draft_with_model(&mut self, limit: usize) -> Result<(Vec<i32>, Vec<Distribution>)> {
+        let draft = self.draft.as_mut().expect("draft mode has a draft context");
+        let batch = self
+            .draft_batch
+            .as_mut()
+            .expect("draft mode has a draft batch");
+        let history = &self.state.history;
+        let chunk = batch.capacity();
+        let mut pos = self.state.draft_past;
+        while pos < history.len() {
+            let end = (pos + chunk).min(history.len());
+            fill(batch, &history[pos..end], pos, false)?;
+            draft.decode(batch)?;
+            pos = end;
+        }
+        let mut tokens = Vec::with_capacity(limit);
+        let mut dists = Vec::with_capacity(limit);
+        loop {
+            let logits = draft.logits(-1)?;
+            let (token, dist) = if self.config.sampling.is_greedy() {
+                let token = sampling::argmax(logits);
+                (token, vec![(token, 1.0)])
+            } else {
+                let dist = sampling::distribution(logits, &self.config.sampling);
+                (sampling::sample(&dist, &mut self.rng), dist)
+            };
+            tokens.push(token);
+            dists.push(dist);
+            if tokens.len() == limit {
+                break;
+            }
+            fill(batch, &[token], pos, false)?;
+            draft.decode(batch)?;
+            pos += 1;
+        }
+        self.state.draft_past = pos;
+        Ok((tokens, dists))
+    }
+
+    /// Complete the session's proposal and roll back what was not accepted.
+    fn finish_round(&mut self, n_past: usize, proposed: usize, accepted: usize) -> Result<()> {
+        if let Some(session) = self.session.as_mut() {
+            if session.has_pending_proposal(0)? {
+                session.accept(0, accepted)?;
+            }
+        }
+        let keep = n_past + accepted + 1;
+        if accepted < proposed && !self.target.seq_rm(0, keep as i32, -1) {
+            return Err(GeneratorError::Usage(format!(
+                "the target could not roll back to position {keep}"
+            )));
+        }
+        if let Some(draft) = self.draft.as_mut() {
+            draft.seq_rm(0, keep as i32, -1);
+        }
+        self.state.draft_past = self.state.draft_past.min(keep);
+        Ok(())
+    }
+
+    /// After a failed verification, leave the session quiescent again.
+    fn abandon_proposal(&mut self) -> Result<()> {
+        if let Some(session) = self.session.as_mut() {
+            if session.has_pending_proposal(0)? {
+                session.accept(0, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The target context's state of the generation's sequence.
+    pub fn target_state(&mut self) -> Result<Vec<u8>> {
+        Ok(self.target.seq_state(0)?)
+    }
+
+    /// The draft context's state (`draft`, `mtp`, `eagle3` modes).
+    pub fn draft_state(&mut self) -> Result<Option<Vec<u8>>> {
+        self.draft
+            .as_mut()
+            .map(|draft| draft.seq_state(0))
+            .transpose()
+            .map_err(Into::into)
+    }
+
+    /// The speculative state (`mtp`, `eagle3` modes).
+    pub fn speculative_state(&self) -> Result<Option<Vec<u8>>> {
+        self.session
+            .as_ref()
+            .map(|session| session.state(0))
+            .transpose()
+            .map_err(|error| GeneratorError::Session(SessionError::State(error)))
+    }
+
+    /// Put a captured boundary back: state, contexts and speculative state.
+    /// Meant for a freshly built generator; on failure it must be discarded.
+    pub fn restore(
+        &mut self,
+        state: GeneratorState,
+        target_state: &[u8],
+        draft_state: Option<&[u8]>,
+        speculative_state: Option<&[u8]>,
+    ) -> Result<()> {
+        let rng = Rng::from_state(state.rng)
+            .ok_or_else(|| GeneratorError::Invalid("the RNG state is all zero".into()))?;
+        self.target.set_seq_state(0, target_state)?;
+        match (self.draft.as_mut(), draft_state) {
+            (Some(draft), Some(bytes)) => draft.set_seq_state(0, bytes)?,
+            (None, None) => {}
+            _ => {
+                return Err(GeneratorError::Invalid(
+                    "the draft context state does not fit this mode".into(),
+                ))
+            }
+        }
+        match (self.session.as_mut(), speculative_state) {
+            (Some(session), Some(bytes)) => session
+                .restore(0, bytes)
+                .map_err(|error| GeneratorError::Session(SessionError::State(error)))?,
+            (None, None) => {}
+            _ => {
+                return Err(GeneratorError::Invalid(
+                    "the speculative state does not fit this mode".into(),
+                ))
+            }
+        }
+        self.rng = rng;
+        self.state = state;
+        Ok(())
+    }
+}
+
+fn fill(batch: &mut Batch, tokens: &[i32], start: usize, all_logits: bool) -> Result<()> {
+    batch.clear();
+    for (offset, &token) in tokens.iter().enumerate() {
+        batch.push(
+            token,
+            (start + offset) as i32,
+            0,
+            all_logits || offset + 1 == tokens.len(),
+        )?;
+    }
+    Ok(())
+}
