@@ -275,7 +275,7 @@ pub struct Checkpoint<'a> {
     pub checksum: u32,
 }
 
-const STATE_SIZE: usize = 8 * 7 + 1 + 32;
+const STATE_SIZE: usize = 8 * 8 + 1 + 32;
 
 fn encode_state(state: &GeneratorState) -> Vec<u8> {
     let mut out = Vec::with_capacity(STATE_SIZE);
@@ -287,6 +287,7 @@ fn encode_state(state: &GeneratorState) -> Vec<u8> {
         state.drafted,
         state.accepted,
         state.history.len() as u64,
+        state.delivered as u64,
     ] {
         out.extend_from_slice(&value.to_le_bytes());
     }
@@ -319,12 +320,16 @@ fn decode_state(bytes: &[u8], tokens: &[u8]) -> Result<GeneratorState, Checkpoin
     if n_prompt == 0 || n_prompt > n_past || n_past >= history_len || draft_past > history_len {
         return Err(corrupt("positions in the state are inconsistent"));
     }
-    let finished = match bytes[56] {
+    let delivered = field(7);
+    if n_prompt + delivered > history_len {
+        return Err(corrupt("more tokens delivered than generated"));
+    }
+    let finished = match bytes[64] {
         0 => false,
         1 => true,
         _ => return Err(corrupt("the finished flag is not 0 or 1")),
     };
-    let rng = [0, 1, 2, 3].map(|i| u64_at(bytes, 57 + 8 * i));
+    let rng = [0, 1, 2, 3].map(|i| u64_at(bytes, 65 + 8 * i));
     if rng == [0; 4] {
         return Err(corrupt("the RNG state is all zero"));
     }
@@ -333,6 +338,7 @@ fn decode_state(bytes: &[u8], tokens: &[u8]) -> Result<GeneratorState, Checkpoin
         n_prompt: n_prompt as usize,
         n_past: n_past as usize,
         draft_past: draft_past as usize,
+        delivered: delivered as usize,
         rng,
         finished,
         rounds: field(3),

@@ -75,3 +75,9 @@ def smollm2_file() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_file: Path) -> Model:
     return Model(smollm2_file)
+
+
+@pytest.fixture(scope="session")
+def tiny_map(tiny_paths: TinyModels) -> dict[str, Path]:
+    """The tiny model paths by name: qwen35, llama, eagle3_draft."""
+    return {"qwen35": tiny_paths.qwen35, "llama": tiny_paths.llama, "eagle3_draft": tiny_paths.eagle3_draft}

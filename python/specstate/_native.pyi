@@ -406,10 +406,24 @@ class Generator:
         ngram_min: int = 1,
         n_threads: int = 0,
     ) -> Generator: ...
-    def prefill(self, prompt: Sequence[int]) -> int:
-        """Decode the prompt and commit the first generated token; return it."""
-    def step(self, max_new: int = ...) -> list[int]:
-        """One round committing at most ``max_new`` tokens; empty once finished or full."""
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Decode the prompt and commit the first generated token."""
+    def take(self, max_n: int = ...) -> list[int]:
+        """Up to ``max_n`` generated tokens, running a round when none are waiting.
+
+        Empty once finished (or the context is full) and all are handed out.
+        Rounds never depend on ``max_n``, so how a generation is split into
+        calls does not change what it generates.
+        """
+    @property
+    def context_length(self) -> int:
+        """The target context's real length in tokens."""
+    @property
+    def delivered(self) -> int:
+        """Generated tokens handed out so far."""
+    @property
+    def undelivered(self) -> int:
+        """Committed tokens not yet handed out."""
     def checkpoint(self) -> bytes:
         """The whole checkpoint of the current boundary."""
     @staticmethod

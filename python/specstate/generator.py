@@ -161,7 +161,7 @@ class Generator:
     def _reset_text(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         model = self._native.target
-        for token in self._native.history[self._native.n_prompt:]:
+        for token in self.tokens:
             self._decoder.decode(model.token_to_piece(token))
         self._elapsed = 0.0
         self._timed_tokens = 0
@@ -188,55 +188,48 @@ class Generator:
         native, model = self._native, self._native.target
         held = ""  # text held back while it could begin a stop string
         hold = max((len(s) for s in stop), default=1) - 1
-        emitted: list[str] = []
         self.stopped_by = None
         remaining = max_tokens
         started = time.perf_counter()
-        committed_count = 0
+        delivered = 0
         try:
             if prompt is not None:
                 if native.history:
                     raise _native_error("this generator already has a prompt; omit it to continue")
-                if remaining == 0:
-                    return
-                committed: list[int] = [native.prefill(self._encode(prompt))]
+                native.prefill(self._encode(prompt))
             elif not native.history:
                 raise ValueError("a prompt is needed to start a generation")
-            else:
-                committed = []
             while True:
+                if remaining <= 0:
+                    self.stopped_by = "max_tokens"
+                    break
+                committed = native.take(remaining)
+                if not committed:
+                    self.stopped_by = "eos" if native.finished else "context"
+                    break
                 remaining -= len(committed)
-                committed_count += len(committed)
+                delivered += len(committed)
                 for token in committed:
                     held += self._decoder.decode(model.token_to_piece(token))
                 cut = _find_stop(held, stop)
                 if cut is not None:
-                    text, held = held[:cut], ""
-                    if text:
-                        emitted.append(text)
-                        yield text
+                    if held[:cut]:
+                        yield held[:cut]
+                    held = ""
                     self.stopped_by = "stop"
                     return
-                if native.finished:
+                if self.finished:
                     self.stopped_by = "eos"
                     break
-                if remaining <= 0:
-                    self.stopped_by = "max_tokens"
-                    break
-                ready = len(held) - hold if hold else len(held)
+                ready = len(held) - hold
                 if ready > 0:
-                    emitted.append(held[:ready])
                     yield held[:ready]
                     held = held[ready:]
-                committed = native.step(remaining)
-                if not committed:
-                    self.stopped_by = "context"
-                    break
             if held:
                 yield held
         finally:
             self._elapsed += time.perf_counter() - started
-            self._timed_tokens += committed_count
+            self._timed_tokens += delivered
 
     def generate(
         self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()
@@ -267,14 +260,20 @@ class Generator:
         return self._native.draft_model
 
     @property
+    def context_length(self) -> int:
+        """The context's real length in tokens (llama.cpp may round ``n_ctx`` up)."""
+        return self._native.context_length
+
+    @property
     def prompt_tokens(self) -> list[int]:
         """The prompt's token ids."""
         return self._native.history[: self._native.n_prompt]
 
     @property
     def tokens(self) -> list[int]:
-        """Every generated token so far (across calls and restores)."""
-        return self._native.history[self._native.n_prompt:]
+        """Every generated token handed out so far (across calls and restores)."""
+        start = self._native.n_prompt
+        return self._native.history[start : start + self._native.delivered]
 
     @property
     def text(self) -> str:
@@ -283,8 +282,8 @@ class Generator:
 
     @property
     def finished(self) -> bool:
-        """Whether an end-of-generation token was committed."""
-        return self._native.finished
+        """Whether the end-of-generation token has been handed out."""
+        return self._native.finished and self._native.undelivered == 0
 
     @property
     def drafted(self) -> int:

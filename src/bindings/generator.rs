@@ -128,21 +128,41 @@ impl PyGenerator {
         Ok(Self::wrap(inner, target, draft_model))
     }
 
-    /// Decode the prompt and commit the first generated token; returns it.
-    fn prefill(&mut self, py: Python<'_>, prompt: Vec<i32>) -> PyResult<i32> {
+    /// Decode the prompt and commit the first generated token.
+    fn prefill(&mut self, py: Python<'_>, prompt: Vec<i32>) -> PyResult<()> {
         self.check_thread(py)?;
         let inner = &mut self.inner;
         py.detach(|| inner.prefill(&prompt))
+            .map(drop)
             .map_err(|e| generator_error(py, e))
     }
 
-    /// One round committing at most `max_new` tokens; returns them (empty when finished).
-    #[pyo3(signature = (max_new = usize::MAX))]
-    fn step(&mut self, py: Python<'_>, max_new: usize) -> PyResult<Vec<i32>> {
+    /// Up to `max_n` generated tokens, running a round when none are waiting
+    /// (empty once finished or full and all handed out).
+    #[pyo3(signature = (max_n = usize::MAX))]
+    fn take(&mut self, py: Python<'_>, max_n: usize) -> PyResult<Vec<i32>> {
         self.check_thread(py)?;
         let inner = &mut self.inner;
-        py.detach(|| inner.step(max_new))
+        py.detach(|| inner.take(max_n))
             .map_err(|e| generator_error(py, e))
+    }
+
+    /// The target context's real length in tokens.
+    #[getter]
+    fn context_length(&self) -> usize {
+        self.inner.context_length()
+    }
+
+    /// Generated tokens handed out so far.
+    #[getter]
+    fn delivered(&self) -> usize {
+        self.inner.state().delivered
+    }
+
+    /// Committed tokens not yet handed out.
+    #[getter]
+    fn undelivered(&self) -> usize {
+        self.inner.undelivered()
     }
 
     /// The whole checkpoint of the current boundary, as bytes.

@@ -85,6 +85,9 @@ pub struct GeneratorState {
     pub n_past: usize,
     /// Tokens of `history` decoded in the draft context (`draft` mode).
     pub draft_past: usize,
+    /// Generated tokens handed out so far; committed tokens beyond them wait
+    /// in `history` (a round may commit more than a caller asked for).
+    pub delivered: usize,
     /// The RNG state.
     pub rng: [u64; 4],
     /// Whether an end-of-generation token was committed.
@@ -274,6 +277,7 @@ impl Generator {
                 n_prompt: 0,
                 n_past: 0,
                 draft_past: 0,
+                delivered: 0,
                 rng: rng.state(),
                 finished: false,
                 rounds: 0,
@@ -305,6 +309,11 @@ impl Generator {
             Mode::Draft | Mode::Eagle3 => self.draft.as_ref().map(Context::model),
             _ => None,
         }
+    }
+
+    /// The target context's real length (llama.cpp may round `n_ctx` up).
+    pub fn context_length(&self) -> usize {
+        self.target.n_ctx() as usize
     }
 
     /// Whether the prompt has been decoded.
@@ -366,27 +375,52 @@ impl Generator {
         self.state.n_prompt = prompt.len();
         self.state.n_past = prompt.len();
         self.state.finished = self.target.model().is_eog(first);
+        self.state.delivered = 0;
         self.state.rng = self.rng.state();
         Ok(first)
     }
 
-    /// Run one round committing at most `max_new` tokens; returns them (empty
-    /// once finished or when the context is full).
-    pub fn step(&mut self, max_new: usize) -> Result<Vec<i32>> {
+    /// Committed tokens not yet handed out.
+    pub fn undelivered(&self) -> usize {
+        self.state
+            .history
+            .len()
+            .saturating_sub(self.state.n_prompt + self.state.delivered)
+    }
+
+    /// Hand out up to `max_n` generated tokens, running a round when none are
+    /// waiting. Empty once finished (or the context is full) and all are out.
+    ///
+    /// Rounds never depend on `max_n`: how a generation is split into calls
+    /// does not change what it generates.
+    pub fn take(&mut self, max_n: usize) -> Result<Vec<i32>> {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
-        let room = (self.target.n_ctx() as usize).saturating_sub(self.state.n_past + 1);
-        if self.state.finished || max_new == 0 || room == 0 {
+        if max_n == 0 {
             return Ok(Vec::new());
+        }
+        if self.undelivered() == 0 {
+            self.round()?;
+        }
+        let start = self.state.n_prompt + self.state.delivered;
+        let n = self.undelivered().min(max_n);
+        self.state.delivered += n;
+        Ok(self.state.history[start..start + n].to_vec())
+    }
+
+    /// Run one round: draft, verify in one target batch, accept, roll back.
+    /// Commits nothing once finished or when the context is full.
+    fn round(&mut self) -> Result<()> {
+        let room = (self.target.n_ctx() as usize).saturating_sub(self.state.n_past + 1);
+        if self.state.finished || room == 0 {
+            return Ok(());
         }
         let n_past = self.state.n_past;
         let id_last = *self.state.history.last().expect("started");
         // A round commits accepted drafts plus one token: bound the draft so
-        // that neither the budget nor the context overflows.
-        let limit = (max_new - 1)
-            .min(room - 1)
-            .min(self.config.n_draft as usize);
+        // that the context does not overflow.
+        let limit = (room - 1).min(self.config.n_draft as usize);
         let (mut proposal, draft_dists) = self.make_draft(n_past, id_last, limit)?;
         proposal.truncate(limit);
         let mut rows = Vec::with_capacity(proposal.len() + 1);
@@ -437,7 +471,7 @@ impl Generator {
         self.state.drafted += proposal.len() as u64;
         self.state.accepted += accepted as u64;
         self.state.rng = self.rng.state();
-        Ok(committed)
+        Ok(())
     }
 
     /// The draft of this round and, in `draft` mode, the draft's distributions.

@@ -1,0 +1,40 @@
+"""Generators of every mode over the tiny models, shared by tests and subprocesses.
+
+The target is the hybrid qwen35 model (so rollback of recurrent state is
+exercised); the `draft` mode drafts with the tiny llama model of the same seed
+(same vocabulary and successor map, so drafts are often right); `eagle3`
+drafts with the EAGLE-3 model built for that target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+from specstate import Generator, Model
+from specstate.generator import Mode
+
+MODES = ("none", "ngram", "draft", "mtp", "eagle3")
+TINY_CTX = 256
+
+
+def tiny_generator(mode: str, paths: dict[str, Path], *, sampled: bool = False, n_draft: int = 4) -> Generator:
+    """A generator of `mode` over the tiny models (`paths`: qwen35, llama, eagle3_draft)."""
+    target = Model(paths["qwen35"])
+    draft: Model | None = None
+    if mode == "draft":
+        draft = Model(paths["llama"])
+    elif mode == "eagle3":
+        draft = Model(paths["eagle3_draft"])
+    return Generator(target, mode=cast(Mode, mode), draft_model=draft, n_ctx=TINY_CTX, n_batch=64,
+                     n_draft=n_draft, n_threads=1, **sampling(sampled))
+
+
+def sampling(sampled: bool) -> dict[str, Any]:
+    """Seeded stochastic sampling, or greedy."""
+    return dict(temperature=1.5, top_k=40, top_p=0.95, seed=1234) if sampled else {}
+
+
+def draft_for(mode: str, paths: dict[str, Path]) -> Model | None:
+    """The draft model a restore of `mode` needs."""
+    return {"draft": Model(paths["llama"]), "eagle3": Model(paths["eagle3_draft"])}.get(mode)

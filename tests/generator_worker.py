@@ -1,0 +1,31 @@
+"""Resume a saved generation in a fresh process (used by test_generator.py).
+
+Usage: python generator_worker.py MODE QWEN35 LLAMA EAGLE3 CHECKPOINT N_TOKENS [SMOLLM2 [DRAFT]]
+Prints the generated tokens as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from generator_support import draft_for
+from specstate import Generator, Model
+
+
+def main() -> None:
+    mode, qwen35, llama, eagle3, checkpoint, n_tokens = sys.argv[1:7]
+    if len(sys.argv) > 7:
+        target = Model(sys.argv[7])
+        draft = Model(sys.argv[8]) if len(sys.argv) > 8 else None
+    else:
+        paths = {"qwen35": Path(qwen35), "llama": Path(llama), "eagle3_draft": Path(eagle3)}
+        target, draft = Model(paths["qwen35"]), draft_for(mode, paths)
+    generator = Generator.restore(checkpoint, target, draft_model=draft, n_threads=1)
+    generator.generate(max_tokens=int(n_tokens) - len(generator.tokens))
+    print(json.dumps(generator.tokens))
+
+
+if __name__ == "__main__":
+    main()

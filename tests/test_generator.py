@@ -1,0 +1,294 @@
+"""The five-mode Generator: faithful speculation, exact resume, stop conditions.
+
+Tiny models for every mode (hypothesis picks the checkpoint boundary, the
+draft length and the prompt); SmolLM2-135M-Instruct Q4_1 for the real-model
+cases of `none`, `ngram` and `draft` (SmolLM2 has no MTP head and no EAGLE-3
+draft exists for it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from generator_support import MODES, TINY_CTX, draft_for, sampling, tiny_generator
+from specstate import Context, GenerationError, Generator, Model, inspect_checkpoint
+
+TESTS = Path(__file__).resolve().parent
+NEAR_TIE = 0.25
+#: A prompt that repeats itself, so that prompt lookup drafts and gets accepted.
+REPEATING = (
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n\n"
+    "# The same four functions again, unchanged:\n"
+)
+
+
+def plain_gaps(model: Model, prompt: list[int], n_tokens: int, **context: int) -> tuple[list[int], list[float]]:
+    """Plain greedy decoding with the top-two logit gap at each step."""
+    ctx = Context(model, n_threads=1, **context)  # type: ignore[arg-type]
+    ctx.decode(prompt, 0)
+    tokens: list[int] = []
+    gaps: list[float] = []
+    pos = len(prompt)
+    while True:
+        (first, top), (_, second) = ctx.top_logits(k=2)
+        tokens.append(first)
+        gaps.append(top - second)
+        if len(tokens) == n_tokens:
+            return tokens, gaps
+        ctx.decode([first], pos)
+        pos += 1
+
+
+def agreement(tokens: list[int], reference: list[int], gaps: list[float]) -> int:
+    """Tokens equal to the reference; a parting must be at a near-tie of the plain run."""
+    for index, (mine, theirs) in enumerate(zip(tokens, reference)):
+        if mine != theirs:
+            assert gaps[index] < NEAR_TIE, f"parted at token {index} with gap {gaps[index]:.3f}"
+            print(f"parted at token {index} at a near-tie (gap {gaps[index]:.4f})")
+            return index
+    return min(len(tokens), len(reference))
+
+
+# --- faithful speculation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_commits_the_targets_greedy_tokens_on_tiny_models(tiny_map: dict[str, Path], mode: str) -> None:
+    generator = tiny_generator(mode, tiny_map)
+    prompt = generator.model.tokenize("the same tokens, whatever the mode")
+    generator.generate(prompt, max_tokens=100)
+    plain, gaps = plain_gaps(generator.model, prompt, 100, n_ctx=TINY_CTX, n_rs_seq=0)
+    agreed = agreement(generator.tokens, plain, gaps)
+    print(f"{mode}: {agreed}/100 agree, accepted {generator.accepted}/{generator.drafted}")
+    if mode != "none":
+        assert generator.drafted > 0 and generator.accepted > 0
+
+
+@pytest.fixture(scope="module")
+def smollm2_draft_path(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from smollm2_draft import build_smollm2_draft
+
+    return build_smollm2_draft(smollm2_file, tmp_path_factory.mktemp("draft") / "smollm2-draft.gguf")
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_speculation_on_smollm2_matches_plain_greedy(
+    smollm2: Model, smollm2_draft_path: Path, mode: str
+) -> None:
+    draft = Model(smollm2_draft_path) if mode == "draft" else None
+    prompt = smollm2.tokenize(REPEATING)
+    none = Generator(smollm2, n_ctx=1024)
+    none.generate(prompt, max_tokens=128)
+    speculative = Generator(smollm2, mode=mode, draft_model=draft, n_ctx=1024)  # type: ignore[arg-type]
+    speculative.generate(prompt, max_tokens=128)
+    _, gaps = plain_gaps(smollm2, prompt, 128, n_ctx=1024)
+    agreed = agreement(speculative.tokens, none.tokens, gaps)
+    print(f"SmolLM2 {mode}: {agreed}/128 tokens agree with none; "
+          f"acceptance {speculative.accepted}/{speculative.drafted} = {speculative.acceptance_rate:.2f}")
+    assert speculative.accepted > 0
+    assert speculative.rounds < 127
+
+
+# --- exact resume -----------------------------------------------------------------------------------
+
+
+def resume_matches(make: object, prompt: list[int], rounds: int, n_tokens: int,
+                   restore: object) -> tuple[list[int], list[int]]:
+    """Tokens of a run checkpointed after `rounds` rounds and resumed, and of an uninterrupted run."""
+    first = make()  # type: ignore[operator]
+    first.generate(prompt, max_tokens=1)
+    for _ in range(rounds):  # each take() with nothing waiting runs exactly one round
+        first._native.take()
+    saved = first.checkpoint()
+    total = max(n_tokens, len(first.tokens) + 20)
+    resumed = restore(saved)  # type: ignore[operator]
+    assert resumed.tokens == first.tokens
+    resumed.generate(max_tokens=total - len(resumed.tokens))
+    uninterrupted = make()  # type: ignore[operator]
+    uninterrupted.generate(prompt, max_tokens=total)
+    return resumed.tokens, uninterrupted.tokens
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", MODES)
+@given(rounds=st.integers(0, 12), n_draft=st.integers(1, 6),
+       text=st.text(alphabet="abcdefgh ij.,", min_size=1, max_size=30))
+@settings(max_examples=examples(ci=12, dev=4), deadline=None)
+def test_resume_is_exact_in_every_mode(
+    tiny_map: dict[str, Path], mode: str, sampled: bool, rounds: int, n_draft: int, text: str
+) -> None:
+    def make() -> Generator:
+        return tiny_generator(mode, tiny_map, sampled=sampled, n_draft=n_draft)
+
+    target = Model(tiny_map["qwen35"])
+    resumed, uninterrupted = resume_matches(
+        make, target.tokenize(text), rounds, 60,
+        lambda data: Generator.restore(data, target, draft_model=draft_for(mode, tiny_map), n_threads=1),
+    )
+    assert resumed == uninterrupted
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resume_in_another_process(tiny_map: dict[str, Path], mode: str, tmp_path: Path) -> None:
+    sampled = mode in ("ngram", "mtp")  # one sampled and one greedy case per kind of drafter
+    generator = tiny_generator(mode, tiny_map, sampled=sampled)
+    reference = tiny_generator(mode, tiny_map, sampled=sampled)
+    prompt = generator.model.tokenize("another process")
+    reference.generate(prompt, max_tokens=80)
+    generator.generate(prompt, max_tokens=30)
+    path = tmp_path / "generation.ckpt"
+    generator.save(path)
+    result = subprocess.run(
+        [sys.executable, str(TESTS / "generator_worker.py"), mode, str(tiny_map["qwen35"]), str(tiny_map["llama"]),
+         str(tiny_map["eagle3_draft"]), str(path), "80"],
+        capture_output=True, text=True, check=True, cwd=TESTS,
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == reference.tokens
+
+
+@pytest.mark.parametrize("mode,sampled", [("none", True), ("ngram", False), ("draft", True)])
+def test_resume_on_smollm2(smollm2: Model, smollm2_draft_path: Path, mode: str, sampled: bool) -> None:
+    draft = Model(smollm2_draft_path) if mode == "draft" else None
+
+    def make() -> Generator:
+        return Generator(smollm2, mode=mode, draft_model=draft, n_ctx=512, **sampling(sampled))  # type: ignore[arg-type]
+
+    resumed, uninterrupted = resume_matches(
+        make, smollm2.tokenize(REPEATING), 9, 72,
+        lambda data: Generator.restore(data, smollm2, draft_model=draft),
+    )
+    assert resumed == uninterrupted
+
+
+def test_smollm2_resume_in_another_process(smollm2: Model, smollm2_file: Path, tmp_path: Path,
+                                           tiny_map: dict[str, Path]) -> None:
+    reference = Generator(smollm2, mode="ngram", n_ctx=512, **sampling(True))
+    reference.generate(REPEATING, max_tokens=64)
+    generator = Generator(smollm2, mode="ngram", n_ctx=512, **sampling(True))
+    generator.generate(REPEATING, max_tokens=20)
+    path = tmp_path / "smollm2.ckpt"
+    generator.save(path)
+    result = subprocess.run(
+        [sys.executable, str(TESTS / "generator_worker.py"), "ngram", str(tiny_map["qwen35"]), str(tiny_map["llama"]),
+         str(tiny_map["eagle3_draft"]), str(path), "64", str(smollm2_file)],
+        capture_output=True, text=True, check=True, cwd=TESTS,
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == reference.tokens
+
+
+# --- sampling, stop conditions, counters ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seeded_sampling_is_reproducible(tiny_map: dict[str, Path], mode: str) -> None:
+    runs = []
+    for _ in range(2):
+        generator = tiny_generator(mode, tiny_map, sampled=True)
+        generator.generate("seeded", max_tokens=40)
+        runs.append(generator.tokens)
+    assert runs[0] == runs[1]
+    greedy = tiny_generator(mode, tiny_map)
+    greedy.generate("seeded", max_tokens=40)
+    assert greedy.tokens != runs[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_max_tokens_is_exact_across_calls(tiny_map: dict[str, Path], mode: str) -> None:
+    generator = tiny_generator(mode, tiny_map, n_draft=6)
+    pieces = list(generator.stream("count", max_tokens=13))
+    assert len(generator.tokens) == 13 and generator.stopped_by == "max_tokens"
+    assert "".join(pieces) == generator.text
+    generator.generate(max_tokens=7)
+    assert len(generator.tokens) == 20
+    assert generator.generate(max_tokens=0) == "" and len(generator.tokens) == 20
+
+
+def test_stop_strings_end_the_text_before_them(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("ngram", tiny_map)
+    full = tiny_generator("ngram", tiny_map)
+    text = full.generate("stop", max_tokens=60)
+    stop = text[20:23]
+    cut = text.index(stop)
+    assert generator.generate("stop", max_tokens=60, stop=[stop]) == text[:cut]
+    assert generator.stopped_by == "stop"
+
+
+def test_eos_ends_a_generation(smollm2: Model) -> None:
+    prompt = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    generator = Generator(smollm2, mode="ngram", n_ctx=512)
+    text = generator.generate(smollm2.tokenize(prompt, add_special=False, parse_special=True), max_tokens=200)
+    assert generator.finished and generator.stopped_by == "eos"
+    assert smollm2.is_eog(generator.tokens[-1]) and text
+    assert generator.generate(max_tokens=10) == "" and generator.stopped_by == "eos"
+    restored = Generator.restore(generator.checkpoint(), smollm2)
+    assert restored.finished and restored.generate(max_tokens=5) == ""
+
+
+def test_counters_and_properties(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("draft", tiny_map)
+    generator.generate("counters", max_tokens=50)
+    assert generator.mode == "draft" and generator.draft_model is not None
+    assert 0 < generator.accepted <= generator.drafted
+    assert generator.acceptance_rate == generator.accepted / generator.drafted
+    assert generator.tokens_per_second > 0
+    assert generator.config["n_draft"] == 4 and generator.config["mode"] == "draft"
+    assert generator.prompt_tokens == generator.model.tokenize("counters")
+
+
+def test_generator_usage_errors(tiny_map: dict[str, Path]) -> None:
+    target = Model(tiny_map["qwen35"])
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Generator(target, mode="draft")
+    with pytest.raises(ValueError, match="takes no draft model"):
+        Generator(target, mode="ngram", draft_model=Model(tiny_map["llama"]))
+    with pytest.raises(ValueError, match="mode"):
+        Generator(target, mode="beam")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="temperature"):
+        Generator(target, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        Generator(target, temperature=1.0, top_p=0.0)
+    generator = Generator(target, n_ctx=TINY_CTX)
+    with pytest.raises(ValueError, match="prompt is needed"):
+        generator.generate(max_tokens=3)
+    with pytest.raises(GenerationError, match="checkpoint"):
+        generator.checkpoint()
+    with pytest.raises(ValueError, match="empty"):
+        generator.generate([], max_tokens=3)
+    with pytest.raises(ValueError, match="vocabulary"):
+        generator.generate([10**6], max_tokens=3)
+    generator.generate("ok", max_tokens=2)
+    with pytest.raises(GenerationError, match="already has a prompt"):
+        generator.generate("again", max_tokens=2)
+
+
+def test_a_full_context_ends_the_generation(tiny_map: dict[str, Path]) -> None:
+    generator = Generator(Model(tiny_map["llama"]), mode="ngram", n_ctx=64, n_batch=32, n_threads=1)
+    generator.generate("fill the context up", max_tokens=500)
+    assert generator.stopped_by == "context"
+    assert len(generator.prompt_tokens) + len(generator.tokens) == generator.context_length
+
+
+def test_checkpoint_size_is_the_state_in_use(smollm2: Model) -> None:
+    generator = Generator(smollm2, mode="ngram", n_ctx=2048)
+    generator.generate(REPEATING * 6, max_tokens=40)
+    data = generator.checkpoint()
+    info = inspect_checkpoint(data)
+    sections = dict(info["sections"])  # type: ignore[call-overload]
+    in_use = sections["target_state"] + sections["tokens"]
+    ratio = len(data) / in_use
+    print(f"checkpoint {len(data)} bytes for {info['n_tokens']} tokens; ratio to the state in use {ratio:.4f}")
+    assert ratio <= 1.05
+    # No logits and no empty cells: about 23,040 bytes of f16 K and V per token.
+    assert sections["target_state"] < 23_100 * int(info["n_tokens"])  # type: ignore[call-overload]
