@@ -1,0 +1,215 @@
+"""The checkpoint format under attack: every bad input gets its own typed error
+under CheckpointError, nothing crashes, and a generator given a bad checkpoint
+is left exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+import specstate
+from generator_support import draft_for, tiny_generator
+from specstate import (
+    CheckpointError,
+    ChecksumMismatchError,
+    ConfigMismatchError,
+    CorruptCheckpointError,
+    Generator,
+    Model,
+    ModelMismatchError,
+    NotACheckpointError,
+    SectionTooLargeError,
+    TruncatedCheckpointError,
+    UnsupportedVersionError,
+    inspect_checkpoint,
+)
+
+HEADER = 32
+ENTRY = 24
+
+
+def table(data: bytes) -> list[tuple[int, int, int]]:
+    """(kind, offset, length) of each section."""
+    count = struct.unpack_from("<I", data, 12)[0]
+    return [struct.unpack_from("<I4xQQ", data, HEADER + ENTRY * i) for i in range(count)]
+
+
+def reseal(body: bytes) -> bytes:
+    """Recompute the CRC-32 trailer (to craft checkpoints that pass the checksum)."""
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+@pytest.fixture()
+def mtp_generator(tiny_map: dict[str, Path]) -> Generator:
+    generator = tiny_generator("mtp", tiny_map, sampled=True)
+    generator.generate("checkpoint me", max_tokens=30)
+    return generator
+
+
+@pytest.fixture()
+def checkpoint(mtp_generator: Generator) -> bytes:
+    return mtp_generator.checkpoint()
+
+
+def assert_refused_and_unchanged(generator: Generator, data: bytes) -> CheckpointError:
+    before = generator.checkpoint()
+    with pytest.raises(CheckpointError) as caught:
+        generator.load(data)
+    assert generator.checkpoint() == before
+    return caught.value
+
+
+def test_a_checkpoint_has_every_section(checkpoint: bytes, tiny_map: dict[str, Path]) -> None:
+    info = inspect_checkpoint(checkpoint)
+    names = [name for name, _ in info["sections"]]  # type: ignore[attr-defined]
+    assert names == ["meta", "state", "tokens", "target_state", "draft_state", "speculative_state"]
+    assert checkpoint[:8] == b"SPECSTAT"
+    assert info["format_version"] == 1 and info["size"] == len(checkpoint)
+    assert info["config"]["mode"] == "mtp"  # type: ignore[index]
+    assert info["llama_cpp_sys_version"] == specstate.native_info()["llama_cpp_sys_version"]
+    target = info["target_model"]
+    sha, size = specstate.model_fingerprint(Model(tiny_map["qwen35"]))
+    assert (target["file"], target["sha256"], target["size"]) == ("qwen35.gguf", sha, size)  # type: ignore[index]
+
+
+def test_every_header_and_table_bit_flip_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
+    end = HEADER + ENTRY * len(table(checkpoint))
+    kinds: dict[str, int] = {}
+    for byte in range(end):
+        for bit in range(8):
+            corrupt = bytearray(checkpoint)
+            corrupt[byte] ^= 1 << bit
+            error = assert_refused_and_unchanged(mtp_generator, bytes(corrupt))
+            kinds[type(error).__name__] = kinds.get(type(error).__name__, 0) + 1
+    print(f"{end * 8} flips in the header and table: {kinds}")
+    assert sum(kinds.values()) == end * 8
+
+
+def test_payload_bit_flips_are_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
+    rng = random.Random(7)
+    start = HEADER + ENTRY * len(table(checkpoint))
+    for _ in range(300):
+        corrupt = bytearray(checkpoint)
+        position = rng.randrange(start, len(checkpoint))
+        corrupt[position] ^= 1 << rng.randrange(8)
+        error = assert_refused_and_unchanged(mtp_generator, bytes(corrupt))
+        assert isinstance(error, ChecksumMismatchError)
+
+
+def test_every_truncation_class_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
+    cuts = {0, 1, 4, 7, 8, 9, 10, 16, 24, 31, 32, 40, HEADER + ENTRY, len(checkpoint) - 4, len(checkpoint) - 1}
+    for _, offset, length in table(checkpoint):
+        cuts |= {offset, offset + 1, offset + length // 2, offset + length - 1}
+    for cut in sorted(c for c in cuts if 0 <= c < len(checkpoint)):
+        error = assert_refused_and_unchanged(mtp_generator, checkpoint[:cut])
+        expected = NotACheckpointError if cut == 0 else TruncatedCheckpointError
+        assert isinstance(error, expected), (cut, error)
+
+
+def test_extra_bytes_are_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
+    error = assert_refused_and_unchanged(mtp_generator, checkpoint + b"\x00")
+    assert isinstance(error, CorruptCheckpointError)
+
+
+def test_other_files_are_not_checkpoints(mtp_generator: Generator) -> None:
+    for data in [b"GGUF" + bytes(100), b"hello world, not a checkpoint", bytes(64), b"SPECSTA"[:3] + b"x"]:
+        error = assert_refused_and_unchanged(mtp_generator, data)
+        assert isinstance(error, NotACheckpointError)
+
+
+def test_an_unsupported_version_is_named(mtp_generator: Generator, checkpoint: bytes) -> None:
+    data = bytearray(checkpoint[:-4])
+    data[8:10] = struct.pack("<H", 2)
+    error = assert_refused_and_unchanged(mtp_generator, reseal(bytes(data)))
+    assert isinstance(error, UnsupportedVersionError)
+    assert (error.found, error.supported) == (2, 1)  # type: ignore[attr-defined]
+
+
+def test_a_section_too_large_is_refused_before_anything_is_read(mtp_generator: Generator, checkpoint: bytes) -> None:
+    data = bytearray(checkpoint[:-4])
+    struct.pack_into("<Q", data, HEADER + 16, (1 << 20) + 1)  # the meta section's length
+    error = assert_refused_and_unchanged(mtp_generator, reseal(bytes(data)))
+    assert isinstance(error, SectionTooLargeError)
+    assert (error.section, error.size, error.maximum) == ("meta", (1 << 20) + 1, 1 << 20)  # type: ignore[attr-defined]
+
+
+def test_corrupt_content_with_a_valid_checksum_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
+    _, offset, length = table(checkpoint)[0]
+    meta = checkpoint[offset:offset + length]
+    broken = meta.replace(b'"mode":"mtp"', b'"mode":"xyz"')
+    assert broken != meta
+    error = assert_refused_and_unchanged(mtp_generator, reseal(checkpoint[:offset] + broken + checkpoint[offset + length:-4]))
+    assert isinstance(error, CorruptCheckpointError)
+
+
+def test_another_model_is_refused(tiny_map: dict[str, Path], checkpoint: bytes) -> None:
+    with pytest.raises(ModelMismatchError) as caught:
+        Generator.restore(checkpoint, Model(tiny_map["llama"]))
+    assert caught.value.role == "target"  # type: ignore[attr-defined]
+    assert "qwen35.gguf" in str(caught.value)
+
+
+def test_a_different_draft_model_is_refused(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("draft", tiny_map)
+    generator.generate("draft", max_tokens=10)
+    with pytest.raises(ModelMismatchError) as caught:
+        Generator.restore(generator.checkpoint(), Model(tiny_map["qwen35"]), draft_model=Model(tiny_map["qwen35"]))
+    assert caught.value.role == "draft"  # type: ignore[attr-defined]
+    with pytest.raises(ModelMismatchError):
+        Generator.restore(generator.checkpoint(), Model(tiny_map["qwen35"]))  # no draft model given
+
+
+@pytest.mark.parametrize("other", ["ngram", "mtp-n_draft-2", "mtp-greedy"])
+def test_another_mode_or_configuration_is_refused(tiny_map: dict[str, Path], checkpoint: bytes, other: str) -> None:
+    generator = {
+        "ngram": lambda: tiny_generator("ngram", tiny_map, sampled=True),
+        "mtp-n_draft-2": lambda: tiny_generator("mtp", tiny_map, sampled=True, n_draft=2),
+        "mtp-greedy": lambda: tiny_generator("mtp", tiny_map),
+    }[other]()
+    generator.generate("other", max_tokens=5)
+    error = assert_refused_and_unchanged(generator, checkpoint)
+    assert isinstance(error, ConfigMismatchError)
+    assert error.field in ("mode", "n_draft", "sampling")  # type: ignore[attr-defined]
+
+
+def test_a_good_load_replaces_the_generation(tiny_map: dict[str, Path], checkpoint: bytes) -> None:
+    generator = tiny_generator("mtp", tiny_map, sampled=True)
+    generator.generate("something else", max_tokens=12)
+    generator.load(checkpoint)
+    assert generator.checkpoint() == checkpoint
+
+
+def test_checkpoint_errors_pickle_with_their_fields(checkpoint: bytes) -> None:
+    with pytest.raises(TruncatedCheckpointError) as caught:
+        inspect_checkpoint(checkpoint[:100])
+    clone = pickle.loads(pickle.dumps(caught.value))
+    assert type(clone) is TruncatedCheckpointError and str(clone) == str(caught.value)
+    assert (clone.expected, clone.actual) == (len(checkpoint), 100)  # type: ignore[attr-defined]
+
+
+def test_save_is_atomic_and_restorable(tiny_map: dict[str, Path], mtp_generator: Generator, tmp_path: Path) -> None:
+    path = tmp_path / "run.ckpt"
+    path.write_bytes(b"old contents")
+    mtp_generator.save(path)
+    assert path.read_bytes() == mtp_generator.checkpoint()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt"]  # no temporary file left
+    restored = Generator.restore(path, Model(tiny_map["qwen35"]), draft_model=draft_for("mtp", tiny_map))
+    assert restored.tokens == mtp_generator.tokens
+    assert json.loads(json.dumps(inspect_checkpoint(path.read_bytes())["config"]))["mode"] == "mtp"
+    assert os.stat(path).st_size == len(mtp_generator.checkpoint())
+
+
+def test_checkpoints_are_deterministic(tiny_map: dict[str, Path]) -> None:
+    runs = []
+    for _ in range(2):
+        generator = tiny_generator("eagle3", tiny_map, sampled=True)
+        generator.generate("same bytes", max_tokens=25)
+        runs.append(generator.checkpoint())
+    assert runs[0] == runs[1]
