@@ -15,7 +15,7 @@ PY_LIBDIR = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_v
 all: test
 
 demo: develop
-	$(BIN)/python -m specstate
+	$(BIN)/specstate demo
 
 test: develop lint test-rust test-python typecheck
 

@@ -470,7 +470,7 @@ def inspect_checkpoint(data: bytes) -> dict[str, object]:
 
     Keys: ``format_version``, versions, ``config``, ``target_model`` and
     ``draft_model`` (file, size, sha256), ``n_prompt``, ``n_tokens``,
-    ``n_generated``, ``n_past``, ``finished``, counters, ``sections``
+    ``n_generated`` (committed), ``n_delivered`` (handed out), ``n_past``, ``finished``, counters, ``sections``
     (name, bytes), ``checksum``, ``size``. Raises ``CheckpointError``
     subclasses like a restore.
     """

@@ -337,6 +337,7 @@ pub(crate) fn inspect_checkpoint<'py>(
     info.set_item("n_prompt", state.n_prompt)?;
     info.set_item("n_tokens", state.history.len())?;
     info.set_item("n_generated", state.history.len() - state.n_prompt)?;
+    info.set_item("n_delivered", state.delivered)?;
     info.set_item("n_past", state.n_past)?;
     info.set_item("finished", state.finished)?;
     info.set_item("rounds", state.rounds)?;
