@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # cargo test links the rlib against libpython; tell the loader where it is.
 PY_LIBDIR = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')")
 
-.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench clean
+.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu clean
 
 all: test
 
@@ -51,6 +51,9 @@ wheel: system-deps $(VENV)/.installed
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin build --release --out dist
 
 bench: develop
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
+
+bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py
 
 clean:

@@ -1,0 +1,103 @@
+"""llama-cpp-python's figures for benchmarks/run.py; runs inside the benchmark's own venv.
+
+Usage: python peer_llama_cpp_python.py REQUEST.json -> prints one JSON object.
+REQUEST: {"model", "threads", "runs", "decode_prompt", "decode_tokens",
+          "speculation": {name: prompt}, "speculation_tokens", "checkpoint_tokens": [..], "checkpoint_text"}
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from llama_cpp import Llama, LlamaState
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+
+def median(runs: int, measure: Any) -> float:
+    measure()
+    return statistics.median(measure() for _ in range(runs))
+
+
+def greedy_stream(llm: Llama, tokens: list[int], n: int) -> tuple[list[int], float]:
+    """Greedy generation of n tokens; seconds after the first token (prefill excluded)."""
+    out: list[int] = []
+    started = 0.0
+    for token in llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+        if not out:
+            started = time.perf_counter()
+        out.append(token)
+        if len(out) == n or llm.token_eos() == token:
+            break
+    return out, time.perf_counter() - started
+
+
+def main() -> None:
+    request = json.loads(open(sys.argv[1]).read())
+    model, threads, runs = request["model"], request["threads"], request["runs"]
+    result: dict[str, Any] = {}
+    import llama_cpp
+
+    result["version"] = llama_cpp.__version__
+
+    plain = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
+    prompt = plain.tokenize(request["decode_prompt"].encode(), add_bos=True, special=True)
+
+    def decode() -> float:
+        out, seconds = greedy_stream(plain, prompt, request["decode_tokens"])
+        return (len(out) - 1) / seconds
+
+    result["decode_tokens_per_s"] = median(runs, decode)
+
+    lookup = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False, logits_all=True,
+                   draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+    result["speculation"] = {}
+    for name, text in request["speculation"].items():
+        entry: dict[str, Any] = {}
+        for label, llm in (("plain", plain), ("prompt_lookup", lookup)):
+            tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
+            last: list[list[int]] = []
+
+            def once(llm: Llama = llm, tokens: list[int] = tokens) -> float:
+                out, seconds = greedy_stream(llm, tokens, request["speculation_tokens"])
+                last[:] = [out]
+                return (len(out) - 1) / seconds
+
+            try:
+                entry[label] = {"tokens_per_s": median(runs, once), "tokens": last[0]}
+            except Exception as error:  # noqa: BLE001 - reported, not hidden
+                entry[label] = {"error": f"{type(error).__name__}: {error}"}
+        result["speculation"][name] = entry
+
+    result["checkpoints"] = {}
+    for n_tokens in request["checkpoint_tokens"]:
+        llm = Llama(model, n_ctx=n_tokens + 64, n_threads=threads, n_threads_batch=threads, verbose=False)
+        tokens = llm.tokenize(request["checkpoint_text"].encode(), add_bos=True)[:n_tokens]
+        llm.eval(tokens)
+        state: LlamaState = llm.save_state()
+        size = len(state.llama_state) + state.scores.nbytes + np.asarray(state.input_ids).nbytes
+
+        def save_load() -> float:
+            started = time.perf_counter()
+            saved = llm.save_state()
+            llm.load_state(saved)
+            return time.perf_counter() - started
+
+        def save() -> float:
+            started = time.perf_counter()
+            llm.save_state()
+            return time.perf_counter() - started
+
+        result["checkpoints"][str(n_tokens)] = {
+            "size": size, "llama_state_bytes": len(state.llama_state), "scores_bytes": state.scores.nbytes,
+            "save_load_seconds": median(runs, save_load), "save_seconds": median(runs, save),
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
