@@ -347,13 +347,15 @@ fn decode_state(bytes: &[u8], tokens: &[u8]) -> Result<GeneratorState, Checkpoin
     })
 }
 
-/// Everything a checkpoint is written from, captured from a generator.
+/// What a checkpoint is written from. The small sections are captured here;
+/// the contexts' sequence states are written straight from llama.cpp into
+/// the output by [`Capture::encode_into`], so a capture needs no second copy.
 pub struct Capture {
     meta: Vec<u8>,
     state: Vec<u8>,
     tokens: Vec<u8>,
-    target_state: Vec<u8>,
-    draft_state: Option<Vec<u8>>,
+    target_len: usize,
+    draft_len: Option<usize>,
     speculative_state: Option<Vec<u8>>,
 }
 
@@ -393,24 +395,43 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, GeneratorError> {
         state: encode_state(state),
         tokens: state.history.iter().flat_map(|t| t.to_le_bytes()).collect(),
         speculative_state: generator.speculative_state()?,
-        target_state: generator.target_state()?,
-        draft_state: generator.draft_state()?,
+        target_len: generator.target_state_size(),
+        draft_len: generator.draft_state_size(),
     })
 }
 
+/// Where a section's bytes come from.
+enum Source<'a> {
+    Bytes(&'a [u8]),
+    TargetState(usize),
+    DraftState(usize),
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Bytes(bytes) => bytes.len(),
+            Self::TargetState(len) | Self::DraftState(len) => *len,
+        }
+    }
+}
+
 impl Capture {
-    fn sections(&self) -> Vec<(SectionKind, &[u8])> {
+    fn sections(&self) -> Vec<(SectionKind, Source<'_>)> {
         let mut sections = vec![
-            (SectionKind::Meta, self.meta.as_slice()),
-            (SectionKind::State, self.state.as_slice()),
-            (SectionKind::Tokens, self.tokens.as_slice()),
-            (SectionKind::TargetState, self.target_state.as_slice()),
+            (SectionKind::Meta, Source::Bytes(&self.meta)),
+            (SectionKind::State, Source::Bytes(&self.state)),
+            (SectionKind::Tokens, Source::Bytes(&self.tokens)),
+            (
+                SectionKind::TargetState,
+                Source::TargetState(self.target_len),
+            ),
         ];
-        if let Some(draft) = &self.draft_state {
-            sections.push((SectionKind::DraftState, draft));
+        if let Some(len) = self.draft_len {
+            sections.push((SectionKind::DraftState, Source::DraftState(len)));
         }
         if let Some(speculative) = &self.speculative_state {
-            sections.push((SectionKind::SpeculativeState, speculative));
+            sections.push((SectionKind::SpeculativeState, Source::Bytes(speculative)));
         }
         sections
     }
@@ -422,20 +443,26 @@ impl Capture {
             + TABLE_ENTRY_SIZE * sections.len()
             + sections
                 .iter()
-                .map(|(_, payload)| payload.len())
+                .map(|(_, source)| source.len())
                 .sum::<usize>()
             + TRAILER_SIZE
     }
 
-    /// Write the checkpoint into `out`, which is exactly `encoded_len()` bytes.
-    pub fn encode_into(&self, out: &mut [u8]) {
+    /// Write the checkpoint into `out` (exactly `encoded_len()` bytes),
+    /// copying the contexts' states from `generator`, which must be the one
+    /// captured and unchanged since.
+    pub fn encode_into(
+        &self,
+        generator: &mut Generator,
+        out: &mut [u8],
+    ) -> Result<(), GeneratorError> {
         let sections = self.sections();
         let total = self.encoded_len();
-        assert_eq!(
-            out.len(),
-            total,
-            "the output buffer must be encoded_len() bytes"
-        );
+        if out.len() != total {
+            return Err(GeneratorError::Usage(
+                "the output buffer must be encoded_len() bytes".into(),
+            ));
+        }
         out[..8].copy_from_slice(MAGIC);
         out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         out[10..12].copy_from_slice(&(HEADER_SIZE as u16).to_le_bytes());
@@ -443,24 +470,24 @@ impl Capture {
         out[16..24].copy_from_slice(&(total as u64).to_le_bytes());
         out[24..32].fill(0);
         let mut offset = HEADER_SIZE + TABLE_ENTRY_SIZE * sections.len();
-        for (index, (kind, payload)) in sections.iter().enumerate() {
+        for (index, (kind, source)) in sections.iter().enumerate() {
             let entry = HEADER_SIZE + TABLE_ENTRY_SIZE * index;
+            let len = source.len();
             out[entry..entry + 4].copy_from_slice(&(*kind as u32).to_le_bytes());
             out[entry + 4..entry + 8].fill(0);
             out[entry + 8..entry + 16].copy_from_slice(&(offset as u64).to_le_bytes());
-            out[entry + 16..entry + 24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-            out[offset..offset + payload.len()].copy_from_slice(payload);
-            offset += payload.len();
+            out[entry + 16..entry + 24].copy_from_slice(&(len as u64).to_le_bytes());
+            let payload = &mut out[offset..offset + len];
+            match source {
+                Source::Bytes(bytes) => payload.copy_from_slice(bytes),
+                Source::TargetState(_) => generator.write_target_state(payload)?,
+                Source::DraftState(_) => generator.write_draft_state(payload)?,
+            }
+            offset += len;
         }
         let checksum = crc32fast::hash(&out[..offset]);
         out[offset..offset + TRAILER_SIZE].copy_from_slice(&checksum.to_le_bytes());
-    }
-
-    /// The encoded checkpoint as a new vector.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![0; self.encoded_len()];
-        self.encode_into(&mut out);
-        out
+        Ok(())
     }
 }
 

@@ -169,9 +169,11 @@ impl PyGenerator {
     fn checkpoint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         self.check_thread(py)?;
         let capture = checkpoint::capture(&mut self.inner).map_err(|e| generator_error(py, e))?;
+        let inner = &mut self.inner;
         PyBytes::new_with(py, capture.encoded_len(), |out| {
-            capture.encode_into(out);
-            Ok(())
+            capture
+                .encode_into(inner, out)
+                .map_err(|e| generator_error(py, e))
         })
     }
 

@@ -576,18 +576,28 @@ impl Generator {
         Ok(())
     }
 
-    /// The target context's state of the generation's sequence.
-    pub fn target_state(&mut self) -> Result<Vec<u8>> {
-        Ok(self.target.seq_state(0)?)
+    /// Bytes of the target context's sequence state.
+    pub fn target_state_size(&mut self) -> usize {
+        self.target.seq_state_size(0)
     }
 
-    /// The draft context's state (`draft`, `mtp`, `eagle3` modes).
-    pub fn draft_state(&mut self) -> Result<Option<Vec<u8>>> {
-        self.draft
+    /// Write the target context's sequence state into `out` (exactly its size).
+    pub fn write_target_state(&mut self, out: &mut [u8]) -> Result<()> {
+        Ok(self.target.seq_state_into(0, out)?)
+    }
+
+    /// Bytes of the draft context's sequence state (`draft`, `mtp`, `eagle3` modes).
+    pub fn draft_state_size(&mut self) -> Option<usize> {
+        self.draft.as_mut().map(|draft| draft.seq_state_size(0))
+    }
+
+    /// Write the draft context's sequence state into `out` (exactly its size).
+    pub fn write_draft_state(&mut self, out: &mut [u8]) -> Result<()> {
+        let draft = self
+            .draft
             .as_mut()
-            .map(|draft| draft.seq_state(0))
-            .transpose()
-            .map_err(Into::into)
+            .ok_or_else(|| GeneratorError::Usage("this mode has no draft context".into()))?;
+        Ok(draft.seq_state_into(0, out)?)
     }
 
     /// The speculative state (`mtp`, `eagle3` modes).

@@ -247,24 +247,32 @@ impl Context {
 
     /// The exact state of one sequence (its KV cells and recurrent state, no logits).
     pub fn seq_state(&mut self, seq_id: i32) -> NativeResult<Vec<u8>> {
+        let mut state = vec![0_u8; self.seq_state_size(seq_id)];
+        self.seq_state_into(seq_id, &mut state)?;
+        Ok(state)
+    }
+
+    /// Bytes of one sequence's state (see [`Context::seq_state`]).
+    pub fn seq_state_size(&mut self, seq_id: i32) -> usize {
         // SAFETY: the context is live and exclusively borrowed.
-        let size = unsafe { sys::llama_state_seq_get_size(self.raw.as_ptr(), seq_id) };
-        let mut state = vec![0_u8; size];
-        // SAFETY: `state` has exactly `size` writable bytes.
+        unsafe { sys::llama_state_seq_get_size(self.raw.as_ptr(), seq_id) }
+    }
+
+    /// Write one sequence's state into `out`, which must be exactly
+    /// [`Context::seq_state_size`] bytes (no intermediate copy).
+    pub fn seq_state_into(&mut self, seq_id: i32, out: &mut [u8]) -> NativeResult<()> {
+        // SAFETY: `out` has `out.len()` writable bytes; llama.cpp writes at
+        // most that many and returns how many it wrote (0 if too small).
         let written = unsafe {
-            sys::llama_state_seq_get_data(
-                self.raw.as_ptr(),
-                state.as_mut_ptr(),
-                state.len(),
-                seq_id,
-            )
+            sys::llama_state_seq_get_data(self.raw.as_ptr(), out.as_mut_ptr(), out.len(), seq_id)
         };
-        if written != size {
+        if written != out.len() {
             return Err(NativeError::SequenceState(format!(
-                "sequence {seq_id} state changed size from {size} to {written} bytes while copying"
+                "sequence {seq_id} state is not {} bytes (llama.cpp wrote {written})",
+                out.len()
             )));
         }
-        Ok(state)
+        Ok(())
     }
 
     /// Replace sequence `seq_id`'s state with `state` (from [`Context::seq_state`]).
