@@ -1,6 +1,7 @@
 //! Greedy decoding in a native loop with no Python in it.
 //!
-//! `native_decode MODEL [TOKENS] [THREADS] [RUNS]` prefills a fixed prompt, then
+//! `native_decode MODEL [TOKENS] [THREADS] [RUNS] [PROMPT_FILE]` prefills a prompt
+//! (a fixed one, or PROMPT_FILE's text with special tokens parsed), then
 //! decodes TOKENS tokens one at a time with greedy choice, RUNS times after one
 //! warm-up, and prints one JSON line with the median decode and prefill speeds.
 
@@ -71,7 +72,13 @@ fn main() {
     let threads: i32 = args.next().map_or(2, |v| v.parse().expect("THREADS"));
     let runs: usize = args.next().map_or(5, |v| v.parse().expect("RUNS"));
     let model = Arc::new(Model::load(&path, 0).expect("model"));
-    let prompt = model.tokenize(PROMPT, true, false).expect("tokenize");
+    let prompt = match args.next() {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).expect("PROMPT_FILE");
+            model.tokenize(&text, false, true).expect("tokenize")
+        }
+        None => model.tokenize(PROMPT, true, false).expect("tokenize"),
+    };
     let (_, _, reference) = run(&model, &prompt, tokens, threads);
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     for _ in 0..runs {

@@ -45,7 +45,7 @@ def main() -> None:
     result["version"] = llama_cpp.__version__
 
     plain = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
-    prompt = plain.tokenize(request["decode_prompt"].encode(), add_bos=True, special=True)
+    prompt = plain.tokenize(request["decode_prompt"].encode(), add_bos=False, special=True)
 
     def decode() -> float:
         out, seconds = greedy_stream(plain, prompt, request["decode_tokens"])

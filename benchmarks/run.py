@@ -99,8 +99,11 @@ def native_loop(model: Path, threads: int, runs: int) -> float:
     """specstate's native Rust decode loop (no Python), tokens/s."""
     subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "native_decode"], cwd=ROOT, check=True)
     env = dict(os.environ, LD_LIBRARY_PATH=str(sysconfig.get_config_var("LIBDIR") or ""))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as prompt:
+        prompt.write(STORY_PROMPT)
     out = subprocess.run([str(TARGET_DIR / "release" / "examples" / "native_decode"), str(model), "128",
-                          str(threads), str(runs)], env=env, check=True, capture_output=True, text=True).stdout
+                          str(threads), str(runs), prompt.name], env=env, check=True, capture_output=True,
+                         text=True).stdout
     return float(json.loads(out.strip().splitlines()[-1])["decode_tokens_per_s"])
 
 
@@ -156,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     path = smollm2_path()
     model = Model(path)
-    checkpoint_text = (STORY_PROMPT + " ") * 120
+    checkpoint_text = (CODE_PROMPT + " ") * 25
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "model": path.name, "threads": args.threads, "runs": args.runs, "native_info": native_info(),

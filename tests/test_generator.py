@@ -155,15 +155,18 @@ def test_resume_in_another_process(tiny_map: dict[str, Path], mode: str, tmp_pat
     assert json.loads(result.stdout.strip().splitlines()[-1]) == reference.tokens
 
 
-@pytest.mark.parametrize("mode,sampled", [("none", True), ("ngram", False), ("draft", True)])
-def test_resume_on_smollm2(smollm2: Model, smollm2_draft_path: Path, mode: str, sampled: bool) -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", ["none", "ngram", "draft"])
+@given(rounds=st.integers(0, 14))
+@settings(max_examples=examples(ci=3, dev=1), deadline=None)
+def test_resume_on_smollm2(smollm2: Model, smollm2_draft_path: Path, mode: str, sampled: bool, rounds: int) -> None:
     draft = Model(smollm2_draft_path) if mode == "draft" else None
 
     def make() -> Generator:
         return Generator(smollm2, mode=mode, draft_model=draft, n_ctx=512, **sampling(sampled))  # type: ignore[arg-type]
 
     resumed, uninterrupted = resume_matches(
-        make, smollm2.tokenize(REPEATING), 9, 72,
+        make, smollm2.tokenize(REPEATING), rounds, 48,
         lambda data: Generator.restore(data, smollm2, draft_model=draft),
     )
     assert resumed == uninterrupted

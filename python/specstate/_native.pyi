@@ -403,7 +403,7 @@ class Generator:
         top_p: float = 1.0,
         seed: int = 0,
         ngram_max: int = 4,
-        ngram_min: int = 1,
+        ngram_min: int = 3,
         n_threads: int = 0,
     ) -> Generator: ...
     def prefill(self, prompt: Sequence[int]) -> None:

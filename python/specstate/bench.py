@@ -31,9 +31,12 @@ __all__ = [
     "validator_rates",
 ]
 
-#: Plain decoding: an open-ended prompt.
-STORY_PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. "
-                "Describe the sea, the weather and the keeper's daily routine in detail before the discovery.")
+#: Plain decoding: an open-ended request whose answer runs well past 128 tokens.
+STORY_PROMPT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nWrite a long story about a lighthouse keeper who finds a message in a bottle. "
+    "Describe the sea, the weather and the keeper's daily routine in detail.<|im_end|>\n<|im_start|>assistant\n"
+)
 #: Speculation that pays (1): rewrite a given source file with small edits.
 CODE_PROMPT = DEMO_PROMPT
 #: Speculation that pays (2): answer with quotes from a given document.
@@ -68,7 +71,7 @@ def decode_speed(model: Model, n_tokens: int = 128, threads: int = 2, runs: int 
         generator.generate(_tokens(model, STORY_PROMPT), max_tokens=1)
         started = time.perf_counter()
         generator.generate(max_tokens=n_tokens - 1)
-        return (n_tokens - 1) / (time.perf_counter() - started)
+        return (len(generator.tokens) - 1) / (time.perf_counter() - started)
 
     return median_of(runs, once)
 
@@ -118,7 +121,7 @@ def checkpoint_figures(model: Model, context_tokens: int, threads: int = 2, runs
     """Checkpoint size, capture and restore time with `context_tokens` in the context, and prefill time."""
     from specstate import inspect_checkpoint
 
-    text = (STORY_PROMPT + " ") * (context_tokens // 20 + 1)
+    text = (CODE_PROMPT + " ") * (context_tokens // 100 + 1)
     prompt = model.tokenize(text)[: context_tokens - 1]
     generator = Generator(model, mode="ngram", n_ctx=context_tokens + 64, n_threads=threads)
     started = time.perf_counter()

@@ -86,7 +86,7 @@ fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
 impl PyGenerator {
     #[new]
     #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = 8, n_ctx = 2048, n_batch = 512,
-                        temperature = 0.0, top_k = 0, top_p = 1.0, seed = 0, ngram_max = 4, ngram_min = 1,
+                        temperature = 0.0, top_k = 0, top_p = 1.0, seed = 0, ngram_max = 4, ngram_min = 3,
                         n_threads = 0))]
     #[allow(clippy::too_many_arguments)]
     fn new(

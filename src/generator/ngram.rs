@@ -12,7 +12,7 @@ pub struct NgramConfig {
 
 impl Default for NgramConfig {
     fn default() -> Self {
-        Self { n_max: 4, n_min: 1 }
+        Self { n_max: 4, n_min: 3 }
     }
 }
 
