@@ -79,12 +79,14 @@ def markdown(results: dict[str, Any]) -> str:
             agree = row.get("agreement_with_none", row.get("agreement_with_plain", ""))
             acceptance = f"{row['acceptance']:.0%}" if "acceptance" in row else ""
             lines.append(f"| {name} | {mode} | {row['tokens_per_s']:.1f} | {acceptance} | {agree} |")
-    lines += ["", "| checkpoint | size | capture | restore | prefill | llama-cpp-python size | their save+load |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["", "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "
+              "llama-cpp-python size | their save+load |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for tokens, f in results["checkpoints"].items():
         peer = f.get("llama_cpp_python") or {}
         lines.append(f"| {tokens} tokens | {f['size'] / 1e6:.1f} MB | {f['capture_seconds'] * 1e3:.1f} ms | "
-                     f"{f['restore_seconds'] * 1e3:.1f} ms | {f['prefill_seconds']:.2f} s | "
+                     f"{f['restore_seconds'] * 1e3:.1f} ms | {f.get('restore_new_seconds', 0) * 1e3:.1f} ms | "
+                     f"{f['prefill_seconds']:.2f} s | "
                      f"{_fmt(peer.get('size') and peer['size'] / 1e6, '.1f', ' MB')} | "
                      f"{_fmt(peer.get('save_load_seconds') and peer['save_load_seconds'] * 1e3, '.1f', ' ms')} |")
     memory = results["memory"]

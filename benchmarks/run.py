@@ -205,7 +205,8 @@ def main() -> None:
         checkpoints[str(tokens)] = {
             "size": figures.size, "state_in_use": figures.state_in_use,
             "size_ratio": figures.size / figures.state_in_use, "capture_seconds": figures.capture_seconds,
-            "restore_seconds": figures.restore_seconds, "prefill_seconds": figures.prefill_seconds,
+            "restore_seconds": figures.restore_seconds, "restore_new_seconds": figures.restore_new_seconds,
+            "prefill_seconds": figures.prefill_seconds,
             "llama_cpp_python": peers.get("checkpoints", {}).get(str(tokens)),
         }
     results["checkpoints"] = checkpoints

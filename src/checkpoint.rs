@@ -747,3 +747,43 @@ pub fn restore(
     )?;
     Ok(generator)
 }
+
+/// Restore `checkpoint` into `generator` in place, reusing its contexts.
+///
+/// The checkpoint must have the generator's mode, configuration and models
+/// (checked first). The generator's current boundary is kept aside; if
+/// llama.cpp refuses any of the three states, it is put back, so a refused
+/// checkpoint leaves the generator exactly as it was.
+pub fn load_into(
+    generator: &mut Generator,
+    checkpoint: &Checkpoint<'_>,
+) -> Result<(), GeneratorError> {
+    check_config(checkpoint, generator.config())?;
+    check_models(
+        checkpoint,
+        generator.target_model(),
+        generator.draft_model().map(|m| m.as_ref()),
+    )?;
+    if checkpoint.state.history.len() > generator.context_length() {
+        return Err(checkpoint_error(CheckpointError::Corrupt(
+            "the history exceeds the context".into(),
+        )));
+    }
+    let kept = generator.boundary()?;
+    let applied = generator.restore(
+        checkpoint.state.clone(),
+        checkpoint.target_state,
+        checkpoint.draft_state,
+        checkpoint.speculative_state,
+    );
+    if let Err(error) = applied {
+        generator.restore(
+            kept.state,
+            &kept.target_state,
+            kept.draft_state.as_deref(),
+            kept.speculative_state.as_deref(),
+        )?;
+        return Err(error);
+    }
+    Ok(())
+}

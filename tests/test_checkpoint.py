@@ -213,3 +213,28 @@ def test_checkpoints_are_deterministic(tiny_map: dict[str, Path]) -> None:
         generator.generate("same bytes", max_tokens=25)
         runs.append(generator.checkpoint())
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("section", [4, 5, 6], ids=["target_state", "draft_state", "speculative_state"])
+def test_a_state_llama_cpp_refuses_is_rolled_back(mtp_generator: Generator, checkpoint: bytes, section: int) -> None:
+    """A checkpoint that passes every check of the format but holds a state
+    llama.cpp (or the shim) refuses: the generator gets its previous state back."""
+    other = tiny_generator_from(mtp_generator)
+    entries = {kind: (offset, length) for kind, offset, length in table(checkpoint)}
+    offset, length = entries[section]
+    garbage = bytes((i * 37 + 11) % 256 for i in range(length))
+    crafted = reseal(checkpoint[:offset] + garbage + checkpoint[offset + length:-4])
+    before = other.checkpoint()
+    with pytest.raises((specstate.SequenceStateError, specstate.SpeculativeStateError)):
+        other.load(crafted)
+    assert other.checkpoint() == before
+    other.load(checkpoint)  # and a good one still loads
+    assert other.checkpoint() == checkpoint
+
+
+def tiny_generator_from(generator: Generator) -> Generator:
+    """Another generator with the same mode, configuration and models, in another state."""
+    other = Generator(generator.model, mode="mtp", n_ctx=256, n_batch=64, n_draft=4, n_threads=1,
+                      temperature=1.5, top_k=40, top_p=0.95, seed=1234)
+    other.generate("a different prompt", max_tokens=9)
+    return other

@@ -429,8 +429,8 @@ class Generator:
     @staticmethod
     def restore(data: bytes, target: Model, *, draft_model: Model | None = None, n_threads: int = 0) -> Generator:
         """A generator continuing a checkpoint on these models (validated first)."""
-    def load(self, data: bytes, *, n_threads: int = 0) -> None:
-        """Replace this generation with a checkpoint; on failure nothing changes."""
+    def load(self, data: bytes) -> None:
+        """Replace this generation with a checkpoint, reusing the contexts; on failure nothing changes."""
     @property
     def history(self) -> list[int]:
         """Prompt and committed tokens."""

@@ -114,6 +114,7 @@ class CheckpointFigures:
     state_in_use: int
     capture_seconds: float
     restore_seconds: float
+    restore_new_seconds: float
     prefill_seconds: float
 
 
@@ -134,7 +135,15 @@ def checkpoint_figures(model: Model, context_tokens: int, threads: int = 2, runs
         generator.checkpoint()
         return time.perf_counter() - started
 
-    def restore() -> float:
+    other = Generator(model, mode="ngram", n_ctx=context_tokens + 64, n_threads=threads)
+    other.generate(prompt[: context_tokens // 2], max_tokens=1)
+
+    def restore() -> float:  # into an existing generator, as llama-cpp-python's load_state
+        started = time.perf_counter()
+        other.load(data)
+        return time.perf_counter() - started
+
+    def restore_new() -> float:  # into new contexts
         started = time.perf_counter()
         Generator.restore(data, model, n_threads=threads)
         return time.perf_counter() - started
@@ -142,7 +151,7 @@ def checkpoint_figures(model: Model, context_tokens: int, threads: int = 2, runs
     sections = dict(inspect_checkpoint(data)["sections"])  # type: ignore[call-overload]
     in_use = sections["target_state"] + sections["tokens"]
     return CheckpointFigures(context_tokens, len(data), in_use, median_of(runs, capture),
-                             median_of(runs, restore), prefill)
+                             median_of(runs, restore), median_of(runs, restore_new), prefill)
 
 
 def validator_rates(seconds: float = 0.3) -> dict[str, float]:
@@ -191,7 +200,8 @@ def quick_suite(threads: int = 2, runs: int = 3) -> None:
         figures = checkpoint_figures(model, tokens, threads=threads, runs=runs)
         table.add_row(f"checkpoint at {tokens} tokens",
                       f"{figures.size / 1e6:.1f} MB (x{figures.size / figures.state_in_use:.4f} of the state), "
-                      f"capture {figures.capture_seconds * 1e3:.0f} ms, restore {figures.restore_seconds * 1e3:.0f} ms, "
+                      f"capture {figures.capture_seconds * 1e3:.0f} ms, restore {figures.restore_seconds * 1e3:.0f} ms "
+                      f"({figures.restore_new_seconds * 1e3:.0f} ms into new contexts), "
                       f"prefill {figures.prefill_seconds:.2f} s")
     for name, rate in validator_rates().items():
         table.add_row(name, f"{rate / 1e6:.2f} M calls/s")

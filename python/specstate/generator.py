@@ -118,14 +118,16 @@ class Generator:
         generator._reset_text()
         return generator
 
-    def load(self, source: bytes | bytearray | memoryview | str | os.PathLike[str], *, n_threads: int = 0) -> None:
+    def load(self, source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> None:
         """Replace this generation with a checkpoint of the same mode, configuration and models.
 
-        Everything is validated before anything changes: on any error
+        The fast way to restore: this generator's contexts are reused.
+        Everything is validated before anything changes, and should llama.cpp
+        still refuse a state, the previous one is put back: on any error
         (``CheckpointError`` subclasses, ``ConfigMismatchError`` for another
         mode or configuration) this generator is left exactly as it was.
         """
-        self._native.load(_read(source), n_threads=n_threads)
+        self._native.load(_read(source))
         self._reset_text()
 
     def checkpoint(self) -> bytes:

@@ -200,24 +200,14 @@ impl PyGenerator {
     }
 
     /// Replace this generation with a checkpoint of the same mode, configuration
-    /// and models. Everything is validated first; on any failure this
-    /// generator is left exactly as it was.
-    #[pyo3(signature = (data, *, n_threads = 0))]
-    fn load(&mut self, py: Python<'_>, data: &[u8], n_threads: i32) -> PyResult<()> {
+    /// and models, reusing this generator's contexts. Everything is validated
+    /// first; if anything is refused, this generator is left exactly as it was.
+    fn load(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
         self.check_thread(py)?;
         let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
-        checkpoint::check_config(&decoded, self.inner.config())
-            .map_err(|e| generator_error(py, e))?;
-        let target_model = Arc::clone(&self.target.get().inner);
-        let fresh = checkpoint::restore(
-            &decoded,
-            target_model,
-            arc(&self.draft),
-            RuntimeOptions { n_threads },
-        )
-        .map_err(|e| generator_error(py, e))?;
-        self.inner = fresh;
-        Ok(())
+        let inner = &mut self.inner;
+        py.detach(|| checkpoint::load_into(inner, &decoded))
+            .map_err(|e| generator_error(py, e))
     }
 
     /// Prompt and committed tokens.

@@ -609,6 +609,25 @@ impl Generator {
             .map_err(|error| GeneratorError::Session(SessionError::State(error)))
     }
 
+    /// Everything at the current boundary, as owned copies (to put back with [`Generator::restore`]).
+    pub fn boundary(&mut self) -> Result<Boundary> {
+        Ok(Boundary {
+            state: self.state.clone(),
+            target_state: self.target.seq_state(0)?,
+            draft_state: self
+                .draft
+                .as_mut()
+                .map(|draft| draft.seq_state(0))
+                .transpose()?,
+            speculative_state: self
+                .session
+                .as_ref()
+                .map(|session| session.state(0))
+                .transpose()
+                .map_err(|error| GeneratorError::Session(SessionError::State(error)))?,
+        })
+    }
+
     /// Put a captured boundary back: state, contexts and speculative state.
     /// Meant for a freshly built generator; on failure it must be discarded.
     pub fn restore(
@@ -645,6 +664,18 @@ impl Generator {
         self.state = state;
         Ok(())
     }
+}
+
+/// A generator's boundary as owned copies.
+pub struct Boundary {
+    /// Positions, history, counters, RNG.
+    pub state: GeneratorState,
+    /// The target context's sequence state.
+    pub target_state: Vec<u8>,
+    /// The draft context's sequence state.
+    pub draft_state: Option<Vec<u8>>,
+    /// The speculative state.
+    pub speculative_state: Option<Vec<u8>>,
 }
 
 fn fill(batch: &mut Batch, tokens: &[i32], start: usize, all_logits: bool) -> Result<()> {
