@@ -309,7 +309,10 @@ fn decode_state(bytes: &[u8], tokens: &[u8]) -> Result<GeneratorState, Checkpoin
     }
     let field = |index: usize| u64_at(bytes, index * 8);
     let history_len = field(6);
-    if tokens.len() % 4 != 0 || (tokens.len() / 4) as u64 != history_len || history_len == 0 {
+    if !tokens.len().is_multiple_of(4)
+        || (tokens.len() / 4) as u64 != history_len
+        || history_len == 0
+    {
         return Err(corrupt("the token history does not match the state"));
     }
     let history: Vec<i32> = tokens
@@ -733,7 +736,7 @@ pub fn restore(
 ) -> Result<Generator, GeneratorError> {
     check_models(checkpoint, &target, draft.as_deref())?;
     let config = checkpoint.meta.config().map_err(checkpoint_error)?;
-    if checkpoint.state.history.len() >= config.n_ctx as usize + 1 {
+    if checkpoint.state.history.len() > config.n_ctx as usize {
         return Err(checkpoint_error(CheckpointError::Corrupt(
             "the history exceeds the context".into(),
         )));
