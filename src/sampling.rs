@@ -30,6 +30,18 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<(i32, f32)> {
         .collect()
 }
 
+/// The probability of the most likely token under the softmax of `logits`.
+pub fn top_probability(logits: &[f32]) -> f64 {
+    let Some(best) = logits.iter().copied().reduce(f32::max) else {
+        return 0.0;
+    };
+    let total: f64 = logits
+        .iter()
+        .map(|&l| (f64::from(l) - f64::from(best)).exp())
+        .sum();
+    1.0 / total
+}
+
 /// How tokens are chosen. `temperature == 0` is greedy decoding.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -279,6 +291,13 @@ mod tests {
         );
         assert_eq!(top_k(&[1.0], 5), vec![(0, 1.0)]);
         assert!(top_k(&[1.0], 0).is_empty());
+    }
+
+    #[test]
+    fn top_probability_is_the_softmax_maximum() {
+        assert!((top_probability(&[0.0, 0.0]) - 0.5).abs() < 1e-12);
+        assert!(top_probability(&[10.0, 0.0, 0.0]) > 0.99);
+        assert_eq!(top_probability(&[]), 0.0);
     }
 
     #[test]

@@ -18,44 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
+from reference import agreement, plain_greedy
 from generator_support import MODES, TINY_CTX, draft_for, sampling, tiny_generator
-from specstate import Context, GenerationError, Generator, Model, inspect_checkpoint
+from specstate import GenerationError, Generator, Model, inspect_checkpoint
 
 TESTS = Path(__file__).resolve().parent
-NEAR_TIE = 0.25
 #: A prompt that repeats itself, so that prompt lookup drafts and gets accepted.
 REPEATING = (
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
     "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n\n"
     "# The same four functions again, unchanged:\n"
 )
-
-
-def plain_gaps(model: Model, prompt: list[int], n_tokens: int, **context: int) -> tuple[list[int], list[float]]:
-    """Plain greedy decoding with the top-two logit gap at each step."""
-    ctx = Context(model, n_threads=1, **context)  # type: ignore[arg-type]
-    ctx.decode(prompt, 0)
-    tokens: list[int] = []
-    gaps: list[float] = []
-    pos = len(prompt)
-    while True:
-        (first, top), (_, second) = ctx.top_logits(k=2)
-        tokens.append(first)
-        gaps.append(top - second)
-        if len(tokens) == n_tokens:
-            return tokens, gaps
-        ctx.decode([first], pos)
-        pos += 1
-
-
-def agreement(tokens: list[int], reference: list[int], gaps: list[float]) -> int:
-    """Tokens equal to the reference; a parting must be at a near-tie of the plain run."""
-    for index, (mine, theirs) in enumerate(zip(tokens, reference)):
-        if mine != theirs:
-            assert gaps[index] < NEAR_TIE, f"parted at token {index} with gap {gaps[index]:.3f}"
-            print(f"parted at token {index} at a near-tie (gap {gaps[index]:.4f})")
-            return index
-    return min(len(tokens), len(reference))
 
 
 # --- faithful speculation ---------------------------------------------------------------------------
@@ -66,7 +39,7 @@ def test_every_mode_commits_the_targets_greedy_tokens_on_tiny_models(tiny_map: d
     generator = tiny_generator(mode, tiny_map)
     prompt = generator.model.tokenize("the same tokens, whatever the mode")
     generator.generate(prompt, max_tokens=100)
-    plain, gaps = plain_gaps(generator.model, prompt, 100, n_ctx=TINY_CTX, n_rs_seq=0)
+    plain, gaps = plain_greedy(generator.model, prompt, 100, n_ctx=TINY_CTX, n_rs_seq=0)
     agreed = agreement(generator.tokens, plain, gaps)
     print(f"{mode}: {agreed}/100 agree, accepted {generator.accepted}/{generator.drafted}")
     if mode != "none":
@@ -90,7 +63,7 @@ def test_speculation_on_smollm2_matches_plain_greedy(
     none.generate(prompt, max_tokens=128)
     speculative = Generator(smollm2, mode=mode, draft_model=draft, n_ctx=1024)  # type: ignore[arg-type]
     speculative.generate(prompt, max_tokens=128)
-    _, gaps = plain_gaps(smollm2, prompt, 128, n_ctx=1024)
+    _, gaps = plain_greedy(smollm2, prompt, 128, n_ctx=1024)
     agreed = agreement(speculative.tokens, none.tokens, gaps)
     print(f"SmolLM2 {mode}: {agreed}/128 tokens agree with none; "
           f"acceptance {speculative.accepted}/{speculative.drafted} = {speculative.acceptance_rate:.2f}")

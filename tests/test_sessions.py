@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,8 @@ from hypothesis import strategies as st
 
 import specstate
 from conftest import TinyModels, examples
+from reference import agreement, error_from_another_thread
+from reference import plain_greedy as reference_greedy
 from sessions_support import KINDS, N_CTX, Setup, build
 from specstate import (
     BadSequenceError,
@@ -40,10 +41,6 @@ from specstate import (
 )
 
 TESTS = Path(__file__).resolve().parent
-#: Largest top-two logit gap at which a speculative run may part from plain
-#: decoding: batched and single-token kernels differ by up to ~0.16 there
-#: (shared/notes/numerics.md), against a median gap near 1.
-NEAR_TIE = 0.25
 PROMPTS = ["hello speculative world", "the quick brown fox", "abc", "state is exact; resume it!"]
 
 
@@ -58,34 +55,9 @@ def setup_for(models_by_kind: dict[str, tuple[Model, Model | None]], kind: str, 
 
 
 def plain_greedy(model: Model, prompt: list[int], n_tokens: int) -> tuple[list[int], list[float]]:
-    """Plain greedy decoding with the top-two logit gap at each step."""
+    """Plain greedy decoding of the target with the top-two logit gap at each step."""
     recurrent = dict(n_rs_seq=3, n_ubatch=8) if model.is_hybrid else {}
-    context = Context(model, n_ctx=N_CTX, n_threads=1, **recurrent)  # type: ignore[arg-type]
-    context.decode(prompt, 0)
-    tokens: list[int] = []
-    gaps: list[float] = []
-    pos = len(prompt)
-    while True:
-        (first, top), (_, second) = context.top_logits(k=2)
-        tokens.append(first)
-        gaps.append(top - second)
-        if len(tokens) == n_tokens:
-            return tokens, gaps
-        context.decode([first], pos)
-        pos += 1
-
-
-def agreement(speculative: list[int], plain: list[int], gaps: list[float]) -> int:
-    """Tokens that agree; where the runs part, the plain run must have been at a near-tie."""
-    for index, (mine, theirs) in enumerate(zip(speculative, plain)):
-        if mine != theirs:
-            assert gaps[index] < NEAR_TIE, (
-                f"speculation parted from plain greedy at token {index} with a top-two gap of "
-                f"{gaps[index]:.3f} (not a near-tie)"
-            )
-            print(f"parted at token {index}, near-tie gap {gaps[index]:.4f}")
-            return index
-    return min(len(speculative), len(plain))
+    return reference_greedy(model, prompt, n_tokens, n_ctx=N_CTX, **recurrent)
 
 
 def generate(setup: Setup, prompt: list[int], n_tokens: int) -> GreedyGeneration:
@@ -386,18 +358,7 @@ def test_incompatible_contexts_are_refused(
 
 def test_sessions_refuse_other_threads(models_by_kind: dict[str, tuple[Model, Model | None]]) -> None:
     setup = setup_for(models_by_kind, "mtp")
-    errors: list[BaseException] = []
-
-    def use() -> None:
-        try:
-            setup.session.speculative_state()
-        except BaseException as error:  # noqa: BLE001 - collected for the assertion below
-            errors.append(error)
-
-    worker = threading.Thread(target=use)
-    worker.start()
-    worker.join()
-    assert len(errors) == 1 and isinstance(errors[0], ThreadAffinityError)
+    assert isinstance(error_from_another_thread(setup.session.speculative_state), ThreadAffinityError)
 
 
 def test_session_properties(models_by_kind: dict[str, tuple[Model, Model | None]]) -> None:

@@ -122,6 +122,10 @@ pub enum GeneratorError {
 
 type Result<T> = std::result::Result<T, GeneratorError>;
 
+/// `draft` mode stops drafting when the draft model's most likely next token
+/// has less than this probability (softmax of its raw logits).
+pub const DRAFT_CONFIDENCE: f64 = 0.5;
+
 /// A generation over a target model (and, by mode, a draft model or session).
 pub struct Generator {
     // Field order is drop order: the session points into both contexts, and an
@@ -526,6 +530,13 @@ impl Generator {
         let mut dists = Vec::with_capacity(limit);
         loop {
             let logits = draft.logits(-1)?;
+            // Stop where the draft model is unsure of its next token: such
+            // drafts are rarely accepted and each costs a draft decode and a
+            // verified row. (A policy that depends only on the draft keeps
+            // rejection sampling exact.)
+            if sampling::top_probability(logits) < DRAFT_CONFIDENCE {
+                break;
+            }
             let (token, dist) = if self.config.sampling.is_greedy() {
                 let token = sampling::argmax(logits);
                 (token, vec![(token, 1.0)])
