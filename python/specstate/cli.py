@@ -51,7 +51,9 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specstate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="specstate", description="Speculative decoding on llama.cpp with exact, checkpointable state."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="generate text, optionally checkpointing it")
