@@ -398,8 +398,8 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, GeneratorError> {
         state: encode_state(state),
         tokens: state.history.iter().flat_map(|t| t.to_le_bytes()).collect(),
         speculative_state: generator.speculative_state()?,
-        target_len: generator.target_state_size(),
-        draft_len: generator.draft_state_size(),
+        target_len: generator.target_state_size()?,
+        draft_len: generator.draft_state_size()?,
     })
 }
 

@@ -240,3 +240,20 @@ def test_decode_releases_the_gil(smollm2: Model) -> None:
     # A thread holding the GIL through a long native call would freeze the counter.
     assert elapsed > 0.05
     assert during >= 5, f"only {during} ticks during a {elapsed:.2f} s decode"
+
+
+@pytest.mark.parametrize("seq_id", [-3, -2, 1, 64, 2**31 - 1])
+def test_sequence_ids_outside_the_context_are_refused(llama_model: Model, seq_id: int) -> None:
+    """llama.cpp asserts (aborts the process) on such ids; the safe layer refuses them first."""
+    context = Context(llama_model, n_ctx=64)
+    context.decode([1, 2, 3], 0)
+    state = context.seq_state()
+    for call in (lambda: context.seq_state(seq_id), lambda: context.set_seq_state(seq_id, state),
+                 lambda: context.seq_pos_max(seq_id), lambda: context.seq_clear(seq_id)):
+        with pytest.raises(ValueError, match="outside this context"):
+            call()
+    assert context.seq_rm(seq_id) is False
+    with pytest.raises(specstate.DecodeError):
+        context.decode([4], 3, seq_id=seq_id)
+    assert context.seq_state() == state  # nothing happened to the real sequence
+    assert context.seq_rm(-1) is True  # -1 still means every sequence

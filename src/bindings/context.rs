@@ -328,7 +328,8 @@ impl PyContext {
             .map_err(|e| native_error(py, e))
     }
 
-    /// Remove positions `p0..p1` of `seq_id` (`-1`: open end); False if llama.cpp refuses.
+    /// Remove positions `p0..p1` of `seq_id` (`-1`: open end; `seq_id=-1`: every
+    /// sequence); False if refused (an unknown sequence included).
     #[pyo3(signature = (seq_id = 0, p0 = -1, p1 = -1), text_signature = "(self, /, seq_id=0, p0=-1, p1=-1)")]
     fn seq_rm(&mut self, py: Python<'_>, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
         self.check_thread(py)?;
@@ -339,6 +340,9 @@ impl PyContext {
     #[pyo3(signature = (seq_id = 0))]
     fn seq_clear(&mut self, py: Python<'_>, seq_id: i32) -> PyResult<()> {
         self.check_thread(py)?;
+        self.inner
+            .seq_pos_max(seq_id)
+            .map_err(|e| native_error(py, e))?;
         self.inner.seq_rm(seq_id, -1, -1);
         Ok(())
     }
@@ -347,6 +351,8 @@ impl PyContext {
     #[pyo3(signature = (seq_id = 0))]
     fn seq_pos_max(&self, py: Python<'_>, seq_id: i32) -> PyResult<i32> {
         self.check_thread(py)?;
-        Ok(self.inner.seq_pos_max(seq_id))
+        self.inner
+            .seq_pos_max(seq_id)
+            .map_err(|e| native_error(py, e))
     }
 }

@@ -588,8 +588,8 @@ impl Generator {
     }
 
     /// Bytes of the target context's sequence state.
-    pub fn target_state_size(&mut self) -> usize {
-        self.target.seq_state_size(0)
+    pub fn target_state_size(&mut self) -> Result<usize> {
+        Ok(self.target.seq_state_size(0)?)
     }
 
     /// Write the target context's sequence state into `out` (exactly its size).
@@ -598,8 +598,12 @@ impl Generator {
     }
 
     /// Bytes of the draft context's sequence state (`draft`, `mtp`, `eagle3` modes).
-    pub fn draft_state_size(&mut self) -> Option<usize> {
-        self.draft.as_mut().map(|draft| draft.seq_state_size(0))
+    pub fn draft_state_size(&mut self) -> Result<Option<usize>> {
+        Ok(self
+            .draft
+            .as_mut()
+            .map(|draft| draft.seq_state_size(0))
+            .transpose()?)
     }
 
     /// Write the draft context's sequence state into `out` (exactly its size).

@@ -225,14 +225,39 @@ impl Context {
         Ok(unsafe { std::slice::from_raw_parts(raw, self.model.n_vocab()) })
     }
 
+    /// Whether `seq_id` names one of this context's sequences (or, with
+    /// `allow_all`, is -1 for all of them). llama.cpp asserts on others.
+    fn valid_seq(&self, seq_id: i32, allow_all: bool) -> bool {
+        (allow_all && seq_id == -1)
+            || u32::try_from(seq_id).is_ok_and(|seq| seq < self.params.n_seq_max)
+    }
+
+    fn check_seq(&self, seq_id: i32) -> NativeResult<()> {
+        if self.valid_seq(seq_id, false) {
+            return Ok(());
+        }
+        Err(NativeError::InvalidArgument(format!(
+            "sequence id {seq_id} is outside this context's {} sequences",
+            self.params.n_seq_max
+        )))
+    }
+
     /// The highest position stored for `seq_id`, or -1 when empty.
-    pub fn seq_pos_max(&self, seq_id: i32) -> i32 {
+    pub fn seq_pos_max(&self, seq_id: i32) -> NativeResult<i32> {
+        self.check_seq(seq_id)?;
+        Ok(self.seq_pos_max_unchecked(seq_id))
+    }
+
+    fn seq_pos_max_unchecked(&self, seq_id: i32) -> i32 {
         // SAFETY: the context and its memory are live.
         unsafe { sys::llama_memory_seq_pos_max(sys::llama_get_memory(self.raw.as_ptr()), seq_id) }
     }
 
     /// Remove positions `p0..p1` (`-1`: to the end) of `seq_id`; false if refused.
     pub fn seq_rm(&mut self, seq_id: i32, p0: i32, p1: i32) -> bool {
+        if !self.valid_seq(seq_id, true) {
+            return false;
+        }
         // SAFETY: the context and its memory are live and exclusively borrowed.
         unsafe {
             sys::llama_memory_seq_rm(sys::llama_get_memory(self.raw.as_ptr()), seq_id, p0, p1)
@@ -247,20 +272,22 @@ impl Context {
 
     /// The exact state of one sequence (its KV cells and recurrent state, no logits).
     pub fn seq_state(&mut self, seq_id: i32) -> NativeResult<Vec<u8>> {
-        let mut state = vec![0_u8; self.seq_state_size(seq_id)];
+        let mut state = vec![0_u8; self.seq_state_size(seq_id)?];
         self.seq_state_into(seq_id, &mut state)?;
         Ok(state)
     }
 
     /// Bytes of one sequence's state (see [`Context::seq_state`]).
-    pub fn seq_state_size(&mut self, seq_id: i32) -> usize {
-        // SAFETY: the context is live and exclusively borrowed.
-        unsafe { sys::llama_state_seq_get_size(self.raw.as_ptr(), seq_id) }
+    pub fn seq_state_size(&mut self, seq_id: i32) -> NativeResult<usize> {
+        self.check_seq(seq_id)?;
+        // SAFETY: the context is live and exclusively borrowed; `seq_id` is valid.
+        Ok(unsafe { sys::llama_state_seq_get_size(self.raw.as_ptr(), seq_id) })
     }
 
     /// Write one sequence's state into `out`, which must be exactly
     /// [`Context::seq_state_size`] bytes (no intermediate copy).
     pub fn seq_state_into(&mut self, seq_id: i32, out: &mut [u8]) -> NativeResult<()> {
+        self.check_seq(seq_id)?;
         // SAFETY: `out` has `out.len()` writable bytes; llama.cpp writes at
         // most that many and returns how many it wrote (0 if too small).
         let written = unsafe {
@@ -280,6 +307,7 @@ impl Context {
     /// On failure llama.cpp has cleared the sequence; callers that must leave
     /// it unchanged capture it first and restore that copy.
     pub fn set_seq_state(&mut self, seq_id: i32, state: &[u8]) -> NativeResult<()> {
+        self.check_seq(seq_id)?;
         if state.is_empty() {
             return Err(NativeError::SequenceState(
                 "an empty sequence state is not valid".into(),
