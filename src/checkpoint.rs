@@ -676,14 +676,27 @@ pub fn checkpoint_error(error: CheckpointError) -> GeneratorError {
     GeneratorError::Checkpoint(error)
 }
 
-/// Check that `checkpoint` was taken with these models.
+/// Check that `checkpoint` was taken with these models, and that its history
+/// holds only tokens of the target's vocabulary (llama.cpp's drafters abort
+/// on others).
 pub fn check_models(
     checkpoint: &Checkpoint<'_>,
     target: &Model,
     draft: Option<&Model>,
 ) -> Result<(), GeneratorError> {
     check_model("target", Some(&checkpoint.meta.target_model), Some(target))?;
-    check_model("draft", checkpoint.meta.draft_model.as_ref(), draft)
+    check_model("draft", checkpoint.meta.draft_model.as_ref(), draft)?;
+    match checkpoint
+        .state
+        .history
+        .iter()
+        .find(|t| !target.is_valid_token(**t))
+    {
+        Some(token) => Err(checkpoint_error(CheckpointError::Corrupt(format!(
+            "token {token} of the history is outside the target's vocabulary"
+        )))),
+        None => Ok(()),
+    }
 }
 
 /// Check that `checkpoint` has the same mode and configuration as `config`.

@@ -90,6 +90,8 @@ pub struct DraftSession {
     accepted: u64,
     /// Whether the target model is recurrent or hybrid.
     target_recurrent: bool,
+    /// Tokens in the target's vocabulary (llama.cpp aborts on ids outside it).
+    n_vocab: usize,
 }
 
 // SAFETY: the native session has no thread affinity; every call goes through
@@ -213,6 +215,7 @@ impl DraftSession {
             drafted: 0,
             accepted: 0,
             target_recurrent: target.capacity().recurrent_or_hybrid,
+            n_vocab: target.model().n_vocab(),
         })
     }
 
@@ -242,9 +245,22 @@ impl DraftSession {
             })
     }
 
+    fn check_token(&self, token: i32) -> Result<(), SessionError> {
+        if usize::try_from(token).is_ok_and(|t| t < self.n_vocab) {
+            return Ok(());
+        }
+        Err(SessionError::Usage(format!(
+            "token {token} is outside the target's vocabulary of {} tokens",
+            self.n_vocab
+        )))
+    }
+
     /// Start a generation on `seq_id` whose `prompt` was decoded into the target.
     pub fn begin(&mut self, seq_id: i32, prompt: &[i32]) -> Result<(), SessionError> {
         let slot = self.slot(seq_id)?;
+        prompt
+            .iter()
+            .try_for_each(|&token| self.check_token(token))?;
         if prompt.len() > MAX_SPECULATIVE_PROMPT_TOKENS {
             return Err(SessionError::Usage(format!(
                 "the prompt has {} tokens, more than MAX_SPECULATIVE_PROMPT_TOKENS ({MAX_SPECULATIVE_PROMPT_TOKENS})",
@@ -281,6 +297,12 @@ impl DraftSession {
         id_last: i32,
     ) -> Result<Vec<i32>, SessionError> {
         let slot = self.slot(seq_id)?;
+        self.check_token(id_last)?;
+        if n_past < 0 {
+            return Err(SessionError::Usage(format!(
+                "n_past must not be negative, got {n_past}"
+            )));
+        }
         if self.proposed[slot] > 0 {
             return Err(SessionError::Usage(
                 "a proposal is already pending for this sequence; accept it before drafting again"

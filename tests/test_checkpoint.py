@@ -238,3 +238,13 @@ def tiny_generator_from(generator: Generator) -> Generator:
                       temperature=1.5, top_k=40, top_p=0.95, seed=1234)
     other.generate("a different prompt", max_tokens=9)
     return other
+
+
+def test_a_history_token_outside_the_vocabulary_is_corrupt(mtp_generator: Generator, checkpoint: bytes) -> None:
+    entries = {kind: (offset, length) for kind, offset, length in table(checkpoint)}
+    offset, length = entries[3]  # the token history
+    tokens = bytearray(checkpoint[offset:offset + length])
+    tokens[-4:] = struct.pack("<i", 10**6)
+    crafted = reseal(checkpoint[:offset] + bytes(tokens) + checkpoint[offset + length:-4])
+    error = assert_refused_and_unchanged(mtp_generator, crafted)
+    assert isinstance(error, CorruptCheckpointError) and "vocabulary" in str(error)

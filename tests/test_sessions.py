@@ -412,3 +412,25 @@ def test_eagle3_draft_for_another_target_width_is_refused(qwen35_model: Model, t
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
     with pytest.raises(ContextError, match="128-wide"):
         Eagle3Session(target, Context(Model(wide), n_ctx=N_CTX))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_ids_outside_the_vocabulary_are_refused(
+    models_by_kind: dict[str, tuple[Model, Model | None]], kind: str
+) -> None:
+    """llama.cpp's drafters abort on such ids; the session refuses them first."""
+    setup = setup_for(models_by_kind, kind)
+    prompt = models_by_kind[kind][0].tokenize("vocabulary")
+    GreedyGeneration(setup.session).prefill(prompt)
+    for bad in (-1, 10**6):
+        with pytest.raises(SessionError, match="vocabulary"):
+            setup.session.draft(len(prompt), bad)
+        with pytest.raises(SessionError, match="vocabulary"):
+            setup.session.begin([bad])
+    with pytest.raises(SessionError, match="negative"):
+        setup.session.draft(-5, prompt[0])
+    resumed = GreedyGeneration(setup_for(models_by_kind, kind).session)
+    resumed.resume(3, 10**6)
+    with pytest.raises(SessionError, match="vocabulary"):
+        resumed.step()
+    assert setup.session.is_quiescent()

@@ -644,7 +644,8 @@ impl Generator {
     }
 
     /// Put a captured boundary back: state, contexts and speculative state.
-    /// Meant for a freshly built generator; on failure it must be discarded.
+    /// On failure the generator must be discarded or given its previous
+    /// boundary back (as `checkpoint::load_into` does).
     pub fn restore(
         &mut self,
         state: GeneratorState,
@@ -654,6 +655,13 @@ impl Generator {
     ) -> Result<()> {
         let rng = Rng::from_state(state.rng)
             .ok_or_else(|| GeneratorError::Invalid("the RNG state is all zero".into()))?;
+        let model = self.target.model();
+        if let Some(token) = state.history.iter().find(|t| !model.is_valid_token(**t)) {
+            // llama.cpp's drafters abort on such ids: refuse them here.
+            return Err(GeneratorError::Invalid(format!(
+                "token {token} of the history is outside the vocabulary"
+            )));
+        }
         self.target.set_seq_state(0, target_state)?;
         match (self.draft.as_mut(), draft_state) {
             (Some(draft), Some(bytes)) => draft.set_seq_state(0, bytes)?,
