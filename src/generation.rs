@@ -32,25 +32,6 @@ impl From<NativeError> for SessionError {
     }
 }
 
-fn fill(
-    batch: &mut Batch,
-    tokens: &[i32],
-    start: i32,
-    seq_id: i32,
-    all_logits: bool,
-) -> Result<(), SessionError> {
-    batch.clear();
-    for (offset, &token) in tokens.iter().enumerate() {
-        batch.push(
-            token,
-            start + offset as i32,
-            seq_id,
-            all_logits || offset + 1 == tokens.len(),
-        )?;
-    }
-    Ok(())
-}
-
 /// Rows one batch passed to `process` may hold: the smaller `n_batch` of the two contexts.
 pub fn process_rows(target: &Context, draft: &Context) -> usize {
     target.capacity().batch.min(draft.capacity().batch) as usize
@@ -79,7 +60,7 @@ pub fn prefill(
     }
     let chunk = process_rows(target, draft).min(batch.capacity());
     for (index, piece) in prompt.chunks(chunk).enumerate() {
-        fill(batch, piece, (index * chunk) as i32, seq_id, false)?;
+        batch.fill(piece, (index * chunk) as i32, seq_id, false)?;
         target.decode(batch)?;
         session.process(batch)?;
     }
@@ -128,7 +109,7 @@ pub fn step(
     let mut rows = Vec::with_capacity(verified + 1);
     rows.push(id_last);
     rows.extend_from_slice(&proposal[..verified]);
-    fill(batch, &rows, n_past, seq_id, true)?;
+    batch.fill(&rows, n_past, seq_id, true)?;
     if let Err(error) = target
         .decode(batch)
         .map_err(SessionError::from)

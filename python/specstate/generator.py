@@ -44,6 +44,7 @@ from typing import Literal
 
 from specstate import _native
 from specstate._native import Model
+from specstate.errors import GenerationError
 
 __all__ = ["Generator", "Mode"]
 
@@ -198,7 +199,7 @@ class Generator:
         try:
             if prompt is not None:
                 if native.history:
-                    raise _native_error("this generator already has a prompt; omit it to continue")
+                    raise GenerationError("this generator already has a prompt; omit it to continue")
                 native.prefill(self._encode(prompt))
             elif not native.history:
                 raise ValueError("a prompt is needed to start a generation")
@@ -318,8 +319,3 @@ def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     hits = [index for index in (text.find(s) for s in stop if s) if index >= 0]
     return min(hits) if hits else None
 
-
-def _native_error(message: str) -> Exception:
-    from specstate.errors import GenerationError
-
-    return GenerationError(message)

@@ -9,7 +9,7 @@ use pyo3::types::PyBytes;
 use super::errors::{ensure_thread, native_error};
 use super::model::PyModel;
 use super::validators::ContextCapacity;
-use crate::native::{Batch, Context, ContextKind, ContextParams, NativeError};
+use crate::native::{Batch, Context, ContextKind, ContextParams};
 
 /// A batch of token rows to decode, reusable across calls.
 #[pyclass(name = "Batch", module = "specstate._native")]
@@ -69,33 +69,6 @@ impl PyBatch {
     }
 }
 
-/// Fill `batch` with `tokens` at `start_pos..` of `seq_id`, logits on the last
-/// row or on every row.
-pub(crate) fn fill_batch(
-    batch: &mut Batch,
-    tokens: &[i32],
-    start_pos: i32,
-    seq_id: i32,
-    all_logits: bool,
-) -> Result<(), NativeError> {
-    if tokens.len() > batch.capacity() {
-        return Err(NativeError::InvalidArgument(format!(
-            "{} tokens exceed the context's n_batch of {}; decode them in chunks",
-            tokens.len(),
-            batch.capacity()
-        )));
-    }
-    batch.clear();
-    for (offset, &token) in tokens.iter().enumerate() {
-        let pos = i32::try_from(offset)
-            .ok()
-            .and_then(|offset| start_pos.checked_add(offset))
-            .ok_or_else(|| NativeError::InvalidArgument("token position overflows i32".into()))?;
-        batch.push(token, pos, seq_id, all_logits || offset + 1 == tokens.len())?;
-    }
-    Ok(())
-}
-
 /// A llama.cpp context over a model, used from the thread that created it.
 #[pyclass(name = "Context", module = "specstate._native")]
 pub(crate) struct PyContext {
@@ -142,7 +115,8 @@ impl PyContext {
         all_logits: bool,
     ) -> PyResult<()> {
         self.check_thread(py)?;
-        fill_batch(&mut self.scratch, tokens, start_pos, seq_id, all_logits)
+        self.scratch
+            .fill(tokens, start_pos, seq_id, all_logits)
             .map_err(|e| native_error(py, e))?;
         self.note_external_decode();
         let Self { inner, scratch, .. } = self;

@@ -364,7 +364,7 @@ impl Generator {
         }
         let chunk = self.config.n_batch as usize;
         for (index, piece) in prompt.chunks(chunk).enumerate() {
-            fill(&mut self.batch, piece, index * chunk, false)?;
+            self.batch.fill(piece, position(index * chunk)?, 0, false)?;
             self.target.decode(&self.batch)?;
             if let Some(session) = self.session.as_mut() {
                 session.process(&self.batch)?;
@@ -430,7 +430,7 @@ impl Generator {
         let mut rows = Vec::with_capacity(proposal.len() + 1);
         rows.push(id_last);
         rows.extend_from_slice(&proposal);
-        fill(&mut self.batch, &rows, n_past, true)?;
+        self.batch.fill(&rows, position(n_past)?, 0, true)?;
         let verified = self
             .target
             .decode(&self.batch)
@@ -522,7 +522,7 @@ impl Generator {
         let mut pos = self.state.draft_past;
         while pos < history.len() {
             let end = (pos + chunk).min(history.len());
-            fill(batch, &history[pos..end], pos, false)?;
+            batch.fill(&history[pos..end], position(pos)?, 0, false)?;
             draft.decode(batch)?;
             pos = end;
         }
@@ -549,7 +549,7 @@ impl Generator {
             if tokens.len() == limit {
                 break;
             }
-            fill(batch, &[token], pos, false)?;
+            batch.fill(&[token], position(pos)?, 0, false)?;
             draft.decode(batch)?;
             pos += 1;
         }
@@ -701,15 +701,8 @@ pub struct Boundary {
     pub speculative_state: Option<Vec<u8>>,
 }
 
-fn fill(batch: &mut Batch, tokens: &[i32], start: usize, all_logits: bool) -> Result<()> {
-    batch.clear();
-    for (offset, &token) in tokens.iter().enumerate() {
-        batch.push(
-            token,
-            (start + offset) as i32,
-            0,
-            all_logits || offset + 1 == tokens.len(),
-        )?;
-    }
-    Ok(())
+/// A history index as a llama.cpp position.
+fn position(index: usize) -> Result<i32> {
+    i32::try_from(index)
+        .map_err(|_| GeneratorError::Invalid(format!("position {index} overflows i32")))
 }

@@ -74,6 +74,35 @@ impl Batch {
         Ok(())
     }
 
+    /// Replace the rows with `tokens` at positions `start_pos..` of `seq_id`,
+    /// keeping logits for the last row, or for every row with `all_logits`.
+    pub fn fill(
+        &mut self,
+        tokens: &[i32],
+        start_pos: i32,
+        seq_id: i32,
+        all_logits: bool,
+    ) -> NativeResult<()> {
+        if tokens.len() > self.capacity {
+            return Err(NativeError::InvalidArgument(format!(
+                "{} tokens exceed the context's n_batch of {}; decode them in chunks",
+                tokens.len(),
+                self.capacity
+            )));
+        }
+        self.clear();
+        for (offset, &token) in tokens.iter().enumerate() {
+            let pos = i32::try_from(offset)
+                .ok()
+                .and_then(|offset| start_pos.checked_add(offset))
+                .ok_or_else(|| {
+                    NativeError::InvalidArgument("token position overflows i32".into())
+                })?;
+            self.push(token, pos, seq_id, all_logits || offset + 1 == tokens.len())?;
+        }
+        Ok(())
+    }
+
     /// The raw batch, for `llama_decode` and `mtp_session_process`.
     pub(crate) fn raw(&self) -> &sys::llama_batch {
         &self.raw
