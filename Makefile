@@ -7,10 +7,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # Outside the clone, so that rebuilds of llama.cpp are incremental across clones.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
+# The native build runs CMake, which comes from the virtual environment (PyPI).
+export PATH := $(abspath $(BIN)):$(PATH)
 # cargo test links the rlib against libpython; tell the loader where it is.
 PY_LIBDIR = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')")
 
-.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu clean
+.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu fuzz asan \
+	bench-lifecycle clean
 
 all: test
 
@@ -30,7 +33,7 @@ $(VENV)/.installed: requirements-dev.txt
 develop: system-deps $(VENV)/.installed
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin develop --release --quiet
 
-test-rust: system-deps
+test-rust: system-deps $(VENV)/.installed
 	LD_LIBRARY_PATH=$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} cargo test --release
 
 test-python: develop
@@ -40,7 +43,7 @@ typecheck: develop
 	$(BIN)/mypy
 	$(BIN)/python -m mypy.stubtest specstate._native
 
-lint: system-deps
+lint: system-deps $(VENV)/.installed
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
 
@@ -56,5 +59,17 @@ bench: develop
 bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py
 
+fuzz: develop
+	$(BIN)/python tests/checkpoint_fuzz.py --cases 100000 --json benchmarks/results/fuzz.json
+
+# The Python suite against llama.cpp and the crate's shims built with AddressSanitizer
+# (own target directory and .venv-asan; the first run compiles llama.cpp again).
+asan: system-deps
+	PYTHON=$(PYTHON) scripts/asan.sh
+
+# Create and destroy 10,000 generators and contexts; resident memory must grow < 1%.
+bench-lifecycle: develop
+	$(BIN)/python benchmarks/lifecycle_memory.py --cycles 10000 --json benchmarks/results/lifecycle.json
+
 clean:
-	rm -rf $(VENV) dist .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .venv-asan dist .pytest_cache .mypy_cache .hypothesis

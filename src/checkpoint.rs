@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::generator::ngram::NgramConfig;
 use crate::generator::{
-    Generator, GeneratorConfig, GeneratorError, GeneratorState, Mode, RuntimeOptions,
+    Generator, GeneratorConfig, GeneratorError, GeneratorState, Mode, RestoreError, RuntimeOptions,
 };
 use crate::native::Model;
 use crate::native_info;
@@ -20,8 +20,10 @@ use crate::speculative::MAX_SPECULATIVE_STATE_BYTES;
 
 /// First eight bytes of every checkpoint.
 pub const MAGIC: &[u8; 8] = b"SPECSTAT";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this build writes. Version 1 (no section bindings) is still read.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this build reads.
+const OLDEST_READABLE_VERSION: u16 = 1;
 const HEADER_SIZE: usize = 32;
 const TABLE_ENTRY_SIZE: usize = 24;
 const TRAILER_SIZE: usize = 4;
@@ -152,6 +154,7 @@ pub enum CheckpointError {
 
 /// An exact fingerprint of a model file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelFingerprint {
     /// SHA-256 of the file's bytes, hex.
     pub sha256: String,
@@ -163,10 +166,14 @@ pub struct ModelFingerprint {
 
 impl std::fmt::Display for ModelFingerprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The name comes from a file: shown with control characters escaped.
+        let file: String = self.file.chars().take(256).collect();
         write!(
             f,
             "{} ({} bytes, sha256 {})",
-            self.file, self.size, self.sha256
+            file.escape_debug(),
+            self.size,
+            self.sha256.escape_debug()
         )
     }
 }
@@ -223,18 +230,23 @@ pub struct Meta {
 
 impl Meta {
     /// The generator configuration the checkpoint was taken with.
+    /// Every setting is checked with the generator's own rules
+    /// ([`GeneratorConfig::validate`]); a failure names the field.
     pub fn config(&self) -> Result<GeneratorConfig, CheckpointError> {
         let mode = match (self.mode.as_str(), self.ngram) {
             ("none", None) => Mode::None,
-            ("ngram", Some([n_max, n_min])) if n_min >= 1 && n_min <= n_max && n_max <= 64 => {
-                Mode::Ngram(NgramConfig { n_max, n_min })
-            }
+            ("ngram", Some([n_max, n_min])) => Mode::Ngram(NgramConfig { n_max, n_min }),
             ("draft", None) => Mode::Draft,
             ("mtp", None) => Mode::Mtp,
             ("eagle3", None) => Mode::Eagle3,
-            (mode, _) => return Err(CheckpointError::Corrupt(format!("unknown mode {mode:?}"))),
+            (mode, _) => {
+                return Err(CheckpointError::Corrupt(format!(
+                    "meta.mode: unknown mode {:?} (or n-gram sizes that do not fit it)",
+                    truncated(mode)
+                )))
+            }
         };
-        Ok(GeneratorConfig {
+        let config = GeneratorConfig {
             mode,
             n_draft: self.n_draft,
             sampling: SamplingParams {
@@ -245,8 +257,17 @@ impl Meta {
             },
             n_ctx: self.n_ctx,
             n_batch: self.n_batch,
-        })
+        };
+        config
+            .validate()
+            .map_err(|e| CheckpointError::Corrupt(format!("meta.{e}")))?;
+        Ok(config)
     }
+}
+
+/// At most 64 characters of a string from a file, for messages.
+fn truncated(text: &str) -> String {
+    text.chars().take(64).collect()
 }
 
 fn describe_mode(config: &GeneratorConfig) -> (String, Option<[usize; 2]>) {
@@ -259,6 +280,8 @@ fn describe_mode(config: &GeneratorConfig) -> (String, Option<[usize; 2]>) {
 /// A decoded, structurally valid checkpoint borrowing its payloads.
 #[derive(Debug)]
 pub struct Checkpoint<'a> {
+    /// The format version it was written in.
+    pub version: u16,
     /// The `meta` section.
     pub meta: Meta,
     /// The generator state (history included).
@@ -275,7 +298,19 @@ pub struct Checkpoint<'a> {
     pub checksum: u32,
 }
 
-const STATE_SIZE: usize = 8 * 8 + 1 + 32;
+/// Bytes of the `state` section in version 1: eight u64, the finished flag, the RNG.
+const STATE_SIZE_V1: usize = 8 * 8 + 1 + 32;
+/// Bytes of the `state` section in version 2: version 1's, then the bindings.
+const STATE_SIZE: usize = STATE_SIZE_V1 + 4 * BOUND_SECTIONS.len();
+/// The sections whose CRC-32 the `state` section records (version 2), in order:
+/// a section spliced in from another checkpoint is refused.
+const BOUND_SECTIONS: [SectionKind; 5] = [
+    SectionKind::Meta,
+    SectionKind::Tokens,
+    SectionKind::TargetState,
+    SectionKind::DraftState,
+    SectionKind::SpeculativeState,
+];
 
 fn encode_state(state: &GeneratorState) -> Vec<u8> {
     let mut out = Vec::with_capacity(STATE_SIZE);
@@ -295,6 +330,8 @@ fn encode_state(state: &GeneratorState) -> Vec<u8> {
     for word in state.rng {
         out.extend_from_slice(&word.to_le_bytes());
     }
+    // The bindings are filled in once every section is written.
+    out.resize(STATE_SIZE, 0);
     out
 }
 
@@ -302,52 +339,121 @@ fn u64_at(bytes: &[u8], offset: usize) -> u64 {
     u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
 }
 
-fn decode_state(bytes: &[u8], tokens: &[u8]) -> Result<GeneratorState, CheckpointError> {
-    let corrupt = |what: &str| CheckpointError::Corrupt(what.to_owned());
-    if bytes.len() != STATE_SIZE {
-        return Err(corrupt("the state section has the wrong size"));
+fn u32_at(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
+}
+
+fn corrupt(what: impl Into<String>) -> CheckpointError {
+    CheckpointError::Corrupt(what.into())
+}
+
+/// The token history, `i32` each.
+fn decode_tokens(tokens: &[u8], declared: u64) -> Result<Vec<i32>, CheckpointError> {
+    if !tokens.len().is_multiple_of(4) || (tokens.len() / 4) as u64 != declared || declared == 0 {
+        return Err(corrupt(
+            "state.history_length: does not match the tokens section",
+        ));
     }
-    let field = |index: usize| u64_at(bytes, index * 8);
-    let history_len = field(6);
-    if !tokens.len().is_multiple_of(4)
-        || (tokens.len() / 4) as u64 != history_len
-        || history_len == 0
-    {
-        return Err(corrupt("the token history does not match the state"));
-    }
-    let history: Vec<i32> = tokens
+    Ok(tokens
         .chunks_exact(4)
         .map(|c| i32::from_le_bytes(c.try_into().expect("4")))
-        .collect();
-    let (n_prompt, n_past, draft_past) = (field(0), field(1), field(2));
-    if n_prompt == 0 || n_prompt > n_past || n_past >= history_len || draft_past > history_len {
-        return Err(corrupt("positions in the state are inconsistent"));
+        .collect())
+}
+
+/// Decode the `state` section against the token history and the mode, with
+/// every invariant a generator keeps between rounds checked in checked
+/// arithmetic: nothing from the file is used before it is bounded.
+fn decode_state(
+    bytes: &[u8],
+    tokens: &[u8],
+    mode: Mode,
+    version: u16,
+) -> Result<GeneratorState, CheckpointError> {
+    let size = if version == 1 {
+        STATE_SIZE_V1
+    } else {
+        STATE_SIZE
+    };
+    if bytes.len() != size {
+        return Err(corrupt(format!(
+            "the state section is {} bytes, not the {size} of format version {version}",
+            bytes.len()
+        )));
     }
-    let delivered = field(7);
-    if n_prompt + delivered > history_len {
-        return Err(corrupt("more tokens delivered than generated"));
+    let field = |index: usize| u64_at(bytes, index * 8);
+    let history = decode_tokens(tokens, field(6))?;
+    let length = history.len() as u64;
+    let (n_prompt, n_past, draft_past) = (field(0), field(1), field(2));
+    let (rounds, drafted, accepted, delivered) = (field(3), field(4), field(5), field(7));
+    if n_prompt == 0 || n_prompt > n_past || n_past.checked_add(1) != Some(length) {
+        return Err(corrupt(
+            "state.n_past: positions are inconsistent (1 <= n_prompt <= n_past = history length - 1)",
+        ));
+    }
+    let may_draft_past = if mode == Mode::Draft { n_past } else { 0 };
+    if draft_past > may_draft_past {
+        return Err(corrupt(format!(
+            "state.draft_past: {draft_past} exceeds {may_draft_past}"
+        )));
+    }
+    let generated = length - n_prompt;
+    if delivered > generated {
+        return Err(corrupt(
+            "state.delivered: more tokens delivered than generated",
+        ));
+    }
+    // The first token comes from the prompt's pass; each round commits its
+    // accepted drafts and one token more.
+    let committed_by_rounds = rounds.checked_add(accepted).and_then(|n| n.checked_add(1));
+    if accepted > drafted || committed_by_rounds != Some(generated) {
+        return Err(corrupt(
+            "state.rounds: rounds, drafted and accepted do not account for the generated tokens",
+        ));
     }
     let finished = match bytes[64] {
         0 => false,
         1 => true,
-        _ => return Err(corrupt("the finished flag is not 0 or 1")),
+        _ => return Err(corrupt("state.finished: not 0 or 1")),
     };
     let rng = [0, 1, 2, 3].map(|i| u64_at(bytes, 65 + 8 * i));
     if rng == [0; 4] {
-        return Err(corrupt("the RNG state is all zero"));
+        return Err(corrupt("state.rng: the RNG state is all zero"));
     }
     Ok(GeneratorState {
         history,
-        n_prompt: n_prompt as usize,
-        n_past: n_past as usize,
-        draft_past: draft_past as usize,
-        delivered: delivered as usize,
+        n_prompt: usize::try_from(n_prompt).map_err(|_| corrupt("state.n_prompt: too large"))?,
+        n_past: usize::try_from(n_past).map_err(|_| corrupt("state.n_past: too large"))?,
+        draft_past: usize::try_from(draft_past)
+            .map_err(|_| corrupt("state.draft_past: too large"))?,
+        delivered: usize::try_from(delivered).map_err(|_| corrupt("state.delivered: too large"))?,
         rng,
         finished,
-        rounds: field(3),
-        drafted: field(4),
-        accepted: field(5),
+        rounds,
+        drafted,
+        accepted,
     })
+}
+
+/// Refuse any section whose CRC-32 differs from the one the `state` section
+/// recorded for it (version 2): sections are not interchangeable between
+/// checkpoints, even of the same generation.
+fn check_bindings(state: &[u8], payloads: &[Option<&[u8]>; 6]) -> Result<(), CheckpointError> {
+    if state.len() != STATE_SIZE {
+        return Err(corrupt(
+            "the state section has the wrong size for this version",
+        ));
+    }
+    for (index, kind) in BOUND_SECTIONS.into_iter().enumerate() {
+        let recorded = u32_at(state, STATE_SIZE_V1 + 4 * index);
+        let actual = payloads[kind as usize - 1].map_or(0, crc32fast::hash);
+        if recorded != actual {
+            return Err(corrupt(format!(
+                "section {} does not belong to this checkpoint's state (CRC-32 {actual:08x}, recorded {recorded:08x})",
+                kind.name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What a checkpoint is written from. The small sections are captured here;
@@ -466,43 +572,138 @@ impl Capture {
                 "the output buffer must be encoded_len() bytes".into(),
             ));
         }
-        out[..8].copy_from_slice(MAGIC);
-        out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out[10..12].copy_from_slice(&(HEADER_SIZE as u16).to_le_bytes());
-        out[12..16].copy_from_slice(&(sections.len() as u32).to_le_bytes());
-        out[16..24].copy_from_slice(&(total as u64).to_le_bytes());
-        out[24..32].fill(0);
-        let mut offset = HEADER_SIZE + TABLE_ENTRY_SIZE * sections.len();
-        for (index, (kind, source)) in sections.iter().enumerate() {
-            let entry = HEADER_SIZE + TABLE_ENTRY_SIZE * index;
-            let len = source.len();
-            out[entry..entry + 4].copy_from_slice(&(*kind as u32).to_le_bytes());
-            out[entry + 4..entry + 8].fill(0);
-            out[entry + 8..entry + 16].copy_from_slice(&(offset as u64).to_le_bytes());
-            out[entry + 16..entry + 24].copy_from_slice(&(len as u64).to_le_bytes());
-            let payload = &mut out[offset..offset + len];
+        let table_end = write_header_and_table(out, &sections, total);
+        let mut offset = table_end;
+        let mut placed = Vec::with_capacity(sections.len());
+        for (kind, source) in &sections {
+            let payload = &mut out[offset..offset + source.len()];
             match source {
                 Source::Bytes(bytes) => payload.copy_from_slice(bytes),
                 Source::TargetState(_) => generator.write_target_state(payload)?,
                 Source::DraftState(_) => generator.write_draft_state(payload)?,
             }
-            offset += len;
+            placed.push((*kind, offset..offset + source.len()));
+            offset += source.len();
         }
-        let checksum = crc32fast::hash(&out[..offset]);
+        let checksum = seal(out, table_end, &placed);
         out[offset..offset + TRAILER_SIZE].copy_from_slice(&checksum.to_le_bytes());
         Ok(())
     }
 }
 
+/// Write the header and the section table; returns where the payloads start.
+fn write_header_and_table(
+    out: &mut [u8],
+    sections: &[(SectionKind, Source<'_>)],
+    total: usize,
+) -> usize {
+    out[..8].copy_from_slice(MAGIC);
+    out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out[10..12].copy_from_slice(&(HEADER_SIZE as u16).to_le_bytes());
+    out[12..16].copy_from_slice(&(sections.len() as u32).to_le_bytes());
+    out[16..24].copy_from_slice(&(total as u64).to_le_bytes());
+    out[24..32].fill(0);
+    let mut offset = HEADER_SIZE + TABLE_ENTRY_SIZE * sections.len();
+    for (index, (kind, source)) in sections.iter().enumerate() {
+        let entry = HEADER_SIZE + TABLE_ENTRY_SIZE * index;
+        out[entry..entry + 4].copy_from_slice(&(*kind as u32).to_le_bytes());
+        out[entry + 4..entry + 8].fill(0);
+        out[entry + 8..entry + 16].copy_from_slice(&(offset as u64).to_le_bytes());
+        out[entry + 16..entry + 24].copy_from_slice(&(source.len() as u64).to_le_bytes());
+        offset += source.len();
+    }
+    HEADER_SIZE + TABLE_ENTRY_SIZE * sections.len()
+}
+
+/// Record the other sections' CRC-32s in the `state` section, and return the
+/// CRC-32 of the whole file, combined from the sections' (each byte is read once).
+fn seal(out: &mut [u8], table_end: usize, placed: &[(SectionKind, std::ops::Range<usize>)]) -> u32 {
+    let crc_of = |out: &[u8], kind: SectionKind| {
+        placed
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, range)| crc32fast::hash(&out[range.clone()]))
+    };
+    let crcs: Vec<Option<u32>> = BOUND_SECTIONS
+        .iter()
+        .map(|kind| crc_of(out, *kind))
+        .collect();
+    let state = placed
+        .iter()
+        .find(|(kind, _)| *kind == SectionKind::State)
+        .map(|(_, range)| range.clone())
+        .expect("a checkpoint has a state section");
+    for (index, crc) in crcs.iter().enumerate() {
+        let at = state.start + STATE_SIZE_V1 + 4 * index;
+        out[at..at + 4].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
+    }
+    let mut whole = crc32fast::Hasher::new();
+    whole.update(&out[..table_end]);
+    for (kind, range) in placed {
+        let bound = BOUND_SECTIONS.iter().position(|k| k == kind);
+        let crc = match bound.and_then(|index| crcs[index]) {
+            Some(crc) => crc,
+            None => crc32fast::hash(&out[range.clone()]),
+        };
+        whole.combine(&crc32fast::Hasher::new_with_initial_len(
+            crc,
+            range.len() as u64,
+        ));
+    }
+    whole.finalize()
+}
+
 /// Validate and decode `bytes`: structure, checksum, bounds and content.
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
+    let (version, count) = decode_header(bytes)?;
+    let body_end = bytes.len() - TRAILER_SIZE;
+    let stored = u32_at(bytes, body_end);
+    let computed = crc32fast::hash(&bytes[..body_end]);
+    if stored != computed {
+        return Err(CheckpointError::ChecksumMismatch { stored, computed });
+    }
+    let (payloads, sections) = decode_table(bytes, count)?;
+    let required = |kind: SectionKind| {
+        payloads[kind as usize - 1].ok_or_else(|| corrupt(format!("no {} section", kind.name())))
+    };
+    let meta: Meta = serde_json::from_slice(required(SectionKind::Meta)?)
+        .map_err(|e| corrupt(format!("meta section: {e}")))?;
+    let config = meta.config()?;
+    let state_bytes = required(SectionKind::State)?;
+    let state = decode_state(
+        state_bytes,
+        required(SectionKind::Tokens)?,
+        config.mode,
+        version,
+    )?;
+    check_sections_fit_mode(&meta, config.mode, &payloads)?;
+    if version >= 2 {
+        check_bindings(state_bytes, &payloads)?;
+    }
+    Ok(Checkpoint {
+        version,
+        meta,
+        state,
+        target_state: required(SectionKind::TargetState)?,
+        draft_state: payloads[SectionKind::DraftState as usize - 1],
+        speculative_state: payloads[SectionKind::SpeculativeState as usize - 1],
+        sections,
+        checksum: stored,
+    })
+}
+
+/// Check the header: magic, version, declared length, header fields. Returns
+/// the version and the section count; the table fits in the file.
+fn decode_header(bytes: &[u8]) -> Result<(u16, usize), CheckpointError> {
     let len = bytes.len() as u64;
+    let truncated = |expected: u64| CheckpointError::Truncated {
+        expected,
+        actual: len,
+    };
     if bytes.len() < MAGIC.len() {
-        return Err(if MAGIC.starts_with(bytes) && !bytes.is_empty() {
-            CheckpointError::Truncated {
-                expected: HEADER_SIZE as u64,
-                actual: len,
-            }
+        let is_prefix = MAGIC.starts_with(bytes) && !bytes.is_empty();
+        return Err(if is_prefix {
+            truncated(HEADER_SIZE as u64)
         } else {
             CheckpointError::NotACheckpoint
         });
@@ -511,69 +712,59 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
         return Err(CheckpointError::NotACheckpoint);
     }
     if bytes.len() < 10 {
-        return Err(CheckpointError::Truncated {
-            expected: HEADER_SIZE as u64,
-            actual: len,
-        });
+        return Err(truncated(HEADER_SIZE as u64));
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(CheckpointError::UnsupportedVersion {
             found: version,
             supported: FORMAT_VERSION,
         });
     }
     if bytes.len() < HEADER_SIZE {
-        return Err(CheckpointError::Truncated {
-            expected: HEADER_SIZE as u64,
-            actual: len,
-        });
+        return Err(truncated(HEADER_SIZE as u64));
     }
     let total = u64_at(bytes, 16);
     if len < total {
-        return Err(CheckpointError::Truncated {
-            expected: total,
-            actual: len,
-        });
+        return Err(truncated(total));
     }
     if len > total {
-        return Err(CheckpointError::Corrupt(format!(
+        return Err(corrupt(format!(
             "{} bytes follow the declared end",
             len - total
         )));
     }
     let header_size = u16::from_le_bytes([bytes[10], bytes[11]]) as usize;
-    let count = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
+    let count = u32_at(bytes, 12) as usize;
     if header_size != HEADER_SIZE || bytes[24..32] != [0; 8] {
-        return Err(CheckpointError::Corrupt("unexpected header fields".into()));
+        return Err(corrupt("unexpected header fields"));
     }
     if count == 0 || count > MAX_SECTIONS {
-        return Err(CheckpointError::Corrupt(format!("{count} sections")));
+        return Err(corrupt(format!("{count} sections")));
     }
-    let table_end = HEADER_SIZE + TABLE_ENTRY_SIZE * count;
-    if table_end + TRAILER_SIZE > bytes.len() {
-        return Err(CheckpointError::Corrupt(
-            "the section table overruns the file".into(),
-        ));
+    if HEADER_SIZE + TABLE_ENTRY_SIZE * count + TRAILER_SIZE > bytes.len() {
+        return Err(corrupt("the section table overruns the file"));
     }
-    let body_end = bytes.len() - TRAILER_SIZE;
-    let stored = u32::from_le_bytes(bytes[body_end..].try_into().expect("4"));
-    let computed = crc32fast::hash(&bytes[..body_end]);
-    if stored != computed {
-        return Err(CheckpointError::ChecksumMismatch { stored, computed });
-    }
+    Ok((version, count))
+}
+
+/// The payload of each section kind present, and `(name, size)` in file order.
+type Sections<'a> = ([Option<&'a [u8]>; 6], Vec<(&'static str, u64)>);
+
+/// Check the section table: known kinds, bounds, order, tiling, no duplicates.
+fn decode_table(bytes: &[u8], count: usize) -> Result<Sections<'_>, CheckpointError> {
+    let body_end = (bytes.len() - TRAILER_SIZE) as u64;
     let mut payloads: [Option<&[u8]>; 6] = [None; 6];
     let mut sections = Vec::with_capacity(count);
-    let mut expected_offset = table_end as u64;
+    let mut expected_offset = (HEADER_SIZE + TABLE_ENTRY_SIZE * count) as u64;
     for index in 0..count {
-        let entry = &bytes
-            [HEADER_SIZE + TABLE_ENTRY_SIZE * index..HEADER_SIZE + TABLE_ENTRY_SIZE * (index + 1)];
-        let raw_kind = u32::from_le_bytes(entry[..4].try_into().expect("4"));
+        let entry = &bytes[HEADER_SIZE + TABLE_ENTRY_SIZE * index..][..TABLE_ENTRY_SIZE];
+        let raw_kind = u32_at(entry, 0);
         let kind = SectionKind::from_u32(raw_kind)
-            .ok_or_else(|| CheckpointError::Corrupt(format!("unknown section kind {raw_kind}")))?;
+            .ok_or_else(|| corrupt(format!("unknown section kind {raw_kind}")))?;
         let (offset, size) = (u64_at(entry, 8), u64_at(entry, 16));
         if entry[4..8] != [0; 4] {
-            return Err(CheckpointError::Corrupt("unexpected section flags".into()));
+            return Err(corrupt("unexpected section flags"));
         }
         if size > kind.maximum() {
             return Err(CheckpointError::SectionTooLarge {
@@ -582,70 +773,46 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
                 maximum: kind.maximum(),
             });
         }
-        if offset != expected_offset
-            || offset
-                .checked_add(size)
-                .is_none_or(|end| end > body_end as u64)
-        {
-            return Err(CheckpointError::Corrupt(format!(
-                "section {} is out of place",
-                kind.name()
-            )));
-        }
+        let end = offset.checked_add(size).filter(|end| *end <= body_end);
+        let Some(end) = end.filter(|_| offset == expected_offset) else {
+            return Err(corrupt(format!("section {} is out of place", kind.name())));
+        };
         let slot = &mut payloads[kind as usize - 1];
         if slot.is_some() {
-            return Err(CheckpointError::Corrupt(format!(
-                "section {} appears twice",
-                kind.name()
-            )));
+            return Err(corrupt(format!("section {} appears twice", kind.name())));
         }
-        *slot = Some(&bytes[offset as usize..(offset + size) as usize]);
+        *slot = Some(&bytes[offset as usize..end as usize]);
         sections.push((kind.name(), size));
-        expected_offset = offset + size;
+        expected_offset = end;
     }
-    if expected_offset != body_end as u64 {
-        return Err(CheckpointError::Corrupt(
-            "the sections do not fill the file".into(),
-        ));
+    if expected_offset != body_end {
+        return Err(corrupt("the sections do not fill the file"));
     }
-    let required = |kind: SectionKind| {
-        payloads[kind as usize - 1]
-            .ok_or_else(|| CheckpointError::Corrupt(format!("no {} section", kind.name())))
-    };
-    let meta: Meta = serde_json::from_slice(required(SectionKind::Meta)?)
-        .map_err(|e| CheckpointError::Corrupt(format!("meta section: {e}")))?;
-    let config = meta.config()?;
-    let state = decode_state(
-        required(SectionKind::State)?,
-        required(SectionKind::Tokens)?,
-    )?;
-    let draft_state = payloads[SectionKind::DraftState as usize - 1];
-    let speculative_state = payloads[SectionKind::SpeculativeState as usize - 1];
-    let needs_draft_state = matches!(config.mode, Mode::Draft | Mode::Mtp | Mode::Eagle3);
-    let needs_speculative = matches!(config.mode, Mode::Mtp | Mode::Eagle3);
-    if needs_draft_state != draft_state.is_some()
-        || needs_speculative != speculative_state.is_some()
+    Ok((payloads, sections))
+}
+
+/// The draft and speculative sections, and the draft model entry, are
+/// present exactly when the mode has them.
+fn check_sections_fit_mode(
+    meta: &Meta,
+    mode: Mode,
+    payloads: &[Option<&[u8]>; 6],
+) -> Result<(), CheckpointError> {
+    let has = |kind: SectionKind| payloads[kind as usize - 1].is_some();
+    let needs_draft_state = matches!(mode, Mode::Draft | Mode::Mtp | Mode::Eagle3);
+    let needs_speculative = matches!(mode, Mode::Mtp | Mode::Eagle3);
+    if needs_draft_state != has(SectionKind::DraftState)
+        || needs_speculative != has(SectionKind::SpeculativeState)
     {
-        return Err(CheckpointError::Corrupt(format!(
-            "sections do not fit mode {}",
-            meta.mode
+        return Err(corrupt(format!("sections do not fit mode {}", mode.name())));
+    }
+    if mode.needs_draft_model() != meta.draft_model.is_some() {
+        return Err(corrupt(format!(
+            "meta.draft_model: does not fit mode {}",
+            mode.name()
         )));
     }
-    if config.mode.needs_draft_model() != meta.draft_model.is_some() {
-        return Err(CheckpointError::Corrupt(format!(
-            "draft model entry does not fit mode {}",
-            meta.mode
-        )));
-    }
-    Ok(Checkpoint {
-        meta,
-        state,
-        target_state: required(SectionKind::TargetState)?,
-        draft_state,
-        speculative_state,
-        sections,
-        checksum: stored,
-    })
+    Ok(())
 }
 
 fn check_model(
@@ -676,27 +843,14 @@ pub fn checkpoint_error(error: CheckpointError) -> GeneratorError {
     GeneratorError::Checkpoint(error)
 }
 
-/// Check that `checkpoint` was taken with these models, and that its history
-/// holds only tokens of the target's vocabulary (llama.cpp's drafters abort
-/// on others).
+/// Check that `checkpoint` was taken with these models.
 pub fn check_models(
     checkpoint: &Checkpoint<'_>,
     target: &Model,
     draft: Option<&Model>,
 ) -> Result<(), GeneratorError> {
     check_model("target", Some(&checkpoint.meta.target_model), Some(target))?;
-    check_model("draft", checkpoint.meta.draft_model.as_ref(), draft)?;
-    match checkpoint
-        .state
-        .history
-        .iter()
-        .find(|t| !target.is_valid_token(**t))
-    {
-        Some(token) => Err(checkpoint_error(CheckpointError::Corrupt(format!(
-            "token {token} of the history is outside the target's vocabulary"
-        )))),
-        None => Ok(()),
-    }
+    check_model("draft", checkpoint.meta.draft_model.as_ref(), draft)
 }
 
 /// Check that `checkpoint` has the same mode and configuration as `config`.
@@ -740,27 +894,65 @@ pub fn check_config(
     Ok(())
 }
 
+/// The context length a restore may allocate: the caller's `max_n_ctx`, or
+/// else the model's trained context length. A checkpoint asking for more is
+/// refused, so a file cannot make the process allocate memory nobody chose.
+fn check_context_cap(
+    config: &GeneratorConfig,
+    target: &Model,
+    max_n_ctx: Option<u32>,
+) -> Result<(), GeneratorError> {
+    let cap = max_n_ctx.unwrap_or_else(|| match target.n_ctx_train() {
+        0 => DEFAULT_MAX_N_CTX,
+        trained => trained,
+    });
+    if config.n_ctx <= cap {
+        return Ok(());
+    }
+    Err(checkpoint_error(CheckpointError::ConfigMismatch {
+        field: "n_ctx",
+        checkpoint: config.n_ctx.to_string(),
+        generator: format!("at most {cap}"),
+    }))
+}
+
+/// The cap on a restored context when neither the caller nor the model names one.
+pub const DEFAULT_MAX_N_CTX: u32 = 8192;
+
+/// A refused part of a checkpoint's content as a checkpoint error.
+fn refused(error: RestoreError) -> GeneratorError {
+    checkpoint_error(CheckpointError::Corrupt(error.to_string()))
+}
+
 /// A new generator continuing `checkpoint` on these models.
+///
+/// Everything that comes from the file is a [`CheckpointError`]: settings
+/// that do not fit the model, states llama.cpp refuses, positions that do not
+/// match the state. Only `runtime` (the caller's own) gives other errors.
 pub fn restore(
     checkpoint: &Checkpoint<'_>,
     target: Arc<Model>,
     draft: Option<Arc<Model>>,
     runtime: RuntimeOptions,
+    max_n_ctx: Option<u32>,
 ) -> Result<Generator, GeneratorError> {
+    runtime.validate()?;
     check_models(checkpoint, &target, draft.as_deref())?;
     let config = checkpoint.meta.config().map_err(checkpoint_error)?;
-    if checkpoint.state.history.len() > config.n_ctx as usize {
-        return Err(checkpoint_error(CheckpointError::Corrupt(
-            "the history exceeds the context".into(),
-        )));
-    }
-    let mut generator = Generator::new(target, draft, config, runtime)?;
-    generator.restore(
-        checkpoint.state.clone(),
-        checkpoint.target_state,
-        checkpoint.draft_state,
-        checkpoint.speculative_state,
-    )?;
+    check_context_cap(&config, &target, max_n_ctx)?;
+    let mut generator = Generator::new(target, draft, config, runtime).map_err(|error| {
+        checkpoint_error(CheckpointError::Corrupt(format!(
+            "meta: the configuration cannot run on these models: {error}"
+        )))
+    })?;
+    generator
+        .restore(
+            checkpoint.state.clone(),
+            checkpoint.target_state,
+            checkpoint.draft_state,
+            checkpoint.speculative_state,
+        )
+        .map_err(refused)?;
     Ok(generator)
 }
 
@@ -768,8 +960,9 @@ pub fn restore(
 ///
 /// The checkpoint must have the generator's mode, configuration and models
 /// (checked first). The generator's current boundary is kept aside; if
-/// llama.cpp refuses any of the three states, it is put back, so a refused
-/// checkpoint leaves the generator exactly as it was.
+/// llama.cpp refuses any of the three states, or the positions they hold do
+/// not match the checkpoint's state, it is put back, so a refused checkpoint
+/// leaves the generator exactly as it was.
 pub fn load_into(
     generator: &mut Generator,
     checkpoint: &Checkpoint<'_>,
@@ -780,11 +973,6 @@ pub fn load_into(
         generator.target_model(),
         generator.draft_model().map(|m| m.as_ref()),
     )?;
-    if checkpoint.state.history.len() > generator.context_length() {
-        return Err(checkpoint_error(CheckpointError::Corrupt(
-            "the history exceeds the context".into(),
-        )));
-    }
     let kept = generator.boundary()?;
     let applied = generator.restore(
         checkpoint.state.clone(),
@@ -793,13 +981,17 @@ pub fn load_into(
         checkpoint.speculative_state,
     );
     if let Err(error) = applied {
-        generator.restore(
-            kept.state,
-            &kept.target_state,
-            kept.draft_state.as_deref(),
-            kept.speculative_state.as_deref(),
-        )?;
-        return Err(error);
+        generator
+            .restore(
+                kept.state,
+                &kept.target_state,
+                kept.draft_state.as_deref(),
+                kept.speculative_state.as_deref(),
+            )
+            .map_err(|e| {
+                GeneratorError::Usage(format!("could not put the generation back: {e}"))
+            })?;
+        return Err(refused(error));
     }
     Ok(())
 }

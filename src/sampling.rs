@@ -2,6 +2,8 @@
 //! a serialisable RNG, and speculative verification that keeps the target's
 //! distribution.
 
+use crate::generator::SettingError;
+
 /// The id of the largest logit; the lowest id wins a tie (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> i32 {
     let mut best = 0_usize;
@@ -73,15 +75,18 @@ impl SamplingParams {
     }
 
     /// Check the parameters; the message names the bad one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SettingError> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be finite and >= 0, got {}",
-                self.temperature
-            ));
+            return Err(SettingError {
+                field: "temperature",
+                reason: format!("must be finite and >= 0, not {}", self.temperature),
+            });
         }
         if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return Err(SettingError {
+                field: "top_p",
+                reason: format!("must be in (0, 1], not {}", self.top_p),
+            });
         }
         Ok(())
     }

@@ -417,3 +417,45 @@ impl Drop for DraftSession {
         unsafe { sys::mtp_session_free(self.raw.as_ptr()) };
     }
 }
+
+/// What a speculative state says about the generation it was taken from,
+/// read from the pinned shim's `LLSPEC1` blob (version 1: an 8-byte magic,
+/// nine `u32` header fields, the prompt's tokens, then the implementation's
+/// state). Used only to check a restored state against the generation; the
+/// shim itself validates the header against the session.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SpeculativeStateView<'a> {
+    /// The prompt the session was begun with.
+    pub prompt: Vec<i32>,
+    /// The implementation's own state (EAGLE-3: the boundary position, then a row).
+    pub implementation: &'a [u8],
+}
+
+impl<'a> SpeculativeStateView<'a> {
+    const MAGIC: &'static [u8; 8] = b"LLSPEC1\0";
+    const HEADER: usize = 8 + 9 * 4;
+
+    /// Read `blob`, or `None` if it is not laid out as the shim writes it.
+    pub fn parse(blob: &'a [u8]) -> Option<Self> {
+        if blob.len() < Self::HEADER || &blob[..8] != Self::MAGIC {
+            return None;
+        }
+        let word = |index: usize| {
+            let at = 8 + 4 * index;
+            u32::from_le_bytes(blob[at..at + 4].try_into().expect("4 bytes"))
+        };
+        let (prompt_count, implementation_size) = (word(7) as usize, word(8) as usize);
+        let prompt_end = prompt_count
+            .checked_mul(4)
+            .and_then(|bytes| bytes.checked_add(Self::HEADER))
+            .filter(|end| *end <= blob.len() && blob.len() - end == implementation_size)?;
+        let prompt = blob[Self::HEADER..prompt_end]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        Some(Self {
+            prompt,
+            implementation: &blob[prompt_end..],
+        })
+    }
+}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import checkpoint_codec as codec
+
 import specstate
 from generator_support import draft_for, tiny_generator
 from specstate import (
@@ -71,7 +73,7 @@ def test_a_checkpoint_has_every_section(checkpoint: bytes, tiny_map: dict[str, P
     names = [name for name, _ in info["sections"]]  # type: ignore[attr-defined]
     assert names == ["meta", "state", "tokens", "target_state", "draft_state", "speculative_state"]
     assert checkpoint[:8] == b"SPECSTAT"
-    assert info["format_version"] == 1 and info["size"] == len(checkpoint)
+    assert info["format_version"] == 2 and info["size"] == len(checkpoint)
     assert info["config"]["mode"] == "mtp"  # type: ignore[index]
     assert info["llama_cpp_sys_version"] == specstate.native_info()["llama_cpp_sys_version"]
     target = info["target_model"]
@@ -126,10 +128,10 @@ def test_other_files_are_not_checkpoints(mtp_generator: Generator) -> None:
 
 def test_an_unsupported_version_is_named(mtp_generator: Generator, checkpoint: bytes) -> None:
     data = bytearray(checkpoint[:-4])
-    data[8:10] = struct.pack("<H", 2)
+    data[8:10] = struct.pack("<H", 3)
     error = assert_refused_and_unchanged(mtp_generator, reseal(bytes(data)))
     assert isinstance(error, UnsupportedVersionError)
-    assert (error.found, error.supported) == (2, 1)  # type: ignore[attr-defined]
+    assert (error.found, error.supported) == (3, 2)  # type: ignore[attr-defined]
 
 
 def test_a_section_too_large_is_refused_before_anything_is_read(mtp_generator: Generator, checkpoint: bytes) -> None:
@@ -217,15 +219,17 @@ def test_checkpoints_are_deterministic(tiny_map: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize("section", [4, 5, 6], ids=["target_state", "draft_state", "speculative_state"])
 def test_a_state_llama_cpp_refuses_is_rolled_back(mtp_generator: Generator, checkpoint: bytes, section: int) -> None:
-    """A checkpoint that passes every check of the format but holds a state
-    llama.cpp (or the shim) refuses: the generator gets its previous state back."""
+    """A checkpoint that passes every check of the format (CRC and section
+    bindings recomputed) but holds a state llama.cpp (or the shim) refuses: a
+    CheckpointError naming the section, and the generator gets its previous
+    state back."""
     other = tiny_generator_from(mtp_generator)
-    entries = {kind: (offset, length) for kind, offset, length in table(checkpoint)}
-    offset, length = entries[section]
+    name = codec.NAMES[section]
+    length = len(codec.sections(checkpoint)[name])
     garbage = bytes((i * 37 + 11) % 256 for i in range(length))
-    crafted = reseal(checkpoint[:offset] + garbage + checkpoint[offset + length:-4])
+    crafted = codec.reseal_sections(checkpoint, {name: garbage})
     before = other.checkpoint()
-    with pytest.raises((specstate.SequenceStateError, specstate.SpeculativeStateError)):
+    with pytest.raises(CorruptCheckpointError, match=name):
         other.load(crafted)
     assert other.checkpoint() == before
     other.load(checkpoint)  # and a good one still loads
@@ -241,10 +245,8 @@ def tiny_generator_from(generator: Generator) -> Generator:
 
 
 def test_a_history_token_outside_the_vocabulary_is_corrupt(mtp_generator: Generator, checkpoint: bytes) -> None:
-    entries = {kind: (offset, length) for kind, offset, length in table(checkpoint)}
-    offset, length = entries[3]  # the token history
-    tokens = bytearray(checkpoint[offset:offset + length])
+    tokens = bytearray(codec.sections(checkpoint)["tokens"])
     tokens[-4:] = struct.pack("<i", 10**6)
-    crafted = reseal(checkpoint[:offset] + bytes(tokens) + checkpoint[offset + length:-4])
+    crafted = codec.reseal_sections(checkpoint, {"tokens": bytes(tokens)})
     error = assert_refused_and_unchanged(mtp_generator, crafted)
     assert isinstance(error, CorruptCheckpointError) and "vocabulary" in str(error)

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from checkpoint_codec import meta, rewrite_meta
 from generator_support import tiny_generator
+from specstate import cli, errors
 
 
-def specstate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specstate", *args], capture_output=True, text=True, timeout=600)
+def specstate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specstate", *args], capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single line a failure writes on stderr (asserting exit status 2, no traceback, nothing on stdout)."""
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr and result.stdout == "", result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
 
 
 def test_generate_save_resume_matches_an_uninterrupted_run(tiny_map: dict[str, Path], tmp_path: Path) -> None:
@@ -84,8 +98,139 @@ def test_bad_input_gives_one_clear_line(tiny_map: dict[str, Path], tmp_path: Pat
     other.write_bytes(data)
     values = {"{tiny}": str(tiny_map["llama"]), "{garbage}": str(garbage), "{truncated}": str(truncated),
               "{other-model}": str(other)}
-    result = specstate(*[values.get(a, a) for a in args])
-    assert result.returncode == 2, result
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("specstate: error:") and message in lines[0], result.stderr
+    line = one_error_line(specstate(*[values.get(a, a) for a in args]))
+    assert line.startswith("specstate: error:") and message in line, line
+
+
+TINY = ["generate", "--model", "{tiny}"]
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (TINY + ["--n-ctx", "-1", "hi"], "--n-ctx"),
+        (TINY + ["--n-ctx", "1", "hi"], "--n-ctx"),
+        (TINY + ["--n-ctx", str(2**32), "hi"], "--n-ctx"),
+        (TINY + ["--n-ctx", "many", "hi"], "--n-ctx"),
+        (TINY + ["--seed", "-1", "hi"], "--seed"),
+        (TINY + ["--seed", str(2**64), "hi"], "--seed"),
+        (TINY + ["--threads", "-1", "hi"], "--threads"),
+        (TINY + ["--threads", str(2**31), "hi"], "--threads"),
+        (TINY + ["--max-tokens", "-5", "hi"], "--max-tokens"),
+        (TINY + ["--checkpoint-every", "0", "--save", "{tmp}/x.ckpt", "hi"], "--checkpoint-every"),
+        (TINY + ["--top-k", "-1", "hi"], "--top-k"),
+        (TINY + ["--top-k", str(2**32), "hi"], "--top-k"),
+        (TINY + ["--temperature", "-0.5", "hi"], "--temperature"),
+        (TINY + ["--temperature", "nan", "hi"], "--temperature"),
+        (TINY + ["--temperature", "inf", "hi"], "--temperature"),
+        (TINY + ["--top-p", "0", "hi"], "--top-p"),
+        (TINY + ["--top-p", "1.5", "hi"], "--top-p"),
+        (TINY + ["--top-p", "nan", "hi"], "--top-p"),
+        (TINY + ["--mode", "ngram", "--n-draft", "0", "hi"], "--n-draft"),
+        (TINY + ["--n-draft", "-1", "hi"], "--n-draft"),
+        (["resume", "/no/such.ckpt", "--threads", "-1"], "--threads"),
+        (["resume", "/no/such.ckpt", "--max-tokens", str(-2**70)], "--max-tokens"),
+        (["bench", "--threads", "0"], "--threads"),
+        (["bench", "--runs", "0"], "--runs"),
+    ],
+)
+def test_bad_numbers_give_one_line_naming_the_option(
+    tiny_map: dict[str, Path], tmp_path: Path, args: list[str], option: str
+) -> None:
+    values = {"{tiny}": str(tiny_map["llama"]), "{tmp}/x.ckpt": str(tmp_path / "x.ckpt")}
+    line = one_error_line(specstate(*[values.get(a, a) for a in args]))
+    assert line.startswith("specstate") and option in line, line
+
+
+def test_main_reports_every_failure_as_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert {getattr(errors, name) for name in errors.__all__} <= set(cli.EXPECTED_ERRORS)
+    failures = [OverflowError("can't convert negative int to unsigned"), MemoryError(), RuntimeError("boom\x1b[2J")]
+    lines = []
+    for failure in failures:
+        def fail(args: object, failure: BaseException = failure) -> None:
+            raise failure
+        monkeypatch.setitem(cli.COMMANDS, "demo", fail)
+        assert cli.main(["demo"]) == 2
+        lines.append(capsys.readouterr().err)
+    assert lines == ["specstate: error: can't convert negative int to unsigned\n", "specstate: error: MemoryError\n",
+                     "specstate: internal error: RuntimeError: boom\\x1b[2J\n"]
+    monkeypatch.setenv("SPECSTATE_DEBUG", "1")
+    assert cli.main(["demo"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("save,message", [
+    ("missing/run.ckpt", "does not exist"), ("file/run.ckpt", "is not a directory"), (".", "is a directory"),
+])
+def test_a_bad_save_path_fails_before_generating(
+    tiny_map: dict[str, Path], tmp_path: Path, save: str, message: str
+) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    result = specstate("generate", "--model", str(tiny_map["llama"]), "--max-tokens", "100000", "--n-ctx", "256",
+                       "--save", str(tmp_path / save), "hi")
+    line = one_error_line(result)
+    assert "--save" in line and message in line, line
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def crafted_run(tiny_map: dict[str, Path], tmp_path: Path, file_name: str) -> tuple[Path, Path, Path]:
+    """A checkpoint in tmp/run naming its model `file_name` ("{outside}": tmp/outside/qwen35.gguf's absolute path).
+
+    Returns the checkpoint, where a neighbour model would be and the outside model's path (neither made).
+    """
+    (tmp_path / "run").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "cache").mkdir()
+    outside = tmp_path / "outside" / "qwen35.gguf"
+    generator = tiny_generator("ngram", tiny_map)
+    generator.generate("x", max_tokens=4)
+    data = generator.checkpoint()
+    target = {**meta(data)["target_model"], "file": file_name.replace("{outside}", str(outside))}
+    checkpoint = tmp_path / "run" / "run.ckpt"
+    checkpoint.write_bytes(rewrite_meta(data, target_model=target))
+    return checkpoint, tmp_path / "run" / "qwen35.gguf", outside
+
+
+NAMES = ["../outside/qwen35.gguf", "{outside}", "..\\outside\\qwen35.gguf"]
+
+
+@pytest.mark.parametrize("file_name", NAMES)
+def test_resume_looks_for_the_model_by_base_name_only(tiny_map: dict[str, Path], tmp_path: Path, file_name: str) -> None:
+    checkpoint, neighbour, outside = crafted_run(tiny_map, tmp_path, file_name)
+    env = {**os.environ, "SPECSTATE_CACHE": str(tmp_path / "cache")}
+    outside.write_bytes(b"not a model: loading it would fail")
+    shutil.copyfile(tiny_map["qwen35"], neighbour)
+    used = specstate("resume", str(checkpoint), "--max-tokens", "3", "--quiet", env=env)
+    assert used.returncode == 0, used.stderr
+    neighbour.unlink()
+    shutil.copyfile(tiny_map["qwen35"], outside)  # a good model, but not where resume may look
+    line = one_error_line(specstate("resume", str(checkpoint), "--max-tokens", "3", "--quiet", env=env))
+    assert "was not found" in line, line
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("qwen35.gguf", "qwen35.gguf"), ("../a/qwen35.gguf", "qwen35.gguf"), ("/abs/qwen35.gguf", "qwen35.gguf"),
+    ("..\\a\\qwen35.gguf", "qwen35.gguf"), ("C:\\models\\qwen35.gguf", "qwen35.gguf"),
+    ("", None), (".", None), ("..", None), ("a/..", None), ("a\\..", None), ("/", None),
+])
+def test_base_name(name: str, expected: str | None) -> None:
+    assert cli._base_name(name) == expected
+
+
+def test_inspect_escapes_control_characters(tiny_map: dict[str, Path], tmp_path: Path) -> None:
+    hostile = "evil\x1b[31m\u202e.gguf"
+    generator = tiny_generator("none", tiny_map)
+    generator.generate("x", max_tokens=2)
+    data = generator.checkpoint()
+    checkpoint = tmp_path / "hostile.ckpt"
+    checkpoint.write_bytes(rewrite_meta(data, target_model={**meta(data)["target_model"], "file": hostile}))
+    human = specstate("inspect", str(checkpoint))
+    assert human.returncode == 0, human.stderr
+    assert "\x1b" not in human.stdout and "\u202e" not in human.stdout
+    assert "evil\\x1b[31m\\u202e.gguf" in human.stdout
+    machine = specstate("inspect", str(checkpoint), "--json")
+    assert "\x1b" not in machine.stdout and json.loads(machine.stdout)["target_model"]["file"] == hostile
+
+
+def test_printable() -> None:
+    assert cli._printable("a\tb\x1b[0m\u202e\U000e0041 é…") == "a\\tb\\x1b[0m\\u202e\\U000e0041 é…"

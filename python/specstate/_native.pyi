@@ -427,10 +427,25 @@ class Generator:
     def checkpoint(self) -> bytes:
         """The whole checkpoint of the current boundary."""
     @staticmethod
-    def restore(data: bytes, target: Model, *, draft_model: Model | None = None, n_threads: int = 0) -> Generator:
-        """A generator continuing a checkpoint on these models (validated first)."""
+    def restore(
+        data: bytes,
+        target: Model,
+        *,
+        draft_model: Model | None = None,
+        n_threads: int = 0,
+        max_n_ctx: int | None = None,
+    ) -> Generator:
+        """A generator continuing a checkpoint on these models (validated first).
+
+        The checkpoint's context length may be at most `max_n_ctx` (default:
+        the target model's trained context length).
+        """
     def load(self, data: bytes) -> None:
         """Replace this generation with a checkpoint, reusing the contexts; on failure nothing changes."""
+    @property
+    def memory_positions(self) -> tuple[tuple[int, int], tuple[int, int] | None]:
+        """The lowest and highest positions of sequence 0 in the target context
+        and in the draft context, if the mode has one (`(-1, -1)` when empty)."""
     @property
     def history(self) -> list[int]:
         """Prompt and committed tokens."""

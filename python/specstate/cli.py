@@ -1,25 +1,30 @@
 """The ``specstate`` command: generate, resume, inspect, bench, demo.
 
 Text streams to standard output as it is committed; progress (tokens per
-second, acceptance rate) and summaries go to standard error. Bad input gives
-one clear line on standard error and exit status 2, never a traceback.
+second, acceptance rate) and summaries go to standard error. Every failure
+(bad input, an unreadable file, a refused checkpoint, an unexpected error)
+gives one line on standard error and exit status 2, never a traceback unless
+``SPECSTATE_DEBUG=1``. Numeric options are checked before anything is loaded,
+and so is the directory of ``--save``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import cast
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import NamedTuple, NoReturn, cast
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specstate import Generator, Model, inspect_checkpoint, model_fingerprint
-from specstate.errors import CheckpointError, ContextError, GenerationError, ModelLoadError, SessionError
+from specstate import Generator, Model, errors, inspect_checkpoint, model_fingerprint
 from specstate.generator import Mode
 from specstate.smollm2 import cache_dir
 
@@ -31,6 +36,22 @@ err = Console(stderr=True, highlight=False)
 
 class UsageError(Exception):
     """Bad command-line input, reported as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line too (the usage is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see '{self.prog} --help')\n")
+
+
+def _printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\x1b``, ``\\u202e``), for a terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _one_line(text: str) -> str:
+    return _printable(" ".join(text.split()))
 
 
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +72,7 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specstate", description="Speculative decoding on llama.cpp with exact, checkpointable state."
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -101,14 +122,77 @@ def _prompt_tokens(model: Model, prompt: str, raw: bool) -> list[int]:
     return model.tokenize(text, add_special=not raw, parse_special=raw)
 
 
+U32_MAX, I32_MAX, U64_MAX = 2**32 - 1, 2**31 - 1, 2**64 - 1
+
+
+class _Range(NamedTuple):
+    """Where a numeric option's value must lie: ``low`` (excluded if ``low_open``) to ``high``."""
+
+    option: str  # the attribute; the option is --option-with-dashes
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    when: Callable[[argparse.Namespace], bool] | None = None  # only checked when this holds
+    note: str = ""
+
+    def requirement(self) -> str:
+        if self.high == math.inf and self.low == 0:
+            return "must be positive" if self.low_open else "must not be negative"
+        low = f"greater than {self.low}" if self.low_open else f"at least {self.low}"
+        return f"must be {low}" if self.high == math.inf else f"must be {low} and at most {self.high}"
+
+    def problem(self, value: float) -> str | None:
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        too_low = value <= self.low if self.low_open else value < self.low
+        return self.requirement() + self.note if too_low or value > self.high else None
+
+
+_OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_open=True), _Range("threads", 0, I32_MAX))
+RANGES: dict[str, tuple[_Range, ...]] = {
+    "generate": _OUTPUT_RANGES + (
+        _Range("n_ctx", 2, U32_MAX),
+        _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
+        _Range("n_draft", 0, U32_MAX),
+        _Range("seed", 0, U64_MAX),
+        _Range("top_k", 0, U32_MAX),
+        _Range("temperature", 0),
+        _Range("top_p", 0, 1, low_open=True),
+    ),
+    "resume": _OUTPUT_RANGES,
+    "bench": (_Range("threads", 1, I32_MAX), _Range("runs", 1)),
+}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Refuse, naming the option, any numeric option of the command outside its range."""
+    for bound in RANGES.get(args.command, ()):
+        value = getattr(args, bound.option)
+        if value is None or (bound.when is not None and not bound.when(args)):
+            continue
+        problem = bound.problem(value)
+        if problem is not None:
+            raise UsageError(f"--{bound.option.replace('_', '-')} {problem} (got {value})")
+
+
+def _check_save_path(path: Path | None) -> None:
+    """Refuse a --save destination that cannot be written, before any generation."""
+    if path is None:
+        return
+    directory = Path(os.path.realpath(path)).parent
+    if not directory.is_dir():
+        raise UsageError(f"--save: the directory {directory} does not exist" if not directory.exists()
+                         else f"--save: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--save: the directory {directory} is not writable")
+    if path.is_dir():
+        raise UsageError(f"--save: {path} is a directory")
+
+
 def _check_output_options(args: argparse.Namespace) -> None:
-    if args.max_tokens < 0:
-        raise UsageError("--max-tokens must not be negative")
-    if args.checkpoint_every is not None:
-        if args.checkpoint_every <= 0:
-            raise UsageError("--checkpoint-every must be positive")
-        if args.save is None:
-            raise UsageError("--checkpoint-every needs --save")
+    if args.checkpoint_every is not None and args.save is None:
+        raise UsageError("--checkpoint-every needs --save")
+    _check_save_path(args.save)
 
 
 def run_generation(generator: Generator, prompt: list[int] | None, args: argparse.Namespace) -> None:
@@ -160,15 +244,23 @@ def cmd_generate(args: argparse.Namespace) -> None:
     run_generation(generator, _prompt_tokens(model, args.prompt, args.raw), args)
 
 
+def _base_name(file_name: str) -> str | None:
+    """The last component of a name recorded in a checkpoint, ``/`` or ``\\`` separated; None if there is none."""
+    name = PureWindowsPath(PurePosixPath(file_name).name).name
+    return None if name in ("", ".", "..") else name
+
+
 def _find_model(checkpoint: Path, named: Path | None, entry: object, role: str) -> Path | None:
+    """The model given, else the checkpoint's by base name next to it or in the cache (never elsewhere)."""
     if named is not None:
         return named
     if not isinstance(entry, dict):
         return None
     file_name = str(entry.get("file", ""))
-    for candidate in (checkpoint.parent / file_name, cache_dir() / file_name):
-        if file_name and candidate.is_file():
-            return candidate
+    name = _base_name(file_name)
+    for directory in (checkpoint.parent, cache_dir()):
+        if name is not None and (directory / name).is_file():
+            return directory / name
     raise UsageError(f"the checkpoint's {role} model {file_name!r} was not found next to it or in {cache_dir()}; "
                      f"pass --{'model' if role == 'target' else 'draft-model'}")
 
@@ -194,6 +286,31 @@ def _read_checkpoint(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def _verdict(match: bool | None) -> str:
+    return "not checked" if match is None else "matches" if match else "DOES NOT MATCH"
+
+
+def _describe(path: Path, info: dict[str, object], matches: dict[str, bool]) -> list[str]:
+    """The human-readable description of a checkpoint, line by line (not yet escaped)."""
+    lines = [f"checkpoint     {path} ({info['size']:,} bytes, format {info['format_version']}, "
+             f"CRC-32 {info['checksum']}: ok)",
+             f"written by     specstate {info['specstate_version']}, llama-cpp-sys-4 {info['llama_cpp_sys_version']}, "
+             f"llama.cpp {info['llama_cpp_build']} ({info['llama_cpp_commit']})"]
+    for role in ("target", "draft"):
+        entry = info[f"{role}_model"]
+        if isinstance(entry, dict):
+            lines.append(f"{role + ' model':<14} {entry['file']} ({entry['size']:,} bytes, "
+                         f"sha256 {str(entry['sha256'])[:16]}…): {_verdict(matches.get(role))}")
+    config = cast(dict[str, object], info["config"])
+    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in config.items()))
+    lines.append(f"tokens         {info['n_prompt']} prompt + {info['n_delivered']} generated and handed out "
+                 f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"
+                 f"{', finished' if info['finished'] else ''}")
+    lines.append(f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted")
+    lines.extend(f"  {name:<18} {size:>12,} bytes" for name, size in cast(list[tuple[str, int]], info["sections"]))
+    return lines
+
+
 def cmd_inspect(args: argparse.Namespace) -> None:
     info = inspect_checkpoint(_read_checkpoint(args.checkpoint))
     matches: dict[str, bool] = {}
@@ -205,26 +322,10 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     info["checksum_ok"] = True
     info["models_match"] = matches
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info, indent=2))  # JSON escapes control characters itself
         return
-    config = cast(dict[str, object], info["config"])
-    print(f"checkpoint     {args.checkpoint} ({info['size']:,} bytes, format {info['format_version']}, "
-          f"CRC-32 {info['checksum']}: ok)")
-    print(f"written by     specstate {info['specstate_version']}, llama-cpp-sys-4 {info['llama_cpp_sys_version']}, "
-          f"llama.cpp {info['llama_cpp_build']} ({info['llama_cpp_commit']})")
-    for role in ("target", "draft"):
-        entry = info[f"{role}_model"]
-        if isinstance(entry, dict):
-            verdict = {True: "matches", False: "DOES NOT MATCH"}.get(matches.get(role, None), "not checked")  # type: ignore[arg-type]
-            print(f"{role + ' model':<14} {entry['file']} ({entry['size']:,} bytes, sha256 {entry['sha256'][:16]}…): "
-                  f"{verdict}")
-    print("mode           " + ", ".join(f"{k}={v}" for k, v in config.items()))
-    print(f"tokens         {info['n_prompt']} prompt + {info['n_delivered']} generated and handed out "
-          f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"
-          f"{', finished' if info['finished'] else ''}")
-    print(f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted")
-    for name, size in cast(list[tuple[str, int]], info["sections"]):
-        print(f"  {name:<18} {size:>12,} bytes")
+    for line in _describe(args.checkpoint, info, matches):
+        print(_printable(line))  # every string from the file is escaped for the terminal
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -244,19 +345,43 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
 }
 
 
+#: Every failure reported as one line: usage errors, every class of specstate.errors, and the
+#: standard ones bad input or the system can cause.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    UsageError, *(getattr(errors, name) for name in errors.__all__), ValueError, ArithmeticError, OSError, MemoryError,
+)
+
+
+def _report(error: BaseException, *, internal: bool) -> int:
+    """Write ``error`` as one line (after its traceback with ``SPECSTATE_DEBUG=1``); the exit status, 2."""
+    if os.environ.get("SPECSTATE_DEBUG") == "1":
+        traceback.print_exception(type(error), error, error.__traceback__)
+    message = _one_line(str(error))
+    if internal:
+        line = f"internal error: {type(error).__name__}: {message}"
+    else:
+        line = f"error: {message or type(error).__name__}"
+    sys.stderr.write(f"specstate: {line}\n")
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    Any failure is one line on standard error and exit status 2; with
+    ``SPECSTATE_DEBUG=1`` the traceback is printed before it.
+    """
     args = build_parser().parse_args(argv)
     try:
+        _check_numbers(args)
         COMMANDS[args.command](args)
     except KeyboardInterrupt:
         sys.stderr.write("specstate: interrupted\n")
         return 130
-    except (UsageError, CheckpointError, ModelLoadError, ContextError, SessionError, GenerationError,
-            ValueError, OSError) as error:
-        message = " ".join(str(error).split())  # one line, whatever the error's text
-        sys.stderr.write(f"specstate: error: {message}\n")
-        return 2
+    except EXPECTED_ERRORS as error:
+        return _report(error, internal=False)
+    except Exception as error:
+        return _report(error, internal=True)
     return 0
 
 

@@ -35,7 +35,9 @@ What each mode guarantees:
 from __future__ import annotations
 
 import codecs
+import errno
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -106,16 +108,24 @@ class Generator:
         *,
         draft_model: Model | None = None,
         n_threads: int = 0,
+        max_n_ctx: int | None = None,
     ) -> Generator:
         """A generator continuing a checkpoint (bytes or a path) on these models.
 
-        Raises a :class:`~specstate.errors.CheckpointError` subclass for any
-        bad checkpoint: not one, unsupported version, truncated, checksum
-        mismatch, corrupt, a section too large, or other model files.
+        A checkpoint is untrusted input: everything in it is bounded and
+        checked before use, and every way it can be wrong raises a
+        :class:`~specstate.errors.CheckpointError` subclass: not one,
+        unsupported version, truncated, checksum mismatch, corrupt content
+        (settings out of range, states llama.cpp refuses, positions that do not
+        match the generator state, sections spliced from another checkpoint),
+        a section too large, other model files, or a context longer than
+        ``max_n_ctx`` (``ConfigMismatchError``; default: the target model's
+        trained context length), so a file cannot make the process allocate
+        memory the caller did not choose.
         """
         generator = cls.__new__(cls)
         generator._native = _native.Generator.restore(_read(source), model, draft_model=draft_model,
-                                                       n_threads=n_threads)
+                                                       n_threads=n_threads, max_n_ctx=max_n_ctx)
         generator._reset_text()
         return generator
 
@@ -138,27 +148,25 @@ class Generator:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`checkpoint` to ``path`` atomically.
 
-        The bytes go to a temporary file in the same directory, which is
-        flushed, fsynced and renamed over ``path`` (then the directory is
-        fsynced): a crash leaves either the old file or the new one.
+        The bytes go to a temporary file in the destination's directory, which
+        is flushed, fsynced and renamed over the destination (then the
+        directory is fsynced): a crash leaves either the old file or the new one.
+
+        * An existing file keeps its permission bits (``rwx`` for user, group
+          and others); a new file gets ``0o666`` less the process umask, as
+          ``open()`` would give it. Owner and group are the writer's.
+        * If ``path`` is a symbolic link, the file it finally points to is
+          replaced (the link stays a link); a dangling link creates its target.
+        * A missing directory raises :class:`FileNotFoundError` (a path that
+          is not a directory: :class:`NotADirectoryError`) naming it, before
+          the checkpoint is taken; so does a destination that is a directory
+          (:class:`IsADirectoryError`).
         """
-        target = Path(path)
+        target = Path(os.path.realpath(path))
+        _check_destination(target)
+        mode = _mode_for(target)
         data = self.checkpoint()
-        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        directory = os.open(target.parent or ".", os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        _replace_atomically(target, data, mode)
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -319,3 +327,58 @@ def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     hits = [index for index in (text.find(s) for s in stop if s) if index >= 0]
     return min(hits) if hits else None
 
+
+_PROC_STATUS = "/proc/self/status"
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where ``/proc`` tells it (Linux)."""
+    try:
+        with open(_PROC_STATUS, encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0)  # elsewhere the only way to read it is to set it (briefly)
+    os.umask(old)
+    return old
+
+
+def _mode_for(target: Path) -> int:
+    """The permission bits a save gives ``target``: its own if it exists, else ``0o666 & ~umask``."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode) & 0o777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _check_destination(target: Path) -> None:
+    """Refuse, before any work, a destination whose directory is missing or that is a directory."""
+    directory = target.parent
+    if not directory.exists():
+        raise FileNotFoundError(errno.ENOENT, "cannot save a checkpoint: no such directory", str(directory))
+    if not directory.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "cannot save a checkpoint: not a directory", str(directory))
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "cannot save a checkpoint over a directory", str(target))
+
+
+def _replace_atomically(target: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a temporary file next to ``target`` with ``mode``, fsync, rename, fsync the directory."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            os.fchmod(out.fileno(), mode)
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

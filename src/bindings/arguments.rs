@@ -8,7 +8,7 @@
 //! - a float argument is converted to `f32` exactly as C converts a double:
 //!   round to nearest, overflow to infinity.
 
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
@@ -125,3 +125,35 @@ macro_rules! bounded {
     )*};
 }
 bounded!(u32, i32, u64, usize);
+
+/// An integer argument kept wide until [`WideInt::narrow`] names it, so that
+/// a value outside the native type gives a `ValueError` naming the argument
+/// (never an `OverflowError`). Anything `operator.index` accepts except
+/// `bool`; out-of-`i128` values saturate (and then fail to narrow).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WideInt(pub(crate) i128);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for WideInt {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        saturating_i128(&index_argument(&obj, "the argument")?).map(Self)
+    }
+}
+
+impl WideInt {
+    /// The value in `T`, or a `ValueError` naming `name` and `T`'s range.
+    pub(crate) fn narrow<T>(self, name: &str) -> PyResult<T>
+    where
+        T: TryFrom<i128> + Bounded + std::fmt::Display,
+    {
+        T::try_from(self.0).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{name} must be between {} and {}, not {}",
+                T::MIN,
+                T::MAX,
+                self.0
+            ))
+        })
+    }
+}

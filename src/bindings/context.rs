@@ -1,38 +1,50 @@
 //! `specstate.Context` and `specstate.Batch`: llama.cpp contexts from Python.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::ThreadId;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::arguments::WideInt;
 use super::errors::{ensure_thread, native_error};
 use super::model::PyModel;
 use super::validators::ContextCapacity;
 use crate::native::{Batch, Context, ContextKind, ContextParams};
 
+/// Stamps of batch contents: never reused in a process, unlike addresses.
+static NEXT_CONTENTS: AtomicU64 = AtomicU64::new(1);
+
+fn next_contents() -> u64 {
+    NEXT_CONTENTS.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A batch of token rows to decode, reusable across calls.
 #[pyclass(name = "Batch", module = "specstate._native")]
 pub(crate) struct PyBatch {
     pub(crate) inner: Batch,
-    /// Bumped on every change, so a decoded batch can be told from a refilled one.
-    version: u64,
+    /// A process-wide unique stamp, renewed on every change, so a decoded
+    /// batch can be told from a refilled one or from a new batch at the same
+    /// address after the old one was freed.
+    contents: u64,
 }
 
 impl PyBatch {
-    /// Identity and version of the batch's current contents.
-    pub(crate) fn key(&self) -> (usize, u64) {
-        (std::ptr::from_ref(&self.inner) as usize, self.version)
+    /// The stamp of the batch's current contents.
+    pub(crate) fn key(&self) -> u64 {
+        self.contents
     }
 }
 
 #[pymethods]
 impl PyBatch {
     #[new]
-    fn new(py: Python<'_>, capacity: usize) -> PyResult<Self> {
+    fn new(py: Python<'_>, capacity: WideInt) -> PyResult<Self> {
+        let capacity: usize = capacity.narrow("capacity")?;
         Ok(Self {
             inner: Batch::new(capacity).map_err(|e| native_error(py, e))?,
-            version: 0,
+            contents: next_contents(),
         })
     }
 
@@ -46,7 +58,7 @@ impl PyBatch {
         seq_id: i32,
         logits: bool,
     ) -> PyResult<()> {
-        self.version += 1;
+        self.contents = next_contents();
         self.inner
             .push(token, pos, seq_id, logits)
             .map_err(|e| native_error(py, e))
@@ -54,7 +66,7 @@ impl PyBatch {
 
     /// Remove every row.
     fn clear(&mut self) {
-        self.version += 1;
+        self.contents = next_contents();
         self.inner.clear();
     }
 
@@ -81,7 +93,7 @@ pub(crate) struct PyContext {
     /// Decodes run on this context so far.
     decodes: u64,
     /// The `PyBatch` key of the last decode, if it was a user batch.
-    last_batch: Option<(usize, u64)>,
+    last_batch: Option<u64>,
 }
 
 // SAFETY: every method that touches the llama.cpp context checks first that it
@@ -136,7 +148,7 @@ impl PyContext {
     }
 
     /// The `PyBatch` key of the last decode, if it was a user batch.
-    pub(crate) fn last_batch(&self) -> Option<(usize, u64)> {
+    pub(crate) fn last_batch(&self) -> Option<u64> {
         self.last_batch
     }
 
@@ -149,29 +161,32 @@ impl PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (model, *, n_ctx = 2048, n_batch = 512, n_ubatch = 512, n_seq_max = 1, n_rs_seq = 0,
-                        kind = "default", n_threads = 0, other = None))]
+    #[pyo3(signature = (model, *, n_ctx = WideInt(2048), n_batch = WideInt(512), n_ubatch = WideInt(512),
+                        n_seq_max = WideInt(1), n_rs_seq = WideInt(0), kind = "default", n_threads = WideInt(0),
+                        other = None),
+           text_signature = "(model, *, n_ctx=2048, n_batch=512, n_ubatch=512, n_seq_max=1, n_rs_seq=0, \
+                             kind='default', n_threads=0, other=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: Py<PyModel>,
-        n_ctx: u32,
-        n_batch: u32,
-        n_ubatch: u32,
-        n_seq_max: u32,
-        n_rs_seq: u32,
+        n_ctx: WideInt,
+        n_batch: WideInt,
+        n_ubatch: WideInt,
+        n_seq_max: WideInt,
+        n_rs_seq: WideInt,
         kind: &str,
-        n_threads: i32,
+        n_threads: WideInt,
         other: Option<Py<PyContext>>,
     ) -> PyResult<Self> {
         let params = ContextParams {
-            n_ctx,
-            n_batch,
-            n_ubatch,
-            n_seq_max,
-            n_rs_seq,
+            n_ctx: n_ctx.narrow("n_ctx")?,
+            n_batch: n_batch.narrow("n_batch")?,
+            n_ubatch: n_ubatch.narrow("n_ubatch")?,
+            n_seq_max: n_seq_max.narrow("n_seq_max")?,
+            n_rs_seq: n_rs_seq.narrow("n_rs_seq")?,
             kind: parse_kind(kind)?,
-            n_threads,
+            n_threads: n_threads.narrow("n_threads")?,
         };
         let shared = model.get().inner.clone();
         let inner = match &other {

@@ -7,12 +7,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use super::arguments::WideInt;
 use super::errors::{checkpoint_error, ensure_thread, native_error, python_error_message};
 use super::model::PyModel;
 use super::session::session_error_to_py;
 use crate::checkpoint::{self, CheckpointError};
 use crate::generator::ngram::NgramConfig;
-use crate::generator::{Generator, GeneratorConfig, GeneratorError, Mode, RuntimeOptions};
+use crate::generator::{
+    Generator, GeneratorConfig, GeneratorError, Mode, Positions, RuntimeOptions,
+};
 use crate::sampling::SamplingParams;
 
 pub(crate) fn generator_error(py: Python<'_>, error: GeneratorError) -> PyErr {
@@ -25,20 +28,10 @@ pub(crate) fn generator_error(py: Python<'_>, error: GeneratorError) -> PyErr {
     }
 }
 
-fn parse_mode(mode: &str, ngram_max: usize, ngram_min: usize) -> PyResult<Mode> {
+fn parse_mode(mode: &str, ngram: NgramConfig) -> PyResult<Mode> {
     Ok(match mode {
         "none" => Mode::None,
-        "ngram" => {
-            if ngram_min == 0 || ngram_min > ngram_max || ngram_max > 64 {
-                return Err(PyValueError::new_err(
-                    "ngram sizes must satisfy 1 <= ngram_min <= ngram_max <= 64",
-                ));
-            }
-            Mode::Ngram(NgramConfig {
-                n_max: ngram_max,
-                n_min: ngram_min,
-            })
-        }
+        "ngram" => Mode::Ngram(ngram),
         "draft" => Mode::Draft,
         "mtp" => Mode::Mtp,
         "eagle3" => Mode::Eagle3,
@@ -85,46 +78,51 @@ fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
 #[pymethods]
 impl PyGenerator {
     #[new]
-    #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = 8, n_ctx = 2048, n_batch = 512,
-                        temperature = 0.0, top_k = 0, top_p = 1.0, seed = 0, ngram_max = 4, ngram_min = 3,
-                        n_threads = 0))]
+    #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = WideInt(8), n_ctx = WideInt(2048),
+                        n_batch = WideInt(512), temperature = 0.0, top_k = WideInt(0), top_p = 1.0,
+                        seed = WideInt(0), ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0)),
+           text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
+                             temperature=0.0, top_k=0, top_p=1.0, seed=0, ngram_max=4, ngram_min=3, n_threads=0)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         target: Py<PyModel>,
         mode: &str,
         draft_model: Option<Py<PyModel>>,
-        n_draft: u32,
-        n_ctx: u32,
-        n_batch: u32,
+        n_draft: WideInt,
+        n_ctx: WideInt,
+        n_batch: WideInt,
         temperature: f32,
-        top_k: u32,
+        top_k: WideInt,
         top_p: f32,
-        seed: u64,
-        ngram_max: usize,
-        ngram_min: usize,
-        n_threads: i32,
+        seed: WideInt,
+        ngram_max: WideInt,
+        ngram_min: WideInt,
+        n_threads: WideInt,
     ) -> PyResult<Self> {
+        let n_ctx: u32 = n_ctx.narrow("n_ctx")?;
+        let ngram = NgramConfig {
+            n_max: ngram_max.narrow("ngram_max")?,
+            n_min: ngram_min.narrow("ngram_min")?,
+        };
         let config = GeneratorConfig {
-            mode: parse_mode(mode, ngram_max, ngram_min)?,
-            n_draft,
+            mode: parse_mode(mode, ngram)?,
+            n_draft: n_draft.narrow("n_draft")?,
             sampling: SamplingParams {
                 temperature,
-                top_k,
+                top_k: top_k.narrow("top_k")?,
                 top_p,
-                seed,
+                seed: seed.narrow("seed")?,
             },
             n_ctx,
-            n_batch: n_batch.min(n_ctx),
+            n_batch: n_batch.narrow::<u32>("n_batch")?.min(n_ctx),
+        };
+        let runtime = RuntimeOptions {
+            n_threads: n_threads.narrow("n_threads")?,
         };
         let target_model = Arc::clone(&target.get().inner);
-        let inner = Generator::new(
-            target_model,
-            arc(&draft_model),
-            config,
-            RuntimeOptions { n_threads },
-        )
-        .map_err(|e| generator_error(py, e))?;
+        let inner = Generator::new(target_model, arc(&draft_model), config, runtime)
+            .map_err(|e| generator_error(py, e))?;
         Ok(Self::wrap(inner, target, draft_model))
     }
 
@@ -178,24 +176,32 @@ impl PyGenerator {
     }
 
     /// A generator continuing a checkpoint on these models (validated first).
+    ///
+    /// The checkpoint's context length may be at most `max_n_ctx` (default:
+    /// the target model's trained context length).
     #[staticmethod]
-    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = 0))]
+    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = WideInt(0), max_n_ctx = None),
+           text_signature = "(data, target, *, draft_model=None, n_threads=0, max_n_ctx=None)")]
     fn restore(
         py: Python<'_>,
         data: &[u8],
         target: Py<PyModel>,
         draft_model: Option<Py<PyModel>>,
-        n_threads: i32,
+        n_threads: WideInt,
+        max_n_ctx: Option<WideInt>,
     ) -> PyResult<Self> {
+        let runtime = RuntimeOptions {
+            n_threads: n_threads.narrow("n_threads")?,
+        };
+        let max_n_ctx = max_n_ctx
+            .map(|n| n.narrow::<u32>("max_n_ctx"))
+            .transpose()?;
         let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
         let target_model = Arc::clone(&target.get().inner);
-        let inner = checkpoint::restore(
-            &decoded,
-            target_model,
-            arc(&draft_model),
-            RuntimeOptions { n_threads },
-        )
-        .map_err(|e| generator_error(py, e))?;
+        let draft = arc(&draft_model);
+        let inner = py
+            .detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, max_n_ctx))
+            .map_err(|e| generator_error(py, e))?;
         Ok(Self::wrap(inner, target, draft_model))
     }
 
@@ -207,6 +213,16 @@ impl PyGenerator {
         let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
         let inner = &mut self.inner;
         py.detach(|| checkpoint::load_into(inner, &decoded))
+            .map_err(|e| generator_error(py, e))
+    }
+
+    /// The lowest and highest positions of sequence 0 in the target context
+    /// and in the draft context, if the mode has one (`(-1, -1)` when empty).
+    #[getter]
+    fn memory_positions(&self, py: Python<'_>) -> PyResult<(Positions, Option<Positions>)> {
+        self.check_thread(py)?;
+        self.inner
+            .memory_positions()
             .map_err(|e| generator_error(py, e))
     }
 
@@ -307,7 +323,7 @@ pub(crate) fn inspect_checkpoint<'py>(
         .config()
         .map_err(|e: CheckpointError| checkpoint_error(py, &e))?;
     let info = PyDict::new(py);
-    info.set_item("format_version", checkpoint::FORMAT_VERSION)?;
+    info.set_item("format_version", decoded.version)?;
     info.set_item("specstate_version", &meta.specstate_version)?;
     info.set_item("llama_cpp_sys_version", &meta.llama_cpp_sys_version)?;
     info.set_item("llama_cpp_build", &meta.llama_cpp_build)?;

@@ -70,7 +70,7 @@ impl PySession {
         &mut self,
         py: Python<'_>,
         batch: &Batch,
-        batch_key: Option<(usize, u64)>,
+        batch_key: Option<u64>,
     ) -> PyResult<()> {
         let target = self.target.bind(py).borrow();
         let draft = self.draft.bind(py).borrow();

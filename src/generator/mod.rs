@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model, NativeError};
 use crate::sampling::{self, Distribution, Rng, SamplingParams};
-use crate::session::{DraftSession, SessionConfig, SessionError, SpecType};
+use crate::session::{DraftSession, SessionConfig, SessionError, SpecType, SpeculativeStateView};
 use ngram::NgramConfig;
 
 /// The five ways of drafting.
@@ -67,11 +67,83 @@ pub struct GeneratorConfig {
     pub n_batch: u32,
 }
 
+/// A generator setting outside its range: the setting's name and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct SettingError {
+    /// The setting (`n_ctx`, `n_batch`, `n_draft`, `temperature`, ...).
+    pub field: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+fn setting(field: &'static str, reason: String) -> std::result::Result<(), SettingError> {
+    Err(SettingError { field, reason })
+}
+
+impl GeneratorConfig {
+    /// Check every setting that does not depend on a model: the one rule for
+    /// the constructor, checkpoints and the CLI. (The context length's upper
+    /// bound, the model's trained length, is checked against the model.)
+    pub fn validate(&self) -> std::result::Result<(), SettingError> {
+        let max_draft = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32;
+        let max_rows = u32::try_from(crate::native::MAX_BATCH_ROWS).unwrap_or(u32::MAX);
+        if self.n_ctx < 2 {
+            return setting("n_ctx", format!("must be at least 2, not {}", self.n_ctx));
+        }
+        if self.n_batch == 0 || self.n_batch > self.n_ctx.min(max_rows) {
+            let most = self.n_ctx.min(max_rows);
+            return setting(
+                "n_batch",
+                format!("must be between 1 and {most}, not {}", self.n_batch),
+            );
+        }
+        if self.n_draft > max_draft {
+            return setting(
+                "n_draft",
+                format!("must be at most {max_draft}, not {}", self.n_draft),
+            );
+        }
+        let speculative = !matches!(self.mode, Mode::None);
+        if speculative && (self.n_draft == 0 || self.n_draft >= self.n_batch) {
+            return setting(
+                "n_draft",
+                format!(
+                    "must be between 1 and n_batch - 1 ({}), not {}",
+                    self.n_batch - 1,
+                    self.n_draft
+                ),
+            );
+        }
+        if let Mode::Ngram(ngram) = self.mode {
+            ngram.validate()?;
+        }
+        self.sampling.validate()
+    }
+}
+
 /// Threads are a runtime choice, not part of what is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RuntimeOptions {
     /// Threads per context (0: the CPUs available).
     pub n_threads: i32,
+}
+
+impl RuntimeOptions {
+    /// Check the thread count against ggml's maximum.
+    pub fn validate(&self) -> std::result::Result<(), SettingError> {
+        let most = crate::native::MAX_THREADS;
+        if (0..=most).contains(&self.n_threads) {
+            return Ok(());
+        }
+        setting(
+            "n_threads",
+            format!(
+                "must be between 0 (the CPUs available) and {most}, not {}",
+                self.n_threads
+            ),
+        )
+    }
 }
 
 /// Where a generation stands at a round boundary (everything but the contexts).
@@ -120,6 +192,12 @@ pub enum GeneratorError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
+impl From<SettingError> for GeneratorError {
+    fn from(error: SettingError) -> Self {
+        Self::Invalid(error.to_string())
+    }
+}
+
 type Result<T> = std::result::Result<T, GeneratorError>;
 
 /// `draft` mode stops drafting when the draft model's most likely next token
@@ -154,10 +232,13 @@ fn context_params(
     } else {
         0
     };
+    // llama.cpp needs room for the snapshots in every compute pass; the
+    // generator itself never decodes more than `config.n_batch` rows at once.
+    let n_rows = config.n_batch.max(n_rs_seq + 2);
     ContextParams {
         n_ctx: config.n_ctx,
-        n_batch: config.n_batch,
-        n_ubatch: config.n_batch.max(n_rs_seq + 2),
+        n_batch: n_rows,
+        n_ubatch: n_rows,
         n_seq_max: 1,
         n_rs_seq,
         kind,
@@ -173,29 +254,14 @@ impl Generator {
         config: GeneratorConfig,
         runtime: RuntimeOptions,
     ) -> Result<Self> {
-        config
-            .sampling
-            .validate()
-            .map_err(GeneratorError::Invalid)?;
-        if config.n_batch == 0 || config.n_ctx < 2 {
-            return Err(GeneratorError::Invalid(
-                "n_ctx must be at least 2 and n_batch positive".into(),
-            ));
-        }
-        let speculative = !matches!(config.mode, Mode::None);
-        if speculative
-            && !(1..=crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32)
-                .contains(&config.n_draft)
-        {
+        config.validate()?;
+        runtime.validate()?;
+        let n_ctx_train = target_model.n_ctx_train();
+        if n_ctx_train > 0 && config.n_ctx > n_ctx_train {
             return Err(GeneratorError::Invalid(format!(
-                "n_draft must be between 1 and {}",
-                crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS
+                "n_ctx must be at most the model's trained context length {n_ctx_train}, not {}",
+                config.n_ctx
             )));
-        }
-        if speculative && config.n_draft + 1 > config.n_batch {
-            return Err(GeneratorError::Invalid(
-                "n_batch must exceed n_draft".into(),
-            ));
         }
         match (config.mode.needs_draft_model(), &draft_model) {
             (true, None) => {
@@ -644,49 +710,205 @@ impl Generator {
     }
 
     /// Put a captured boundary back: state, contexts and speculative state.
-    /// On failure the generator must be discarded or given its previous
-    /// boundary back (as `checkpoint::load_into` does).
+    /// The state is checked against the model and, once the contexts' states
+    /// are in, against the positions they hold. On failure the generator must
+    /// be discarded or given its previous boundary back (as
+    /// `checkpoint::load_into` does).
     pub fn restore(
         &mut self,
         state: GeneratorState,
         target_state: &[u8],
         draft_state: Option<&[u8]>,
         speculative_state: Option<&[u8]>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), RestoreError> {
         let rng = Rng::from_state(state.rng)
-            .ok_or_else(|| GeneratorError::Invalid("the RNG state is all zero".into()))?;
-        let model = self.target.model();
-        if let Some(token) = state.history.iter().find(|t| !model.is_valid_token(**t)) {
-            // llama.cpp's drafters abort on such ids: refuse them here.
-            return Err(GeneratorError::Invalid(format!(
-                "token {token} of the history is outside the vocabulary"
-            )));
-        }
-        self.target.set_seq_state(0, target_state)?;
+            .ok_or_else(|| RestoreError::new("state", "the RNG state is all zero"))?;
+        self.check_state(&state)?;
+        self.target
+            .set_seq_state(0, target_state)
+            .map_err(|e| RestoreError::new("target_state", e))?;
         match (self.draft.as_mut(), draft_state) {
-            (Some(draft), Some(bytes)) => draft.set_seq_state(0, bytes)?,
+            (Some(draft), Some(bytes)) => draft
+                .set_seq_state(0, bytes)
+                .map_err(|e| RestoreError::new("draft_state", e))?,
             (None, None) => {}
-            _ => {
-                return Err(GeneratorError::Invalid(
-                    "the draft context state does not fit this mode".into(),
-                ))
-            }
+            _ => return Err(RestoreError::new("draft_state", "does not fit this mode")),
+        }
+        if let Some(bytes) = speculative_state {
+            check_speculative_state(self.config.mode, &state, bytes)?;
         }
         match (self.session.as_mut(), speculative_state) {
             (Some(session), Some(bytes)) => session
                 .restore(0, bytes)
-                .map_err(|error| GeneratorError::Session(SessionError::State(error)))?,
+                .map_err(|e| RestoreError::new("speculative_state", e))?,
             (None, None) => {}
             _ => {
-                return Err(GeneratorError::Invalid(
-                    "the speculative state does not fit this mode".into(),
-                ))
+                return Err(RestoreError::new(
+                    "speculative_state",
+                    "does not fit this mode",
+                ));
             }
         }
+        self.check_positions(&state)?;
         self.rng = rng;
         self.state = state;
         Ok(())
     }
+
+    /// What can be checked of a state against the model and the context
+    /// before any native state is touched.
+    fn check_state(&self, state: &GeneratorState) -> std::result::Result<(), RestoreError> {
+        let model = self.target.model();
+        if let Some(token) = state.history.iter().find(|t| !model.is_valid_token(**t)) {
+            // llama.cpp's drafters abort on such ids: refuse them here.
+            return Err(RestoreError::new(
+                "tokens",
+                format!("token {token} of the history is outside the target's vocabulary"),
+            ));
+        }
+        if state.history.len() > self.context_length() {
+            return Err(RestoreError::new(
+                "tokens",
+                format!(
+                    "the history of {} tokens exceeds the context of {}",
+                    state.history.len(),
+                    self.context_length()
+                ),
+            ));
+        }
+        let last_ends = state.history.last().is_some_and(|t| model.is_eog(*t));
+        if state.finished != last_ends {
+            return Err(RestoreError::new(
+                "state",
+                "the finished flag does not match the last committed token",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The positions the contexts hold must be exactly those the state says:
+    /// `0..n_past` in the target, `0..draft_past` in a `draft` context.
+    fn check_positions(&self, state: &GeneratorState) -> std::result::Result<(), RestoreError> {
+        expect_positions(&self.target, "target_state", state.n_past)?;
+        if let (Mode::Draft, Some(draft)) = (self.config.mode, self.draft.as_ref()) {
+            expect_positions(draft, "draft_state", state.draft_past)?;
+        }
+        if let (Mode::Mtp | Mode::Eagle3, Some(draft)) = (self.config.mode, self.draft.as_ref()) {
+            expect_speculative_draft_positions(draft, state.n_past)?;
+        }
+        Ok(())
+    }
+
+    /// The lowest and highest positions of sequence 0 in the target context
+    /// and, where the mode has one, in the draft context (`-1` when empty).
+    pub fn memory_positions(&self) -> Result<(Positions, Option<Positions>)> {
+        let draft = self
+            .draft
+            .as_ref()
+            .map(|d| d.seq_positions(0))
+            .transpose()?;
+        Ok((self.target.seq_positions(0)?, draft))
+    }
+}
+
+/// A speculative state must have been taken from this generation: begun
+/// with its prompt and, for EAGLE-3, holding the row of its last position.
+fn check_speculative_state(
+    mode: Mode,
+    state: &GeneratorState,
+    blob: &[u8],
+) -> std::result::Result<(), RestoreError> {
+    let part = "speculative_state";
+    if state.history.is_empty() {
+        return Ok(());
+    }
+    let view = SpeculativeStateView::parse(blob)
+        .ok_or_else(|| RestoreError::new(part, "not laid out as the pinned shim writes it"))?;
+    if view.prompt != state.history[..state.n_prompt] {
+        return Err(RestoreError::new(part, "was begun with another prompt"));
+    }
+    let boundary = view
+        .implementation
+        .get(..4)
+        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")));
+    let last = i64::try_from(state.n_past).unwrap_or(i64::MAX) - 1;
+    if mode == Mode::Eagle3 && boundary.map(i64::from) != Some(last) {
+        return Err(RestoreError::new(
+            part,
+            format!("holds the row of position {boundary:?}, not of the last position {last}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The lowest and highest positions a sequence holds (`(-1, -1)` when empty).
+pub type Positions = (i32, i32);
+
+/// The part of a boundary that could not be put back, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{part}: {reason}")]
+pub struct RestoreError {
+    /// `state`, `tokens`, `target_state`, `draft_state` or `speculative_state`.
+    pub part: &'static str,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+impl RestoreError {
+    fn new(part: &'static str, reason: impl ToString) -> Self {
+        Self {
+            part,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Refuse a context whose sequence 0 does not end at position `count - 1`
+/// (or is not empty, for `count == 0`). The lowest position is 0 for an
+/// attention memory; a recurrent or hybrid memory reports its last one.
+fn expect_positions(
+    context: &Context,
+    part: &'static str,
+    count: usize,
+) -> std::result::Result<(), RestoreError> {
+    let (min, max) = context
+        .seq_positions(0)
+        .map_err(|e| RestoreError::new(part, e))?;
+    let fits = match count {
+        0 => (min, max) == (-1, -1),
+        n => usize::try_from(max).is_ok_and(|max| max + 1 == n) && (0..=max).contains(&min),
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(RestoreError::new(
+        part,
+        format!("holds positions {min}..={max} but the state says {count} positions"),
+    ))
+}
+
+/// An MTP or EAGLE-3 draft context ends one or two positions before the
+/// target's `n_past` at a boundary (EAGLE-3 may not have drafted from the
+/// last one yet).
+fn expect_speculative_draft_positions(
+    context: &Context,
+    n_past: usize,
+) -> std::result::Result<(), RestoreError> {
+    let part = "draft_state";
+    let (min, max) = context
+        .seq_positions(0)
+        .map_err(|e| RestoreError::new(part, e))?;
+    let empty = n_past == 0 && (min, max) == (-1, -1);
+    let ends_right = usize::try_from(max).is_ok_and(|max| max < n_past && max + 2 >= n_past);
+    if empty || (ends_right && (0..=max).contains(&min)) {
+        return Ok(());
+    }
+    Err(RestoreError::new(
+        part,
+        format!(
+            "holds positions {min}..={max}, which do not end just before the target's {n_past}"
+        ),
+    ))
 }
 
 /// A generator's boundary as owned copies.

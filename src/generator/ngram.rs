@@ -10,6 +10,27 @@ pub struct NgramConfig {
     pub n_min: usize,
 }
 
+impl NgramConfig {
+    /// The longest n-gram that may be looked up.
+    pub const MAX_N: usize = 64;
+
+    /// `1 <= n_min <= n_max <= 64`: the one rule for n-gram settings.
+    pub fn validate(&self) -> Result<(), super::SettingError> {
+        if self.n_min >= 1 && self.n_min <= self.n_max && self.n_max <= Self::MAX_N {
+            return Ok(());
+        }
+        Err(super::SettingError {
+            field: "ngram",
+            reason: format!(
+                "sizes must satisfy 1 <= ngram_min <= ngram_max <= {}, not ngram_min={} ngram_max={}",
+                Self::MAX_N,
+                self.n_min,
+                self.n_max
+            ),
+        })
+    }
+}
+
 impl Default for NgramConfig {
     fn default() -> Self {
         Self { n_max: 4, n_min: 3 }

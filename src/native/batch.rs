@@ -4,6 +4,11 @@ use llama_cpp_sys_4 as sys;
 
 use super::{NativeError, NativeResult};
 
+/// The most rows a batch may hold. `llama_batch_init` allocates every per-row
+/// array up front (about 40 bytes a row) and does not check its allocations,
+/// so the capacity is bounded before it is called.
+pub const MAX_BATCH_ROWS: usize = 1 << 20;
+
 /// A token batch with a fixed row capacity (`llama_batch_init`/`llama_batch_free`).
 pub struct Batch {
     raw: sys::llama_batch,
@@ -11,13 +16,15 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// A batch holding at most `capacity` token rows (1 ..= i32::MAX).
+    /// A batch holding at most `capacity` token rows (1 ..= [`MAX_BATCH_ROWS`]).
     pub fn new(capacity: usize) -> NativeResult<Self> {
         let n_tokens = i32::try_from(capacity)
             .ok()
-            .filter(|n| *n > 0)
+            .filter(|n| *n > 0 && capacity <= MAX_BATCH_ROWS)
             .ok_or_else(|| {
-                NativeError::InvalidArgument(format!("batch capacity {capacity} is out of range"))
+                NativeError::InvalidArgument(format!(
+                    "capacity must be between 1 and {MAX_BATCH_ROWS}, not {capacity}"
+                ))
             })?;
         // SAFETY: `n_tokens > 0`, no embeddings, one sequence id per row; the
         // returned arrays are owned by this value and freed in `Drop`.

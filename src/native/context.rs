@@ -50,6 +50,63 @@ impl Default for ContextParams {
     }
 }
 
+/// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. Beyond
+/// it ggml's thread pool aborts the process instead of failing.
+pub const MAX_THREADS: i32 = 512;
+
+/// The most sequences a context may hold: llama.cpp's `LLAMA_MAX_SEQ`.
+pub const MAX_SEQUENCES: u32 = 256;
+
+/// Refuse, before llama.cpp sees them, parameters it would abort on or that
+/// would allocate more than the model was made for.
+fn check_params(
+    model: &Model,
+    params: &ContextParams,
+    other: Option<&Context>,
+) -> NativeResult<()> {
+    let invalid = |message: String| Err(NativeError::InvalidArgument(message));
+    let n_ctx_train = model.n_ctx_train();
+    if params.n_ctx == 1 || (n_ctx_train > 0 && params.n_ctx > n_ctx_train) {
+        return invalid(format!(
+            "n_ctx must be between 2 and the model's trained context length {n_ctx_train} (0: that length), not {}",
+            params.n_ctx
+        ));
+    }
+    let max_rows = u32::try_from(super::MAX_BATCH_ROWS).unwrap_or(u32::MAX);
+    for (name, value) in [("n_batch", params.n_batch), ("n_ubatch", params.n_ubatch)] {
+        if value == 0 || value > max_rows {
+            return invalid(format!(
+                "{name} must be between 1 and {max_rows}, not {value}"
+            ));
+        }
+    }
+    if params.n_seq_max == 0 || params.n_seq_max > MAX_SEQUENCES {
+        return invalid(format!(
+            "n_seq_max must be between 1 and {MAX_SEQUENCES}, not {}",
+            params.n_seq_max
+        ));
+    }
+    if !(0..=MAX_THREADS).contains(&params.n_threads) {
+        return invalid(format!(
+            "n_threads must be between 0 (the CPUs available) and {MAX_THREADS}, not {}",
+            params.n_threads
+        ));
+    }
+    if let Some(other) = other {
+        let theirs = other.model();
+        if theirs.n_embd() != model.n_embd() || theirs.n_vocab() != model.n_vocab() {
+            return Err(NativeError::ContextInit(format!(
+                "the linked context's model ({} wide, {} tokens) does not match this model ({} wide, {} tokens)",
+                theirs.n_embd(),
+                theirs.n_vocab(),
+                model.n_embd(),
+                model.n_vocab()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Threads when none are asked for: the CPUs this process may run on.
 ///
 /// llama.cpp's own default (4) oversubscribes smaller machines, where its
@@ -94,19 +151,15 @@ impl Context {
         params: ContextParams,
         other: Option<&Context>,
     ) -> NativeResult<Self> {
-        if params.n_batch == 0 || params.n_ubatch == 0 || params.n_seq_max == 0 {
-            return Err(NativeError::ContextInit(
-                "n_batch, n_ubatch and n_seq_max must be positive".into(),
-            ));
-        }
+        check_params(&model, &params, other)?;
         let recurrent = model.is_recurrent() || model.is_hybrid();
-        if recurrent && params.n_rs_seq > 0 && params.n_ubatch <= params.n_rs_seq.saturating_add(1)
-        {
+        // llama.cpp runs at most n_batch rows per compute pass, whatever n_ubatch says.
+        let n_ubatch = params.n_ubatch.min(params.n_batch);
+        if recurrent && params.n_rs_seq > 0 && n_ubatch <= params.n_rs_seq.saturating_add(1) {
             // llama.cpp asserts `n_ubatch > n_rs_seq + 1` on the first decode
             // of a recurrent memory with rollback snapshots (an abort, not an error).
             return Err(NativeError::ContextInit(format!(
-                "n_ubatch ({}) must exceed n_rs_seq + 1 ({}) for a recurrent or hybrid model",
-                params.n_ubatch,
+                "n_ubatch and n_batch ({n_ubatch}) must exceed n_rs_seq + 1 ({}) for a recurrent or hybrid model",
                 u64::from(params.n_rs_seq) + 1
             )));
         }
@@ -246,6 +299,16 @@ impl Context {
     pub fn seq_pos_max(&self, seq_id: i32) -> NativeResult<i32> {
         self.check_seq(seq_id)?;
         Ok(self.seq_pos_max_unchecked(seq_id))
+    }
+
+    /// The lowest and highest positions stored for `seq_id`, `(-1, -1)` when empty.
+    pub fn seq_positions(&self, seq_id: i32) -> NativeResult<(i32, i32)> {
+        self.check_seq(seq_id)?;
+        // SAFETY: the context and its memory are live; `seq_id` is valid.
+        let min = unsafe {
+            sys::llama_memory_seq_pos_min(sys::llama_get_memory(self.raw.as_ptr()), seq_id)
+        };
+        Ok((min, self.seq_pos_max_unchecked(seq_id)))
     }
 
     fn seq_pos_max_unchecked(&self, seq_id: i32) -> i32 {

@@ -10,8 +10,8 @@ mod context;
 mod model;
 
 pub use backend::ensure_backend;
-pub use batch::Batch;
-pub use context::{Context, ContextKind, ContextParams};
+pub use batch::{Batch, MAX_BATCH_ROWS};
+pub use context::{Context, ContextKind, ContextParams, MAX_SEQUENCES, MAX_THREADS};
 pub use model::Model;
 
 use std::path::PathBuf;

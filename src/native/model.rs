@@ -1,7 +1,8 @@
 //! An owned llama.cpp model (`llama_model_load_from_file`/`llama_model_free`).
 
 use std::ffi::{c_char, CString};
-use std::io::Read;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
@@ -18,8 +19,8 @@ const METADATA_BUFFER: usize = 64 * 1024;
 pub struct Model {
     raw: NonNull<sys::llama_model>,
     path: PathBuf,
-    /// SHA-256 (hex) and size of the file, computed on first use.
-    digest: std::sync::OnceLock<(String, u64)>,
+    /// SHA-256 (hex) and size of the file loaded.
+    digest: (String, u64),
 }
 
 // SAFETY: a `llama_model` is read-only once loaded; llama.cpp creates contexts
@@ -35,29 +36,81 @@ fn load_error(path: &Path, reason: impl Into<String>) -> NativeError {
     }
 }
 
-/// Refuse, before llama.cpp sees it, anything that is not a readable GGUF file.
-fn check_gguf_file(path: &Path) -> NativeResult<()> {
-    let mut file =
-        std::fs::File::open(path).map_err(|error| load_error(path, error.to_string()))?;
-    if !file
-        .metadata()
-        .map_err(|error| load_error(path, error.to_string()))?
-        .is_file()
+/// Open `path` and refuse, before llama.cpp sees it, anything that is not a
+/// regular GGUF file. The type is checked before opening and the file is
+/// opened without blocking, so a FIFO or a device can never hang the caller.
+fn open_gguf_file(path: &Path) -> NativeResult<File> {
+    let io_error = |error: std::io::Error| load_error(path, error.to_string());
+    if !std::fs::metadata(path).map_err(io_error)?.is_file() {
+        return Err(load_error(path, "not a regular file"));
+    }
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
     {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let mut file = options.open(path).map_err(io_error)?;
+    if !file.metadata().map_err(io_error)?.is_file() {
         return Err(load_error(path, "not a regular file"));
     }
     let mut magic = [0_u8; 4];
     match file.read_exact(&mut magic) {
-        Ok(()) if &magic == GGUF_MAGIC => Ok(()),
+        Ok(()) if &magic == GGUF_MAGIC => Ok(file),
         Ok(()) => Err(load_error(path, "not a GGUF file (bad magic)")),
         Err(_) => Err(load_error(path, "not a GGUF file (too short)")),
     }
 }
 
+/// SHA-256 (hex) and size of everything in `file`, read from its start.
+fn file_digest(path: &Path, file: &mut File) -> NativeResult<(String, u64)> {
+    use sha2::Digest;
+    let io_error = |error: std::io::Error| load_error(path, error.to_string());
+    file.seek(SeekFrom::Start(0)).map_err(io_error)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buffer = vec![0_u8; 1 << 20];
+    let mut size = 0_u64;
+    loop {
+        let n = file.read(&mut buffer).map_err(io_error)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        size += n as u64;
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((hex, size))
+}
+
+/// Whether the file at `path` is still the one `file` has open, unchanged.
+fn still_same_file(path: &Path, file: &File) -> bool {
+    let (Ok(now), Ok(opened)) = (std::fs::metadata(path), file.metadata()) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if (now.dev(), now.ino()) != (opened.dev(), opened.ino()) {
+            return false;
+        }
+    }
+    now.len() == opened.len() && now.modified().ok() == opened.modified().ok()
+}
+
 impl Model {
     /// Load `path`, offloading `n_gpu_layers` layers to a GPU backend if one is built in.
+    ///
+    /// The file's fingerprint (SHA-256 and size) is taken from the file that
+    /// is loaded: it is read from the handle opened here, and a file replaced
+    /// or modified while llama.cpp loads it is refused.
     pub fn load(path: &Path, n_gpu_layers: i32) -> NativeResult<Self> {
-        check_gguf_file(path)?;
+        let mut file = open_gguf_file(path)?;
+        let digest = file_digest(path, &mut file)?;
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| load_error(path, "the path contains a NUL byte"))?;
         ensure_backend();
@@ -76,43 +129,23 @@ impl Model {
                 "llama.cpp could not load it (truncated, corrupt or unsupported architecture)",
             )
         })?;
-        Ok(Self {
+        let model = Self {
             raw,
             path: path.to_path_buf(),
-            digest: std::sync::OnceLock::new(),
-        })
+            digest,
+        };
+        if !still_same_file(path, &file) {
+            return Err(load_error(
+                path,
+                "the file changed while it was being loaded",
+            ));
+        }
+        Ok(model)
     }
 
-    /// SHA-256 (hex) and size of the model file, read once and cached.
-    ///
-    /// Computed from the file as it is on disk when first asked; a model file
-    /// replaced after loading is reported as a read error only if unreadable.
+    /// SHA-256 (hex) and size of the model file, as it was when loaded.
     pub fn file_digest(&self) -> NativeResult<(String, u64)> {
-        if let Some(digest) = self.digest.get() {
-            return Ok(digest.clone());
-        }
-        use sha2::Digest;
-        let mut file =
-            std::fs::File::open(&self.path).map_err(|e| load_error(&self.path, e.to_string()))?;
-        let mut hasher = sha2::Sha256::new();
-        let mut buffer = vec![0_u8; 1 << 20];
-        let mut size = 0_u64;
-        loop {
-            let n = file
-                .read(&mut buffer)
-                .map_err(|e| load_error(&self.path, e.to_string()))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buffer[..n]);
-            size += n as u64;
-        }
-        let hex: String = hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(self.digest.get_or_init(|| (hex, size)).clone())
+        Ok(self.digest.clone())
     }
 
     /// The path the model was loaded from.
@@ -140,6 +173,13 @@ impl Model {
     pub fn n_embd(&self) -> i32 {
         // SAFETY: the model is live.
         unsafe { sys::llama_model_n_embd(self.raw.as_ptr()) }
+    }
+
+    /// The context length the model was trained with (0 if unknown).
+    pub fn n_ctx_train(&self) -> u32 {
+        // SAFETY: the model is live.
+        let n = unsafe { sys::llama_model_n_ctx_train(self.raw.as_ptr()) };
+        u32::try_from(n).unwrap_or(0)
     }
 
     /// Layer count (MTP/nextn layers included, as llama.cpp counts them).

@@ -1,0 +1,253 @@
+"""Hostile input: every row of the hardening issue's table, and each suspicion read in the code.
+
+Checkpoints here are crafted with a valid CRC (and, where said, valid section bindings), so
+they reach the content checks. Each must end in a typed ``CheckpointError`` (or in correct
+behaviour); arguments out of range end in a ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import checkpoint_codec as codec
+from generator_support import TINY_CTX, draft_for, tiny_generator
+from specstate import Batch, Context, Generator, Model
+from specstate.errors import (
+    CheckpointError,
+    ConfigMismatchError,
+    ContextError,
+    CorruptCheckpointError,
+    ModelLoadError,
+    SessionError,
+)
+
+
+def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter (a crash fails the test, not the run)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd=Path(__file__).parent)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_map: dict[str, Path]) -> dict[str, tuple[Generator, bytes, bytes]]:
+    """Per mode: a generator and checkpoints taken after 6 and after 14 tokens of one run."""
+    made = {}
+    for mode in ("none", "draft", "mtp", "eagle3"):
+        generator = tiny_generator(mode, tiny_map)
+        generator.generate("hostile input", max_tokens=6)
+        early = generator.checkpoint()
+        generator.generate(max_tokens=8)
+        made[mode] = (generator, early, generator.checkpoint())
+    return made
+
+
+def restore(data: bytes, mode: str, tiny_map: dict[str, Path]) -> Generator:
+    return Generator.restore(data, Model(tiny_map["qwen35"]), draft_model=draft_for(mode, tiny_map), n_threads=1)
+
+
+def refused_by_load(generator: Generator, data: bytes) -> CheckpointError:
+    """`load` refuses `data` with a CheckpointError and leaves `generator` exactly as it was."""
+    before = generator.checkpoint()
+    with pytest.raises(CheckpointError) as caught:
+        generator.load(data)
+    assert generator.checkpoint() == before
+    return caught.value
+
+
+def with_state_field(data: bytes, index: int, value: int) -> bytes:
+    state = bytearray(codec.sections(data)["state"])
+    struct.pack_into("<Q", state, 8 * index, value)
+    return codec.reseal_sections(data, {"state": bytes(state)})
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+
+def test_a_huge_n_batch_in_meta_is_a_checkpoint_error(runs: dict[str, tuple[Generator, bytes, bytes]],
+                                                      tiny_map: dict[str, Path]) -> None:
+    data = codec.rewrite_meta(runs["none"][2], n_batch=2**31 - 1)
+    with pytest.raises(CorruptCheckpointError, match="n_batch"):
+        restore(data, "none", tiny_map)
+
+
+@pytest.mark.parametrize("capacity", [2**31 - 1, 2**20 + 1, 0, -1, 2**70])
+def test_a_batch_capacity_out_of_range_is_a_value_error(capacity: int) -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        Batch(capacity)
+
+
+def test_delivered_that_wraps_around_is_refused(runs: dict[str, tuple[Generator, bytes, bytes]],
+                                               tiny_map: dict[str, Path]) -> None:
+    generator, _, data = runs["none"]
+    n_prompt = len(generator.prompt_tokens)
+    hostile = with_state_field(data, 7, 2**64 - n_prompt)
+    with pytest.raises(CorruptCheckpointError, match="delivered"):
+        restore(hostile, "none", tiny_map)
+    refused_by_load(generator, hostile)
+
+
+@pytest.mark.parametrize("mode", ["none", "draft", "mtp", "eagle3"])
+@pytest.mark.parametrize("rebind", [False, True], ids=["bindings-kept", "bindings-recomputed"])
+def test_a_target_state_from_an_earlier_checkpoint_is_refused(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path], mode: str, rebind: bool
+) -> None:
+    generator, early, late = runs[mode]
+    spliced = codec.reseal_sections(late, {"target_state": codec.sections(early)["target_state"]})
+    if not rebind:  # put back the binding the state recorded for the late target state
+        spliced = codec.reseal_sections(spliced, {"state": codec.sections(late)["state"]})
+    with pytest.raises(CorruptCheckpointError, match="target_state"):
+        restore(spliced, mode, tiny_map)
+    assert "target_state" in str(refused_by_load(generator, spliced))
+    assert generator.generate(max_tokens=4) is not None  # the loaded generator is not stuck
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"temperature": -1.0}, {"top_p": 2.0}, {"top_p": 0.0}, {"n_draft": 0}, {"n_draft": 4097}, {"n_batch": 0},
+     {"n_batch": 1}, {"n_ctx": 1}, {"ngram": [0, 0]}, {"mode": "warp"}, {"seed": -1}, {"n_ctx": -1}],
+    ids=str,
+)
+def test_settings_out_of_range_are_checkpoint_errors_naming_the_field(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path], changes: dict[str, object]
+) -> None:
+    generator, _, data = runs["mtp"]
+    hostile = codec.rewrite_meta(data, **changes)
+    with pytest.raises(CorruptCheckpointError) as caught:
+        restore(hostile, "mtp", tiny_map)
+    field = next(iter(changes))
+    assert field in str(caught.value) or "meta" in str(caught.value)
+    refused_by_load(generator, hostile)
+
+
+@pytest.mark.parametrize("section", ["target_state", "draft_state"])
+def test_a_changed_byte_inside_a_sequence_state_is_a_checkpoint_error(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path], section: str
+) -> None:
+    generator, _, data = runs["draft"]
+    payload = bytearray(codec.sections(data)[section])
+    for offset in (0, 4, 8):
+        payload[offset] ^= 0xFF
+    hostile = codec.reseal_sections(data, {section: bytes(payload)})
+    with pytest.raises(CorruptCheckpointError, match=section):
+        restore(hostile, "draft", tiny_map)
+    refused_by_load(generator, hostile)
+
+
+def test_a_context_larger_than_the_model_was_trained_for_is_refused(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path]
+) -> None:
+    data = codec.rewrite_meta(runs["none"][2], n_ctx=1_000_000)
+    with pytest.raises(ConfigMismatchError, match="n_ctx"):
+        restore(data, "none", tiny_map)
+
+
+def test_the_caller_can_cap_the_context_of_a_restore(runs: dict[str, tuple[Generator, bytes, bytes]],
+                                                     tiny_map: dict[str, Path]) -> None:
+    data = runs["none"][2]
+    with pytest.raises(ConfigMismatchError, match="at most 128"):
+        Generator.restore(data, Model(tiny_map["qwen35"]), n_threads=1, max_n_ctx=128)
+    assert Generator.restore(data, Model(tiny_map["qwen35"]), n_threads=1, max_n_ctx=TINY_CTX).model is not None
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("n_threads", 5000), ("n_threads", -1), ("n_ctx", -1), ("n_ctx", 10**6), ("n_ctx", 2**40), ("seed", -1),
+     ("n_batch", -5), ("top_k", 2**32), ("n_draft", 2**33), ("ngram_max", -1)],
+)
+def test_generator_arguments_out_of_range_are_value_errors_naming_them(
+    llama_model: Model, argument: str, value: int
+) -> None:
+    with pytest.raises(ValueError, match=argument):
+        Generator(llama_model, mode="ngram", **{argument: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("n_threads", 513), ("n_ctx", 10**6), ("n_ctx", -3), ("n_batch", 0), ("n_batch", 2**21), ("n_seq_max", 257),
+     ("n_ubatch", -1)],
+)
+def test_context_arguments_out_of_range_are_value_errors_naming_them(
+    llama_model: Model, argument: str, value: int
+) -> None:
+    with pytest.raises(ValueError, match=argument):
+        Context(llama_model, **{argument: value})  # type: ignore[arg-type]
+
+
+def test_many_threads_within_the_bound_run(llama_model: Model) -> None:
+    generator = Generator(llama_model, n_ctx=64, n_batch=16, n_threads=64)
+    assert len(generator.generate([1, 2, 3], max_tokens=3)) >= 0
+
+
+def test_a_hybrid_generator_with_a_tiny_batch_is_not_an_abort(qwen35_model: Model) -> None:
+    generator = Generator(qwen35_model, mode="ngram", n_ctx=64, n_batch=5, n_draft=4, n_threads=1)
+    generator.generate([3, 4, 5, 3, 4, 5, 3, 4], max_tokens=8)
+    assert len(generator.tokens) == 8
+
+
+# --- suspicions from reading the code -------------------------------------------------------------
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    result = run_isolated(f"""
+        from specstate import Model
+        from specstate.errors import ModelLoadError
+        try:
+            Model({str(fifo)!r})
+        except ModelLoadError as error:
+            print("refused:", error)
+        """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "not a regular file" in result.stdout
+
+
+def test_a_device_is_refused() -> None:
+    with pytest.raises(ModelLoadError, match="not a regular file"):
+        Model("/dev/zero")
+
+
+def test_the_fingerprint_is_of_the_file_that_was_loaded(tiny_map: dict[str, Path], tmp_path: Path) -> None:
+    path = tmp_path / "model.gguf"
+    original = tiny_map["llama"].read_bytes()
+    path.write_bytes(original)
+    model = Model(path)
+    generator = Generator(model, mode="ngram", n_ctx=64, n_batch=16, n_threads=1)
+    generator.generate([1, 2, 3], max_tokens=2)
+    path.write_bytes(original[:-8] + bytes(8))  # another file now sits at the path
+    recorded = codec.meta(generator.checkpoint())["target_model"]
+    import hashlib
+
+    assert recorded["sha256"] == hashlib.sha256(original).hexdigest()
+
+
+def test_a_freed_batch_cannot_stand_in_for_a_new_one(qwen35_model: Model) -> None:
+    """`process()` keys on a stamp that is never reused, not on a batch's address."""
+    from specstate import MtpSession
+
+    target = Context(qwen35_model, n_ctx=128, n_batch=16, n_ubatch=16, n_rs_seq=3, n_threads=1)
+    draft = Context(qwen35_model, kind="mtp", n_ctx=128, n_batch=16, n_ubatch=16, n_rs_seq=3, n_threads=1)
+    session = MtpSession(target, draft, n_draft_max=3)
+    for _ in range(20):
+        decoded = Batch(8)
+        decoded.add(1, 0, logits=True)
+        target.decode_batch(decoded)
+        del decoded
+        fresh = Batch(8)
+        fresh.add(1, 0, logits=True)
+        with pytest.raises(SessionError):
+            session.process(fresh)
+        target.seq_rm(0, 0, -1)
+
+
+def test_a_linked_context_over_a_model_of_another_width_is_refused(llama_model: Model, smollm2: Model) -> None:
+    source = Context(smollm2, n_ctx=64, n_threads=1)
+    with pytest.raises(ContextError, match="does not match"):
+        Context(llama_model, n_ctx=64, n_threads=1, other=source)
