@@ -60,18 +60,23 @@ def main() -> None:
         one_cycle(model, prompt)
     gc.collect()
     after_warmup = rss_bytes()
-    for _ in range(args.cycles - warmup):
+    samples = [(warmup, after_warmup)]
+    for cycle in range(warmup, args.cycles):
         one_cycle(model, prompt)
+        if (cycle + 1) % warmup == 0:
+            gc.collect()
+            samples.append((cycle + 1, rss_bytes()))
     gc.collect()
     at_end = rss_bytes()
     growth = (at_end - after_warmup) / after_warmup
     result = {
         "cycles": args.cycles, "warmup_cycles": warmup, "rss_after_warmup": after_warmup, "rss_at_end": at_end,
-        "growth": growth, "seconds": time.perf_counter() - started,
+        "growth": growth, "seconds": time.perf_counter() - started, "samples": samples,
     }
     print(f"{args.cycles} cycles (generator + restore + context + batch) in {result['seconds']:.0f} s: "
           f"RSS {after_warmup / 2**20:.1f} MiB after {warmup} -> {at_end / 2**20:.1f} MiB at the end, "
           f"growth {growth:+.2%} (target < 1%)")
+    print("RSS (MiB) by cycle: " + ", ".join(f"{n}: {value / 2**20:.2f}" for n, value in samples))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     sys.exit(0 if growth < 0.01 else 1)

@@ -64,7 +64,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     if [[ " ${missing[*]} " == *" libclang-dev "* ]] && ! have_libclang; then
-        echo "system-deps: libclang-dev is installed but no libclang.so was found; set LIBCLANG_PATH" >&2
+        # Installed, yet its files are gone: reinstall the packages that own them.
+        owners=$(dpkg -S 'libclang-*.so*' 2>/dev/null | grep -v 'libclang-cpp' | cut -d: -f1 | sort -u | tr '\n' ' ')
+        echo "system-deps: libclang is installed but missing; reinstalling ${owners:-libclang-dev}" >&2
+        # shellcheck disable=SC2086
+        apt-get install -y -qq --reinstall --no-install-recommends ${owners:-libclang-dev} >/dev/null
+    fi
+    if [[ " ${missing[*]} " == *" libclang-dev "* ]] && ! have_libclang; then
+        echo "system-deps: no libclang.so found after installing libclang-dev; set LIBCLANG_PATH" >&2
         exit 1
     fi
     exit 0

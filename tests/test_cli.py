@@ -166,8 +166,8 @@ def test_a_bad_save_path_fails_before_generating(
     tiny_map: dict[str, Path], tmp_path: Path, save: str, message: str
 ) -> None:
     (tmp_path / "file").write_bytes(b"")
-    result = specstate("generate", "--model", str(tiny_map["llama"]), "--max-tokens", "100000", "--n-ctx", "256",
-                       "--save", str(tmp_path / save), "hi")
+    result = specstate("generate", "--model", str(tiny_map["llama"]), "--max-tokens", "20", "--n-ctx", "256",
+                       "--threads", "1", "--save", str(tmp_path / save), "hi")
     line = one_error_line(result)
     assert "--save" in line and message in line, line
     assert sorted(os.listdir(tmp_path)) == ["file"]
