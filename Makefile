@@ -60,7 +60,7 @@ bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py
 
 fuzz: develop
-	$(BIN)/python tests/checkpoint_fuzz.py --cases 100000 --json benchmarks/results/fuzz.json
+	$(BIN)/python tests/checkpoint_fuzz.py --cases 100000 --smollm2-share 0.05 --json benchmarks/results/fuzz.json
 
 # The Python suite against llama.cpp and the crate's shims built with AddressSanitizer
 # (own target directory and .venv-asan; the first run compiles llama.cpp again).

@@ -313,7 +313,9 @@ def test_a_batch_decoded_before_the_session_is_refused(qwen35_model: Model) -> N
         session.process(batch)
 
 
-def test_configuration_is_validated_before_allocation(qwen35_model: Model, eagle3_draft_model: Model) -> None:
+def test_configuration_is_validated_before_allocation(
+    qwen35_model: Model, llama_model: Model, eagle3_draft_model: Model
+) -> None:
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
     draft = Context(qwen35_model, n_ctx=N_CTX, kind="mtp", n_rs_seq=3, n_ubatch=8)
     with pytest.raises(ConfigError, match="^n_draft_max is outside the supported bound$"):
@@ -324,9 +326,14 @@ def test_configuration_is_validated_before_allocation(qwen35_model: Model, eagle
         MtpSession(target, draft, n_seq=0)
     with pytest.raises(CapacityError, match="^recurrent context capacity is smaller than n_draft_max$"):
         MtpSession(target, draft, n_draft_max=4)
-    small = Context(qwen35_model, n_ctx=N_CTX, n_batch=3, n_rs_seq=3, n_ubatch=8)
+    # A hybrid context this narrow is refused when it is made (llama.cpp would abort on its
+    # first decode: every compute pass must exceed n_rs_seq + 1 rows) ...
+    with pytest.raises(ContextError, match="must exceed n_rs_seq"):
+        Context(qwen35_model, n_ctx=N_CTX, n_batch=3, n_rs_seq=3, n_ubatch=8)
+    # ... so the seed's batch check is met with a transformer target.
+    small = Context(llama_model, n_ctx=N_CTX, n_batch=3)
     with pytest.raises(CapacityError, match="^target or draft batch capacity"):
-        MtpSession(small, draft)
+        Eagle3Session(small, Context(eagle3_draft_model, n_ctx=N_CTX, other=small))
 
 
 def test_incompatible_contexts_are_refused(

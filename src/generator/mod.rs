@@ -898,9 +898,11 @@ fn expect_speculative_draft_positions(
     let (min, max) = context
         .seq_positions(0)
         .map_err(|e| RestoreError::new(part, e))?;
-    let empty = n_past == 0 && (min, max) == (-1, -1);
-    let ends_right = usize::try_from(max).is_ok_and(|max| max < n_past && max + 2 >= n_past);
-    if empty || (ends_right && (0..=max).contains(&min)) {
+    let n_past = i64::try_from(n_past).unwrap_or(i64::MAX);
+    let (low, high) = (i64::from(min), i64::from(max));
+    let ends_right = high < n_past && high + 2 >= n_past;
+    let starts_right = (low, high) == (-1, -1) || (0..=high).contains(&low);
+    if ends_right && starts_right {
         return Ok(());
     }
     Err(RestoreError::new(
