@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from specstate import Generator, Model
+from specstate.errors import CheckpointError
 from specstate.generator import Mode
 
 MODES = ("none", "ngram", "draft", "mtp", "eagle3")
@@ -38,3 +39,14 @@ def sampling(sampled: bool) -> dict[str, Any]:
 def draft_for(mode: str, paths: dict[str, Path]) -> Model | None:
     """The draft model a restore of `mode` needs."""
     return {"draft": Model(paths["llama"]), "eagle3": Model(paths["eagle3_draft"])}.get(mode)
+
+
+def assert_refused_and_unchanged(generator: Generator, data: bytes) -> CheckpointError:
+    """`load` refuses `data` with a CheckpointError and leaves `generator` exactly as it was."""
+    before = generator.checkpoint()
+    try:
+        generator.load(data)
+    except CheckpointError as error:
+        assert generator.checkpoint() == before
+        return error
+    raise AssertionError("the checkpoint was loaded, not refused")

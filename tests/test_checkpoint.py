@@ -17,7 +17,7 @@ import pytest
 import checkpoint_codec as codec
 
 import specstate
-from generator_support import draft_for, tiny_generator
+from generator_support import assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import (
     CheckpointError,
     ChecksumMismatchError,
@@ -58,14 +58,6 @@ def mtp_generator(tiny_map: dict[str, Path]) -> Generator:
 @pytest.fixture()
 def checkpoint(mtp_generator: Generator) -> bytes:
     return mtp_generator.checkpoint()
-
-
-def assert_refused_and_unchanged(generator: Generator, data: bytes) -> CheckpointError:
-    before = generator.checkpoint()
-    with pytest.raises(CheckpointError) as caught:
-        generator.load(data)
-    assert generator.checkpoint() == before
-    return caught.value
 
 
 def test_a_checkpoint_has_every_section(checkpoint: bytes, tiny_map: dict[str, Path]) -> None:

@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 import checkpoint_codec as codec
-from generator_support import TINY_CTX, draft_for, tiny_generator
+from generator_support import TINY_CTX, assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import Batch, Context, Generator, Model
 from specstate.errors import (
-    CheckpointError,
     ConfigMismatchError,
     ContextError,
     CorruptCheckpointError,
@@ -52,15 +51,6 @@ def restore(data: bytes, mode: str, tiny_map: dict[str, Path]) -> Generator:
     return Generator.restore(data, Model(tiny_map["qwen35"]), draft_model=draft_for(mode, tiny_map), n_threads=1)
 
 
-def refused_by_load(generator: Generator, data: bytes) -> CheckpointError:
-    """`load` refuses `data` with a CheckpointError and leaves `generator` exactly as it was."""
-    before = generator.checkpoint()
-    with pytest.raises(CheckpointError) as caught:
-        generator.load(data)
-    assert generator.checkpoint() == before
-    return caught.value
-
-
 def with_state_field(data: bytes, index: int, value: int) -> bytes:
     state = bytearray(codec.sections(data)["state"])
     struct.pack_into("<Q", state, 8 * index, value)
@@ -90,7 +80,7 @@ def test_delivered_that_wraps_around_is_refused(runs: dict[str, tuple[Generator,
     hostile = with_state_field(data, 7, 2**64 - n_prompt)
     with pytest.raises(CorruptCheckpointError, match="delivered"):
         restore(hostile, "none", tiny_map)
-    refused_by_load(generator, hostile)
+    assert_refused_and_unchanged(generator, hostile)
 
 
 @pytest.mark.parametrize("mode", ["none", "draft", "mtp", "eagle3"])
@@ -104,7 +94,7 @@ def test_a_target_state_from_an_earlier_checkpoint_is_refused(
         spliced = codec.reseal_sections(spliced, {"state": codec.sections(late)["state"]})
     with pytest.raises(CorruptCheckpointError, match="target_state"):
         restore(spliced, mode, tiny_map)
-    assert "target_state" in str(refused_by_load(generator, spliced))
+    assert "target_state" in str(assert_refused_and_unchanged(generator, spliced))
     assert generator.generate(max_tokens=4) is not None  # the loaded generator is not stuck
 
 
@@ -123,7 +113,7 @@ def test_settings_out_of_range_are_checkpoint_errors_naming_the_field(
         restore(hostile, "mtp", tiny_map)
     field = next(iter(changes))
     assert field in str(caught.value) or "meta" in str(caught.value)
-    refused_by_load(generator, hostile)
+    assert_refused_and_unchanged(generator, hostile)
 
 
 @pytest.mark.parametrize("section", ["target_state", "draft_state"])
@@ -137,7 +127,7 @@ def test_a_changed_byte_inside_a_sequence_state_is_a_checkpoint_error(
     hostile = codec.reseal_sections(data, {section: bytes(payload)})
     with pytest.raises(CorruptCheckpointError, match=section):
         restore(hostile, "draft", tiny_map)
-    refused_by_load(generator, hostile)
+    assert_refused_and_unchanged(generator, hostile)
 
 
 def test_a_context_larger_than_the_model_was_trained_for_is_refused(

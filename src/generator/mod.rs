@@ -724,6 +724,13 @@ impl Generator {
         let rng = Rng::from_state(state.rng)
             .ok_or_else(|| RestoreError::new("state", "the RNG state is all zero"))?;
         self.check_state(&state)?;
+        // Start from empty memories: a refused state may have left cells that
+        // removing the sequence does not reach (llama.cpp's `seq_rm` skips
+        // negative positions), and a restore must not depend on what was there.
+        self.target.clear();
+        if let Some(draft) = self.draft.as_mut() {
+            draft.clear();
+        }
         self.target
             .set_seq_state(0, target_state)
             .map_err(|e| RestoreError::new("target_state", e))?;
