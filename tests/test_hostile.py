@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,23 @@ def test_a_linked_context_over_a_model_of_another_width_is_refused(llama_model: 
     source = Context(smollm2, n_ctx=64, n_threads=1)
     with pytest.raises(ContextError, match="does not match"):
         Context(llama_model, n_ctx=64, n_threads=1, other=source)
+
+
+def test_method_integers_out_of_range_are_value_errors_naming_them(llama_model: Model) -> None:
+    context = Context(llama_model, n_ctx=64, n_batch=16, n_threads=1)
+    context.decode([1, 2, 3], 0)
+    batch = Batch(4)
+    calls: dict[str, Callable[[int], object]] = {
+        "start_pos": lambda v: context.decode([1], v), "row": lambda v: context.logits(v),
+        "k": lambda v: context.top_logits(-1, v), "seq_id": lambda v: context.seq_state(v),
+        "p0": lambda v: context.seq_rm(0, v), "pos": lambda v: batch.add(1, v),
+        "token": lambda v: llama_model.token_to_piece(v),
+        "n_gpu_layers": lambda v: Model(llama_model.path, n_gpu_layers=v),
+    }
+    for name, call in calls.items():
+        for value in (2**70, -(2**70)):
+            with pytest.raises(ValueError, match=name):
+                call(value)
+    assert llama_model.is_eog(2**70) is False
+    generator = Generator(llama_model, n_ctx=64, n_batch=16, n_threads=1)
+    assert len(generator.generate([1, 2, 3], max_tokens=2**70)) > 0  # "all": up to the context's end

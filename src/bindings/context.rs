@@ -49,15 +49,18 @@ impl PyBatch {
     }
 
     /// Append `token` at position `pos` of `seq_id`; `logits` requests its output row.
-    #[pyo3(signature = (token, pos, *, seq_id = 0, logits = false))]
+    #[pyo3(signature = (token, pos, *, seq_id = WideInt(0), logits = false), text_signature = "(self, /, token, pos, *, seq_id=0, logits=false)")]
     fn add(
         &mut self,
         py: Python<'_>,
-        token: i32,
-        pos: i32,
-        seq_id: i32,
+        token: WideInt,
+        pos: WideInt,
+        seq_id: WideInt,
         logits: bool,
     ) -> PyResult<()> {
+        let token: i32 = token.narrow("token")?;
+        let pos: i32 = pos.narrow("pos")?;
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.contents = next_contents();
         self.inner
             .push(token, pos, seq_id, logits)
@@ -245,15 +248,17 @@ impl PyContext {
     /// Decode `tokens` at positions `start_pos..` of `seq_id` (GIL released).
     ///
     /// Logits are kept for the last token, or for every token with `all_logits`.
-    #[pyo3(signature = (tokens, start_pos, *, seq_id = 0, all_logits = false))]
+    #[pyo3(signature = (tokens, start_pos, *, seq_id = WideInt(0), all_logits = false), text_signature = "(self, /, tokens, start_pos, *, seq_id=0, all_logits=false)")]
     fn decode(
         &mut self,
         py: Python<'_>,
         tokens: Vec<i32>,
-        start_pos: i32,
-        seq_id: i32,
+        start_pos: WideInt,
+        seq_id: WideInt,
         all_logits: bool,
     ) -> PyResult<()> {
+        let start_pos: i32 = start_pos.narrow("start_pos")?;
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.decode_tokens(py, &tokens, start_pos, seq_id, all_logits)
     }
 
@@ -269,8 +274,9 @@ impl PyContext {
     }
 
     /// The logits of output row `row` of the last decode (`-1`: the last row).
-    #[pyo3(signature = (row = -1), text_signature = "(self, /, row=-1)")]
-    fn logits(&self, py: Python<'_>, row: i32) -> PyResult<Vec<f32>> {
+    #[pyo3(signature = (row = WideInt(-1)), text_signature = "(self, /, row=-1)")]
+    fn logits(&self, py: Python<'_>, row: WideInt) -> PyResult<Vec<f32>> {
+        let row: i32 = row.narrow("row")?;
         self.check_thread(py)?;
         Ok(self
             .inner
@@ -280,24 +286,32 @@ impl PyContext {
     }
 
     /// The greedy choice of output row `row`: the id of the largest logit (lowest id on ties).
-    #[pyo3(signature = (row = -1), text_signature = "(self, /, row=-1)")]
-    fn argmax(&self, py: Python<'_>, row: i32) -> PyResult<i32> {
+    #[pyo3(signature = (row = WideInt(-1)), text_signature = "(self, /, row=-1)")]
+    fn argmax(&self, py: Python<'_>, row: WideInt) -> PyResult<i32> {
+        let row: i32 = row.narrow("row")?;
         self.check_thread(py)?;
         let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
         Ok(crate::sampling::argmax(logits))
     }
 
     /// The `k` largest logits of row `row` as `(token, logit)`, largest first.
-    #[pyo3(signature = (row = -1, k = 2), text_signature = "(self, /, row=-1, k=2)")]
-    fn top_logits(&self, py: Python<'_>, row: i32, k: usize) -> PyResult<Vec<(i32, f32)>> {
+    #[pyo3(signature = (row = WideInt(-1), k = WideInt(2)), text_signature = "(self, /, row=-1, k=2)")]
+    fn top_logits(&self, py: Python<'_>, row: WideInt, k: WideInt) -> PyResult<Vec<(i32, f32)>> {
+        let row: i32 = row.narrow("row")?;
+        let k: usize = k.narrow("k")?;
         self.check_thread(py)?;
         let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
         Ok(crate::sampling::top_k(logits, k))
     }
 
     /// The exact state of one sequence (KV cells and recurrent state; no logits).
-    #[pyo3(signature = (seq_id = 0))]
-    fn seq_state<'py>(&mut self, py: Python<'py>, seq_id: i32) -> PyResult<Bound<'py, PyBytes>> {
+    #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
+    fn seq_state<'py>(
+        &mut self,
+        py: Python<'py>,
+        seq_id: WideInt,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         let state = self
             .inner
@@ -310,7 +324,8 @@ impl PyContext {
     ///
     /// On failure the sequence is left exactly as it was.
     #[pyo3(signature = (seq_id, data))]
-    fn set_seq_state(&mut self, py: Python<'_>, seq_id: i32, data: &[u8]) -> PyResult<()> {
+    fn set_seq_state(&mut self, py: Python<'_>, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.inner
             .replace_seq_state(seq_id, data)
@@ -319,15 +334,25 @@ impl PyContext {
 
     /// Remove positions `p0..p1` of `seq_id` (`-1`: open end; `seq_id=-1`: every
     /// sequence); False if refused (an unknown sequence included).
-    #[pyo3(signature = (seq_id = 0, p0 = -1, p1 = -1), text_signature = "(self, /, seq_id=0, p0=-1, p1=-1)")]
-    fn seq_rm(&mut self, py: Python<'_>, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
+    #[pyo3(signature = (seq_id = WideInt(0), p0 = WideInt(-1), p1 = WideInt(-1)), text_signature = "(self, /, seq_id=0, p0=-1, p1=-1)")]
+    fn seq_rm(
+        &mut self,
+        py: Python<'_>,
+        seq_id: WideInt,
+        p0: WideInt,
+        p1: WideInt,
+    ) -> PyResult<bool> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
+        let p0: i32 = p0.narrow("p0")?;
+        let p1: i32 = p1.narrow("p1")?;
         self.check_thread(py)?;
         Ok(self.inner.seq_rm(seq_id, p0, p1))
     }
 
     /// Clear one sequence.
-    #[pyo3(signature = (seq_id = 0))]
-    fn seq_clear(&mut self, py: Python<'_>, seq_id: i32) -> PyResult<()> {
+    #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
+    fn seq_clear(&mut self, py: Python<'_>, seq_id: WideInt) -> PyResult<()> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.inner
             .seq_pos_max(seq_id)
@@ -337,8 +362,9 @@ impl PyContext {
     }
 
     /// The highest position stored for `seq_id`, or -1 when empty.
-    #[pyo3(signature = (seq_id = 0))]
-    fn seq_pos_max(&self, py: Python<'_>, seq_id: i32) -> PyResult<i32> {
+    #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
+    fn seq_pos_max(&self, py: Python<'_>, seq_id: WideInt) -> PyResult<i32> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.inner
             .seq_pos_max(seq_id)

@@ -137,8 +137,16 @@ impl PyGenerator {
 
     /// Up to `max_n` generated tokens, running a round when none are waiting
     /// (empty once finished or full and all handed out).
-    #[pyo3(signature = (max_n = usize::MAX))]
-    fn take(&mut self, py: Python<'_>, max_n: usize) -> PyResult<Vec<i32>> {
+    /// A negative `max_n` is a `ValueError`; one beyond every native size means "all".
+    #[pyo3(signature = (max_n = WideInt(i128::MAX)), text_signature = "(self, /, max_n=...)")]
+    fn take(&mut self, py: Python<'_>, max_n: WideInt) -> PyResult<Vec<i32>> {
+        if max_n.0 < 0 {
+            return Err(PyValueError::new_err(format!(
+                "max_n must not be negative, not {}",
+                max_n.0
+            )));
+        }
+        let max_n = usize::try_from(max_n.0).unwrap_or(usize::MAX);
         self.check_thread(py)?;
         let inner = &mut self.inner;
         py.detach(|| inner.take(max_n))

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::arguments::WideInt;
 use super::errors::native_error;
 use crate::native::Model;
 
@@ -19,8 +20,9 @@ pub(crate) struct PyModel {
 #[pymethods]
 impl PyModel {
     #[new]
-    #[pyo3(signature = (path, *, n_gpu_layers = 0))]
-    fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: i32) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, n_gpu_layers = WideInt(0)), text_signature = "(path, *, n_gpu_layers=0)")]
+    fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: WideInt) -> PyResult<Self> {
+        let n_gpu_layers: i32 = n_gpu_layers.narrow("n_gpu_layers")?;
         let model = py
             .detach(|| Model::load(&path, n_gpu_layers))
             .map_err(|e| native_error(py, e))?;
@@ -102,8 +104,9 @@ impl PyModel {
     }
 
     /// Whether `token` ends a generation (EOS, EOT, ...).
-    fn is_eog(&self, token: i32) -> bool {
-        self.inner.is_eog(token)
+    fn is_eog(&self, token: WideInt) -> bool {
+        // An id outside every vocabulary ends nothing.
+        i32::try_from(token.0).is_ok_and(|token| self.inner.is_eog(token))
     }
 
     /// Token ids of `text`.
@@ -125,9 +128,10 @@ impl PyModel {
     fn token_to_piece<'py>(
         &self,
         py: Python<'py>,
-        token: i32,
+        token: WideInt,
         special: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
+        let token: i32 = token.narrow("token")?;
         let piece = self
             .inner
             .token_to_piece(token, special)

@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::arguments::f32_argument;
+use super::arguments::{f32_argument, WideInt};
 use super::context::{PyBatch, PyContext};
 use super::errors::{
     capacity_error, config_error, context_error, ensure_thread, native_error, session_error,
@@ -216,8 +216,9 @@ impl PySession {
     }
 
     /// Start a generation on `seq_id` whose `prompt` the target has decoded.
-    #[pyo3(signature = (prompt, *, seq_id = 0))]
-    fn begin(&mut self, py: Python<'_>, prompt: Vec<i32>, seq_id: i32) -> PyResult<()> {
+    #[pyo3(signature = (prompt, *, seq_id = WideInt(0)), text_signature = "(self, /, prompt, *, seq_id=0)")]
+    fn begin(&mut self, py: Python<'_>, prompt: Vec<i32>, seq_id: WideInt) -> PyResult<()> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.core
             .begin(seq_id, &prompt)
@@ -263,14 +264,17 @@ impl PySession {
     }
 
     /// Draft up to `n_draft_max` tokens after `id_last` at position `n_past`.
-    #[pyo3(signature = (n_past, id_last, *, seq_id = 0))]
+    #[pyo3(signature = (n_past, id_last, *, seq_id = WideInt(0)), text_signature = "(self, /, n_past, id_last, *, seq_id=0)")]
     fn draft(
         &mut self,
         py: Python<'_>,
-        n_past: i32,
-        id_last: i32,
-        seq_id: i32,
+        n_past: WideInt,
+        id_last: WideInt,
+        seq_id: WideInt,
     ) -> PyResult<Vec<i32>> {
+        let n_past: i32 = n_past.narrow("n_past")?;
+        let id_last: i32 = id_last.narrow("id_last")?;
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         let core = &mut self.core;
         py.detach(|| core.draft(seq_id, n_past, id_last))
@@ -278,8 +282,10 @@ impl PySession {
     }
 
     /// Complete the pending proposal: `n_accepted` of its tokens were verified.
-    #[pyo3(signature = (n_accepted, *, seq_id = 0))]
-    fn accept(&mut self, py: Python<'_>, n_accepted: usize, seq_id: i32) -> PyResult<()> {
+    #[pyo3(signature = (n_accepted, *, seq_id = WideInt(0)), text_signature = "(self, /, n_accepted, *, seq_id=0)")]
+    fn accept(&mut self, py: Python<'_>, n_accepted: WideInt, seq_id: WideInt) -> PyResult<()> {
+        let n_accepted: usize = n_accepted.narrow("n_accepted")?;
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.core
             .accept(seq_id, n_accepted)
@@ -293,8 +299,9 @@ impl PySession {
     }
 
     /// Whether `seq_id` has a pending proposal.
-    #[pyo3(signature = (seq_id = 0))]
-    fn has_pending_proposal(&self, py: Python<'_>, seq_id: i32) -> PyResult<bool> {
+    #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
+    fn has_pending_proposal(&self, py: Python<'_>, seq_id: WideInt) -> PyResult<bool> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.core
             .has_pending_proposal(seq_id)
@@ -302,12 +309,13 @@ impl PySession {
     }
 
     /// The exact speculative state of `seq_id` (only at a quiescent boundary).
-    #[pyo3(signature = (seq_id = 0))]
+    #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
     fn speculative_state<'py>(
         &self,
         py: Python<'py>,
-        seq_id: i32,
+        seq_id: WideInt,
     ) -> PyResult<Bound<'py, PyBytes>> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         let state = self
             .core
@@ -322,9 +330,10 @@ impl PySession {
     fn restore_speculative_state(
         &mut self,
         py: Python<'_>,
-        seq_id: i32,
+        seq_id: WideInt,
         data: &[u8],
     ) -> PyResult<()> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.check_thread(py)?;
         self.core
             .restore(seq_id, data)
@@ -460,7 +469,8 @@ impl PyGreedyGeneration {
 
     /// Run rounds until at least `n_tokens` tokens are committed in total (or
     /// the target's context is full); returns every committed token.
-    fn generate(&mut self, py: Python<'_>, n_tokens: usize) -> PyResult<Vec<i32>> {
+    fn generate(&mut self, py: Python<'_>, n_tokens: WideInt) -> PyResult<Vec<i32>> {
+        let n_tokens: usize = n_tokens.narrow("n_tokens")?;
         while self.tokens.len() < n_tokens {
             let room = {
                 let session = self.session.bind(py).borrow();
