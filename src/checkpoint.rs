@@ -179,9 +179,9 @@ impl std::fmt::Display for ModelFingerprint {
 }
 
 /// The fingerprint of a loaded model's file.
-pub fn fingerprint(model: &Model) -> Result<ModelFingerprint, GeneratorError> {
-    let (sha256, size) = model.file_digest().map_err(GeneratorError::Native)?;
-    Ok(ModelFingerprint {
+pub fn fingerprint(model: &Model) -> ModelFingerprint {
+    let (sha256, size) = model.file_digest().clone();
+    ModelFingerprint {
         sha256,
         size,
         file: model
@@ -189,7 +189,7 @@ pub fn fingerprint(model: &Model) -> Result<ModelFingerprint, GeneratorError> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-    })
+    }
 }
 
 /// The `meta` section.
@@ -434,26 +434,40 @@ fn decode_state(
     })
 }
 
+/// The CRC-32 each bound section must have, in [`BOUND_SECTIONS`] order:
+/// its payload's, or 0 for a section the checkpoint does not have.
+fn bindings(crc_of: impl Fn(SectionKind) -> Option<u32>) -> [u32; 5] {
+    BOUND_SECTIONS.map(|kind| crc_of(kind).unwrap_or(0))
+}
+
 /// Refuse any section whose CRC-32 differs from the one the `state` section
 /// recorded for it (version 2): sections are not interchangeable between
 /// checkpoints, even of the same generation.
-fn check_bindings(state: &[u8], payloads: &[Option<&[u8]>; 6]) -> Result<(), CheckpointError> {
-    if state.len() != STATE_SIZE {
-        return Err(corrupt(
-            "the state section has the wrong size for this version",
-        ));
-    }
-    for (index, kind) in BOUND_SECTIONS.into_iter().enumerate() {
+fn check_bindings(
+    state: &[u8],
+    crc_of: impl Fn(SectionKind) -> Option<u32>,
+) -> Result<(), CheckpointError> {
+    for (index, actual) in bindings(crc_of).into_iter().enumerate() {
         let recorded = u32_at(state, STATE_SIZE_V1 + 4 * index);
-        let actual = payloads[kind as usize - 1].map_or(0, crc32fast::hash);
         if recorded != actual {
             return Err(corrupt(format!(
                 "section {} does not belong to this checkpoint's state (CRC-32 {actual:08x}, recorded {recorded:08x})",
-                kind.name()
+                BOUND_SECTIONS[index].name()
             )));
         }
     }
     Ok(())
+}
+
+/// The CRC-32 of `prefix` followed by sections given by their own CRC-32s and
+/// lengths, in file order: each byte of a checkpoint is read once.
+fn combined_crc(prefix: &[u8], sections: impl IntoIterator<Item = (u32, usize)>) -> u32 {
+    let mut whole = crc32fast::Hasher::new();
+    whole.update(prefix);
+    for (crc, len) in sections {
+        whole.combine(&crc32fast::Hasher::new_with_initial_len(crc, len as u64));
+    }
+    whole.finalize()
 }
 
 /// What a checkpoint is written from. The small sections are captured here;
@@ -491,11 +505,8 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, GeneratorError> {
         top_k: config.sampling.top_k,
         top_p: config.sampling.top_p,
         seed: config.sampling.seed,
-        target_model: fingerprint(generator.target_model())?,
-        draft_model: generator
-            .draft_model()
-            .map(|m| fingerprint(m))
-            .transpose()?,
+        target_model: fingerprint(generator.target_model()),
+        draft_model: generator.draft_model().map(|m| fingerprint(m)),
     };
     let meta = serde_json::to_vec(&meta).map_err(|e| GeneratorError::Invalid(e.to_string()))?;
     let state = generator.state();
@@ -618,53 +629,34 @@ fn write_header_and_table(
 /// Record the other sections' CRC-32s in the `state` section, and return the
 /// CRC-32 of the whole file, combined from the sections' (each byte is read once).
 fn seal(out: &mut [u8], table_end: usize, placed: &[(SectionKind, std::ops::Range<usize>)]) -> u32 {
-    let crc_of = |out: &[u8], kind: SectionKind| {
-        placed
-            .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, range)| crc32fast::hash(&out[range.clone()]))
-    };
-    let crcs: Vec<Option<u32>> = BOUND_SECTIONS
+    let mut crcs: Vec<u32> = placed
         .iter()
-        .map(|kind| crc_of(out, *kind))
+        .map(|(_, range)| crc32fast::hash(&out[range.clone()]))
         .collect();
-    let state = placed
-        .iter()
-        .find(|(kind, _)| *kind == SectionKind::State)
-        .map(|(_, range)| range.clone())
-        .expect("a checkpoint has a state section");
-    for (index, crc) in crcs.iter().enumerate() {
+    let index_of = |kind: SectionKind| placed.iter().position(|(k, _)| *k == kind);
+    let recorded = bindings(|kind| index_of(kind).map(|index| crcs[index]));
+    let state_index = index_of(SectionKind::State).expect("a checkpoint has a state section");
+    let state = placed[state_index].1.clone();
+    for (index, crc) in recorded.iter().enumerate() {
         let at = state.start + STATE_SIZE_V1 + 4 * index;
-        out[at..at + 4].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
+        out[at..at + 4].copy_from_slice(&crc.to_le_bytes());
     }
-    let mut whole = crc32fast::Hasher::new();
-    whole.update(&out[..table_end]);
-    for (kind, range) in placed {
-        let bound = BOUND_SECTIONS.iter().position(|k| k == kind);
-        let crc = match bound.and_then(|index| crcs[index]) {
-            Some(crc) => crc,
-            None => crc32fast::hash(&out[range.clone()]),
-        };
-        whole.combine(&crc32fast::Hasher::new_with_initial_len(
-            crc,
-            range.len() as u64,
-        ));
-    }
-    whole.finalize()
+    crcs[state_index] = crc32fast::hash(&out[state]);
+    let lengths = placed.iter().map(|(_, range)| range.len());
+    combined_crc(&out[..table_end], crcs.iter().copied().zip(lengths))
 }
 
 /// Validate and decode `bytes`: structure, checksum, bounds and content.
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
     let (version, count) = decode_header(bytes)?;
-    let body_end = bytes.len() - TRAILER_SIZE;
-    let stored = u32_at(bytes, body_end);
-    let computed = crc32fast::hash(&bytes[..body_end]);
-    if stored != computed {
-        return Err(CheckpointError::ChecksumMismatch { stored, computed });
-    }
-    let (payloads, sections) = decode_table(bytes, count)?;
+    let (table, crcs) = checked_table(bytes, count)?;
+    let crc_of = |kind: SectionKind| {
+        let index = table.iter().position(|(k, _)| *k == kind)?;
+        Some(crcs[index])
+    };
+    let payload = |kind: SectionKind| table.iter().find(|(k, _)| *k == kind).map(|(_, p)| *p);
     let required = |kind: SectionKind| {
-        payloads[kind as usize - 1].ok_or_else(|| corrupt(format!("no {} section", kind.name())))
+        payload(kind).ok_or_else(|| corrupt(format!("no {} section", kind.name())))
     };
     let meta: Meta = serde_json::from_slice(required(SectionKind::Meta)?)
         .map_err(|e| corrupt(format!("meta section: {e}")))?;
@@ -676,20 +668,51 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
         config.mode,
         version,
     )?;
-    check_sections_fit_mode(&meta, config.mode, &payloads)?;
+    check_sections_fit_mode(&meta, config.mode, payload)?;
     if version >= 2 {
-        check_bindings(state_bytes, &payloads)?;
+        check_bindings(state_bytes, crc_of)?;
     }
     Ok(Checkpoint {
         version,
         meta,
         state,
         target_state: required(SectionKind::TargetState)?,
-        draft_state: payloads[SectionKind::DraftState as usize - 1],
-        speculative_state: payloads[SectionKind::SpeculativeState as usize - 1],
-        sections,
-        checksum: stored,
+        draft_state: payload(SectionKind::DraftState),
+        speculative_state: payload(SectionKind::SpeculativeState),
+        sections: table
+            .iter()
+            .map(|(k, p)| (k.name(), p.len() as u64))
+            .collect(),
+        checksum: u32_at(bytes, bytes.len() - TRAILER_SIZE),
     })
+}
+
+/// Each section's kind and payload, in file order.
+type Table<'a> = Vec<(SectionKind, &'a [u8])>;
+
+/// The section table and each section's CRC-32, once the file's checksum is
+/// verified. A checksum mismatch is reported before anything wrong with the
+/// table; with a valid table the file's CRC-32 is combined from the sections'.
+fn checked_table(bytes: &[u8], count: usize) -> Result<(Table<'_>, Vec<u32>), CheckpointError> {
+    let body_end = bytes.len() - TRAILER_SIZE;
+    let stored = u32_at(bytes, body_end);
+    let table = decode_table(bytes, count);
+    let crcs: Vec<u32> = match &table {
+        Ok(entries) => entries.iter().map(|(_, p)| crc32fast::hash(p)).collect(),
+        Err(_) => Vec::new(),
+    };
+    let computed = match &table {
+        Ok(entries) => {
+            let table_end = HEADER_SIZE + TABLE_ENTRY_SIZE * count;
+            let lengths = entries.iter().map(|(_, p)| p.len());
+            combined_crc(&bytes[..table_end], crcs.iter().copied().zip(lengths))
+        }
+        Err(_) => crc32fast::hash(&bytes[..body_end]),
+    };
+    if stored != computed {
+        return Err(CheckpointError::ChecksumMismatch { stored, computed });
+    }
+    Ok((table?, crcs))
 }
 
 /// Check the header: magic, version, declared length, header fields. Returns
@@ -748,14 +771,11 @@ fn decode_header(bytes: &[u8]) -> Result<(u16, usize), CheckpointError> {
     Ok((version, count))
 }
 
-/// The payload of each section kind present, and `(name, size)` in file order.
-type Sections<'a> = ([Option<&'a [u8]>; 6], Vec<(&'static str, u64)>);
-
-/// Check the section table: known kinds, bounds, order, tiling, no duplicates.
-fn decode_table(bytes: &[u8], count: usize) -> Result<Sections<'_>, CheckpointError> {
+/// Check the section table: known kinds, bounds, order, tiling, no
+/// duplicates. Returns each section's kind and payload, in file order.
+fn decode_table(bytes: &[u8], count: usize) -> Result<Table<'_>, CheckpointError> {
     let body_end = (bytes.len() - TRAILER_SIZE) as u64;
-    let mut payloads: [Option<&[u8]>; 6] = [None; 6];
-    let mut sections = Vec::with_capacity(count);
+    let mut entries: Table<'_> = Vec::with_capacity(count);
     let mut expected_offset = (HEADER_SIZE + TABLE_ENTRY_SIZE * count) as u64;
     for index in 0..count {
         let entry = &bytes[HEADER_SIZE + TABLE_ENTRY_SIZE * index..][..TABLE_ENTRY_SIZE];
@@ -777,28 +797,26 @@ fn decode_table(bytes: &[u8], count: usize) -> Result<Sections<'_>, CheckpointEr
         let Some(end) = end.filter(|_| offset == expected_offset) else {
             return Err(corrupt(format!("section {} is out of place", kind.name())));
         };
-        let slot = &mut payloads[kind as usize - 1];
-        if slot.is_some() {
+        if entries.iter().any(|(k, _)| *k == kind) {
             return Err(corrupt(format!("section {} appears twice", kind.name())));
         }
-        *slot = Some(&bytes[offset as usize..end as usize]);
-        sections.push((kind.name(), size));
+        entries.push((kind, &bytes[offset as usize..end as usize]));
         expected_offset = end;
     }
     if expected_offset != body_end {
         return Err(corrupt("the sections do not fill the file"));
     }
-    Ok((payloads, sections))
+    Ok(entries)
 }
 
 /// The draft and speculative sections, and the draft model entry, are
 /// present exactly when the mode has them.
-fn check_sections_fit_mode(
+fn check_sections_fit_mode<'a>(
     meta: &Meta,
     mode: Mode,
-    payloads: &[Option<&[u8]>; 6],
+    payload: impl Fn(SectionKind) -> Option<&'a [u8]>,
 ) -> Result<(), CheckpointError> {
-    let has = |kind: SectionKind| payloads[kind as usize - 1].is_some();
+    let has = |kind: SectionKind| payload(kind).is_some();
     let needs_draft_state = matches!(mode, Mode::Draft | Mode::Mtp | Mode::Eagle3);
     let needs_speculative = matches!(mode, Mode::Mtp | Mode::Eagle3);
     if needs_draft_state != has(SectionKind::DraftState)
@@ -820,7 +838,7 @@ fn check_model(
     expected: Option<&ModelFingerprint>,
     model: Option<&Model>,
 ) -> Result<(), GeneratorError> {
-    let actual = model.map(fingerprint).transpose()?;
+    let actual = model.map(fingerprint);
     let same = match (expected, &actual) {
         (Some(e), Some(a)) => e.sha256 == a.sha256 && e.size == a.size,
         (None, None) => true,

@@ -49,7 +49,7 @@ impl PyBatch {
     }
 
     /// Append `token` at position `pos` of `seq_id`; `logits` requests its output row.
-    #[pyo3(signature = (token, pos, *, seq_id = WideInt(0), logits = false), text_signature = "(self, /, token, pos, *, seq_id=0, logits=false)")]
+    #[pyo3(signature = (token, pos, *, seq_id = WideInt(0), logits = false), text_signature = "(self, /, token, pos, *, seq_id=0, logits=False)")]
     fn add(
         &mut self,
         py: Python<'_>,
@@ -248,7 +248,7 @@ impl PyContext {
     /// Decode `tokens` at positions `start_pos..` of `seq_id` (GIL released).
     ///
     /// Logits are kept for the last token, or for every token with `all_logits`.
-    #[pyo3(signature = (tokens, start_pos, *, seq_id = WideInt(0), all_logits = false), text_signature = "(self, /, tokens, start_pos, *, seq_id=0, all_logits=false)")]
+    #[pyo3(signature = (tokens, start_pos, *, seq_id = WideInt(0), all_logits = false), text_signature = "(self, /, tokens, start_pos, *, seq_id=0, all_logits=False)")]
     fn decode(
         &mut self,
         py: Python<'_>,

@@ -367,8 +367,6 @@ pub(crate) fn inspect_checkpoint<'py>(
 
 /// The SHA-256 (hex) and size of a model's file, as checkpoints record them.
 #[pyfunction]
-pub(crate) fn model_fingerprint(py: Python<'_>, model: Py<PyModel>) -> PyResult<(String, u64)> {
-    let inner = Arc::clone(&model.get().inner);
-    py.detach(|| inner.file_digest())
-        .map_err(|e| native_error(py, e))
+pub(crate) fn model_fingerprint(model: Py<PyModel>) -> (String, u64) {
+    model.get().inner.file_digest().clone()
 }

@@ -254,15 +254,9 @@ impl Generator {
         config: GeneratorConfig,
         runtime: RuntimeOptions,
     ) -> Result<Self> {
+        // The context length against the model's trained length, and the
+        // thread count, are checked by `Context::new` before it allocates.
         config.validate()?;
-        runtime.validate()?;
-        let n_ctx_train = target_model.n_ctx_train();
-        if n_ctx_train > 0 && config.n_ctx > n_ctx_train {
-            return Err(GeneratorError::Invalid(format!(
-                "n_ctx must be at most the model's trained context length {n_ctx_train}, not {}",
-                config.n_ctx
-            )));
-        }
         match (config.mode.needs_draft_model(), &draft_model) {
             (true, None) => {
                 return Err(GeneratorError::Invalid(format!(
@@ -793,17 +787,22 @@ impl Generator {
         Ok(())
     }
 
-    /// The positions the contexts hold must be exactly those the state says:
-    /// `0..n_past` in the target, `0..draft_past` in a `draft` context.
+    /// The positions the contexts hold must be those the state says: ending
+    /// at `n_past - 1` in the target, at `draft_past - 1` in a `draft` context.
     fn check_positions(&self, state: &GeneratorState) -> std::result::Result<(), RestoreError> {
-        expect_positions(&self.target, "target_state", state.n_past)?;
-        if let (Mode::Draft, Some(draft)) = (self.config.mode, self.draft.as_ref()) {
-            expect_positions(draft, "draft_state", state.draft_past)?;
+        let target_last = last_position(state.n_past);
+        expect_positions(&self.target, "target_state", target_last..=target_last)?;
+        let draft_last = match self.config.mode {
+            Mode::Draft => last_position(state.draft_past)..=last_position(state.draft_past),
+            // An MTP or EAGLE-3 draft context ends one or two positions before
+            // the target's `n_past` (EAGLE-3 may not have drafted from the last one yet).
+            Mode::Mtp | Mode::Eagle3 => target_last - 1..=target_last,
+            Mode::None | Mode::Ngram(_) => return Ok(()),
+        };
+        match self.draft.as_ref() {
+            Some(draft) => expect_positions(draft, "draft_state", draft_last),
+            None => Ok(()),
         }
-        if let (Mode::Mtp | Mode::Eagle3, Some(draft)) = (self.config.mode, self.draft.as_ref()) {
-            expect_speculative_draft_positions(draft, state.n_past)?;
-        }
-        Ok(())
     }
 
     /// The lowest and highest positions of sequence 0 in the target context
@@ -838,7 +837,7 @@ fn check_speculative_state(
         .implementation
         .get(..4)
         .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")));
-    let last = i64::try_from(state.n_past).unwrap_or(i64::MAX) - 1;
+    let last = last_position(state.n_past);
     if mode == Mode::Eagle3 && boundary.map(i64::from) != Some(last) {
         return Err(RestoreError::new(
             part,
@@ -870,54 +869,35 @@ impl RestoreError {
     }
 }
 
-/// Refuse a context whose sequence 0 does not end at position `count - 1`
-/// (or is not empty, for `count == 0`). The lowest position is 0 for an
-/// attention memory; a recurrent or hybrid memory reports its last one.
+/// Refuse a context whose sequence 0 does not hold positions from its start
+/// up to a last position in `last`; `-1` is an empty sequence. The lowest
+/// position is 0 for an attention memory; a recurrent or hybrid memory
+/// reports its last one.
 fn expect_positions(
     context: &Context,
     part: &'static str,
-    count: usize,
+    last: std::ops::RangeInclusive<i64>,
 ) -> std::result::Result<(), RestoreError> {
     let (min, max) = context
         .seq_positions(0)
         .map_err(|e| RestoreError::new(part, e))?;
-    let fits = match count {
-        0 => (min, max) == (-1, -1),
-        n => usize::try_from(max).is_ok_and(|max| max + 1 == n) && (0..=max).contains(&min),
-    };
-    if fits {
-        return Ok(());
-    }
-    Err(RestoreError::new(
-        part,
-        format!("holds positions {min}..={max} but the state says {count} positions"),
-    ))
-}
-
-/// An MTP or EAGLE-3 draft context ends one or two positions before the
-/// target's `n_past` at a boundary (EAGLE-3 may not have drafted from the
-/// last one yet).
-fn expect_speculative_draft_positions(
-    context: &Context,
-    n_past: usize,
-) -> std::result::Result<(), RestoreError> {
-    let part = "draft_state";
-    let (min, max) = context
-        .seq_positions(0)
-        .map_err(|e| RestoreError::new(part, e))?;
-    let n_past = i64::try_from(n_past).unwrap_or(i64::MAX);
-    let (low, high) = (i64::from(min), i64::from(max));
-    let ends_right = high < n_past && high + 2 >= n_past;
-    let starts_right = (low, high) == (-1, -1) || (0..=high).contains(&low);
-    if ends_right && starts_right {
+    let starts_right = (min, max) == (-1, -1) || (0..=max).contains(&min);
+    if starts_right && last.contains(&i64::from(max)) {
         return Ok(());
     }
     Err(RestoreError::new(
         part,
         format!(
-            "holds positions {min}..={max}, which do not end just before the target's {n_past}"
+            "holds positions {min}..={max}, but the state says its last one is in {}..={}",
+            last.start(),
+            last.end()
         ),
     ))
+}
+
+/// `count - 1` as a position (`-1` for none).
+fn last_position(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX) - 1
 }
 
 /// A generator's boundary as owned copies.

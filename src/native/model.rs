@@ -144,8 +144,8 @@ impl Model {
     }
 
     /// SHA-256 (hex) and size of the model file, as it was when loaded.
-    pub fn file_digest(&self) -> NativeResult<(String, u64)> {
-        Ok(self.digest.clone())
+    pub fn file_digest(&self) -> &(String, u64) {
+        &self.digest
     }
 
     /// The path the model was loaded from.
