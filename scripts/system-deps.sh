@@ -68,7 +68,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         owners=$(dpkg -S 'libclang-*.so*' 2>/dev/null | grep -v 'libclang-cpp' | cut -d: -f1 | sort -u | tr '\n' ' ')
         echo "system-deps: libclang is installed but missing; reinstalling ${owners:-libclang-dev}" >&2
         # shellcheck disable=SC2086
-        apt-get install -y -qq --reinstall --no-install-recommends ${owners:-libclang-dev} >/dev/null
+        # What counts is the library being back, checked below: apt may still
+        # fail afterwards in a trigger (ldconfig) that has nothing to do with it.
+        apt-get install -y -qq --reinstall --no-install-recommends ${owners:-libclang-dev} >/dev/null \
+            || echo "system-deps: apt-get reported an error while reinstalling; checking for libclang again" >&2
     fi
     if [[ " ${missing[*]} " == *" libclang-dev "* ]] && ! have_libclang; then
         echo "system-deps: no libclang.so found after installing libclang-dev; set LIBCLANG_PATH" >&2
