@@ -9,8 +9,6 @@ BIN := $(VENV)/bin
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
-# cargo test links the rlib against libpython; tell the loader where it is.
-PY_LIBDIR = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')")
 
 .PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu fuzz asan \
 	bench-lifecycle clean
@@ -34,7 +32,7 @@ develop: system-deps $(VENV)/.installed
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin develop --release --quiet
 
 test-rust: system-deps $(VENV)/.installed
-	LD_LIBRARY_PATH=$(PY_LIBDIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} cargo test --release
+	cargo test --release
 
 test-python: develop
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
@@ -46,6 +44,7 @@ typecheck: develop
 lint: system-deps $(VENV)/.installed
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --all-targets --features python -- -D warnings
 
 fmt:
 	cargo fmt

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::generator::ngram::NgramConfig;
 use crate::generator::{
     Generator, GeneratorConfig, GeneratorError, GeneratorState, Mode, RestoreError, RuntimeOptions,
 };
 use crate::native::Model;
 use crate::native_info;
 use crate::sampling::SamplingParams;
+use crate::settings::NgramConfig;
 use crate::speculative::MAX_SPECULATIVE_STATE_BYTES;
 
 /// First eight bytes of every checkpoint.
@@ -858,7 +858,7 @@ fn check_model(
 
 /// Wrap a checkpoint error as a generator error (it stays recognisable).
 pub fn checkpoint_error(error: CheckpointError) -> GeneratorError {
-    GeneratorError::Checkpoint(error)
+    GeneratorError::Invalid(error.to_string()) // TEMPORARY until the checkpoint split lands
 }
 
 /// Check that `checkpoint` was taken with these models.

@@ -1,157 +1,185 @@
-//! Greedy speculative generation over a [`DraftSession`]: prefill, draft,
-//! verify every draft in one target batch, accept, roll back what was rejected.
+//! Greedy speculative generation on one sequence of an MTP or EAGLE-3
+//! session whose contexts the caller built and owns (Python's
+//! `GreedyGeneration`). The rounds are the engine's, the same as `Generator`'s.
 //!
-//! Every committed token is the target's own greedy choice at verification:
-//! a draft token is kept only where it equals the target's argmax at its row,
-//! and each round ends with the target's own token after the last match.
+//! At a round boundary the session is quiescent, the target and draft
+//! contexts hold positions `0..n_past` of `seq_id`, and the last committed
+//! token is not yet decoded. `n_past`, that token and the two contexts'
+//! sequence states plus the speculative state are a complete checkpoint.
 
-use crate::native::{Batch, Context, NativeError};
-use crate::sampling::argmax;
+use crate::engine::{Cursor, Engine, EngineError, Result, Round, SessionDrafter};
+use crate::native::{Batch, Context};
+use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionError};
 
-/// Where a greedy speculative generation stands between rounds.
-///
-/// At a round boundary the session is quiescent, the target and draft
-/// contexts hold positions `0..n_past` of `seq_id`, and `id_last` is the last
-/// committed token, not yet decoded. These three values plus the two
-/// contexts' sequence states and the speculative state are a complete
-/// checkpoint of the generation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GreedyCursor {
-    /// The sequence generated on.
-    pub seq_id: i32,
-    /// Tokens in the target's (and draft's) memory for `seq_id`.
-    pub n_past: i32,
-    /// The last committed token, decoded by the next round.
-    pub id_last: i32,
+/// The contexts and session a generation runs on, borrowed for one call.
+pub struct SessionParts<'a> {
+    /// The target context.
+    pub target: &'a mut Context,
+    /// The session's draft context.
+    pub draft: &'a mut Context,
+    /// The session over both.
+    pub session: &'a mut DraftSession,
 }
 
-impl From<NativeError> for SessionError {
-    fn from(error: NativeError) -> Self {
-        SessionError::Native(error.to_string())
-    }
-}
-
-/// Rows one batch passed to `process` may hold: the smaller `n_batch` of the two contexts.
+/// Rows one batch may hold: the smaller `n_batch` of the two contexts, since
+/// the session processes every target batch in the draft context too.
 pub fn process_rows(target: &Context, draft: &Context) -> usize {
     target.capacity().batch.min(draft.capacity().batch) as usize
 }
 
-/// Decode `prompt` on the target in chunks the draft context can also take,
-/// tell the session about each chunk, begin the generation, and return the
-/// cursor whose `id_last` is the first generated token.
-pub fn prefill(
-    target: &mut Context,
-    draft: &mut Context,
-    session: &mut DraftSession,
-    batch: &mut Batch,
+/// A greedy generation's state between rounds.
+pub struct SessionGeneration {
     seq_id: i32,
-    prompt: &[i32],
-) -> Result<GreedyCursor, SessionError> {
-    if prompt.is_empty() {
-        return Err(SessionError::Usage("the prompt is empty".into()));
-    }
-    if prompt.len() >= target.n_ctx() as usize {
-        return Err(SessionError::Usage(format!(
-            "the prompt has {} tokens, which leaves no room in the target's {}-token context",
-            prompt.len(),
-            target.n_ctx()
-        )));
-    }
-    let chunk = process_rows(target, draft).min(batch.capacity());
-    for (index, piece) in prompt.chunks(chunk).enumerate() {
-        batch.fill(piece, (index * chunk) as i32, seq_id, false)?;
-        target.decode(batch)?;
-        session.process(batch)?;
-    }
-    session.begin(seq_id, prompt)?;
-    Ok(GreedyCursor {
-        seq_id,
-        n_past: prompt.len() as i32,
-        id_last: argmax(target.logits(-1)?),
-    })
+    batch: Batch,
+    sampler: Sampler,
+    /// Tokens in the target's memory (`None` before prefill or resume).
+    n_past: Option<usize>,
+    /// Every committed token, the first generated one included.
+    tokens: Vec<i32>,
+    finished: bool,
+    rounds: u64,
+    drafted: u64,
+    accepted: u64,
 }
 
-/// The outcome of one round.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Round {
-    /// Tokens committed this round: the accepted drafts, then the target's own token.
-    pub committed: Vec<i32>,
-    /// Tokens the draft proposed.
-    pub drafted: usize,
-    /// Drafted tokens that matched the target.
-    pub accepted: usize,
+fn usage(message: &str) -> EngineError {
+    EngineError::Session(SessionError::Usage(message.into()))
 }
 
-/// One round from `cursor`: draft, verify in one target batch, accept, roll back.
-pub fn step(
-    target: &mut Context,
-    draft: &mut Context,
-    session: &mut DraftSession,
-    batch: &mut Batch,
-    cursor: &mut GreedyCursor,
-) -> Result<Round, SessionError> {
-    let GreedyCursor {
-        seq_id,
-        n_past,
-        id_last,
-    } = *cursor;
-    let room = target.n_ctx() as i64 - i64::from(n_past) - 1;
-    if room < 0 {
-        return Err(SessionError::Usage("the target context is full".into()));
+impl SessionGeneration {
+    /// A generation on `seq_id` whose batches hold `rows` rows.
+    pub fn new(seq_id: i32, rows: usize) -> Result<Self> {
+        Ok(Self {
+            seq_id,
+            batch: Batch::new(rows)?,
+            sampler: Sampler::greedy(),
+            n_past: None,
+            tokens: Vec::new(),
+            finished: false,
+            rounds: 0,
+            drafted: 0,
+            accepted: 0,
+        })
     }
-    let mut proposal = session.draft(seq_id, n_past, id_last)?;
-    // Never verify past the end of the context (or past a batch).
-    let limit = (room as usize).min(process_rows(target, draft).saturating_sub(1));
-    let verified = proposal.len().min(limit);
-    // The draft context holds the drafted positions; the verify batch goes at n_past.
-    draft.seq_rm(seq_id, n_past, -1);
-    let mut rows = Vec::with_capacity(verified + 1);
-    rows.push(id_last);
-    rows.extend_from_slice(&proposal[..verified]);
-    batch.fill(&rows, n_past, seq_id, true)?;
-    if let Err(error) = target
-        .decode(batch)
-        .map_err(SessionError::from)
-        .and_then(|()| session.process(batch))
-    {
-        if !proposal.is_empty() {
-            session.accept(seq_id, 0)?;
+
+    fn run<T>(
+        &mut self,
+        parts: &mut SessionParts<'_>,
+        call: impl FnOnce(&mut Engine<'_>, &[i32]) -> Result<T>,
+    ) -> Result<T> {
+        let mut drafter = SessionDrafter {
+            session: parts.session,
+            context: parts.draft,
+            seq_id: self.seq_id,
+        };
+        let mut engine = Engine {
+            target: parts.target,
+            batch: &mut self.batch,
+            drafter: &mut drafter,
+            sampler: &mut self.sampler,
+            seq_id: self.seq_id,
+        };
+        call(&mut engine, &self.tokens)
+    }
+
+    /// Decode `prompt`, begin the session, and return the first generated token.
+    pub fn prefill(&mut self, parts: &mut SessionParts<'_>, prompt: &[i32]) -> Result<i32> {
+        if self.n_past.is_some() {
+            return Err(usage("this generation already has a prompt"));
         }
-        return Err(error);
+        let first = self.run(parts, |engine, _| engine.prefill(prompt))?;
+        self.n_past = Some(prompt.len());
+        self.tokens = vec![first];
+        self.finished = parts.target.model().is_eog(first);
+        Ok(first)
     }
-    let mut committed = Vec::with_capacity(verified + 1);
-    let mut accepted = 0;
-    loop {
-        let choice = argmax(target.logits(accepted as i32)?);
-        committed.push(choice);
-        if accepted < verified && choice == proposal[accepted] {
-            accepted += 1;
-        } else {
-            break;
+
+    /// Continue from a restored boundary: the contexts hold `n_past` tokens
+    /// and `tokens` (at least the last committed one) were committed.
+    pub fn resume(&mut self, n_past: usize, tokens: Vec<i32>, finished: bool) -> Result<()> {
+        if self.n_past.is_some() {
+            return Err(usage("this generation has already started"));
         }
+        if n_past == 0 || tokens.is_empty() {
+            return Err(EngineError::Invalid(
+                "n_past must be positive and the last committed token known".into(),
+            ));
+        }
+        self.n_past = Some(n_past);
+        self.tokens = tokens;
+        self.finished = finished;
+        Ok(())
     }
-    if !proposal.is_empty() {
-        session.accept(seq_id, accepted)?;
+
+    /// Run one round; returns the tokens it committed (none once the
+    /// generation is finished or the context is full).
+    pub fn step(&mut self, parts: &mut SessionParts<'_>) -> Result<Vec<i32>> {
+        let n_past = self
+            .n_past
+            .ok_or_else(|| usage("the generation has no prompt yet: call prefill() or resume()"))?;
+        let finished = self.finished;
+        let round = self.run(parts, |engine, history| {
+            engine.round(Cursor {
+                history,
+                n_past,
+                finished,
+            })
+        })?;
+        self.apply(&round);
+        Ok(round.committed)
     }
-    let keep = n_past + accepted as i32 + 1;
-    if !target.seq_rm(seq_id, keep, -1) {
-        return Err(SessionError::Native(format!(
-            "the target could not roll back to position {keep} (recurrent models need n_rs_seq >= n_draft_max)"
-        )));
+
+    fn apply(&mut self, round: &Round) {
+        if round.committed.is_empty() {
+            return;
+        }
+        self.tokens.extend_from_slice(&round.committed);
+        self.n_past = Some(round.n_past);
+        self.finished = round.finished;
+        self.rounds += 1;
+        self.drafted += round.drafted as u64;
+        self.accepted += round.accepted as u64;
     }
-    draft.seq_rm(seq_id, keep, -1);
-    proposal.truncate(verified);
-    *cursor = GreedyCursor {
-        seq_id,
-        n_past: keep,
-        id_last: *committed
-            .last()
-            .expect("a round commits at least one token"),
-    };
-    Ok(Round {
-        committed,
-        drafted: proposal.len(),
-        accepted,
-    })
+
+    /// Run rounds until `n_tokens` tokens are committed in total, the
+    /// generation is finished or the context is full.
+    pub fn generate(&mut self, parts: &mut SessionParts<'_>, n_tokens: usize) -> Result<()> {
+        while self.tokens.len() < n_tokens {
+            if self.step(parts)?.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every committed token, the first generated one included.
+    pub fn tokens(&self) -> &[i32] {
+        &self.tokens
+    }
+
+    /// Tokens in the target's memory (`None` before prefill or resume).
+    pub fn n_past(&self) -> Option<usize> {
+        self.n_past
+    }
+
+    /// The last committed token, decoded by the next round.
+    pub fn id_last(&self) -> Option<i32> {
+        self.n_past.and(self.tokens.last().copied())
+    }
+
+    /// The sequence generated on.
+    pub fn seq_id(&self) -> i32 {
+        self.seq_id
+    }
+
+    /// Whether an end-of-generation token was committed.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Rounds run, draft tokens verified, draft tokens accepted.
+    pub fn counters(&self) -> (u64, u64, u64) {
+        (self.rounds, self.drafted, self.accepted)
+    }
 }

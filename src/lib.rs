@@ -3,15 +3,23 @@
 //! Layout: [`speculative`] is the seed contract (bounds, errors, validators and
 //! the capture/restore protocol over the `mtp_session_*` shim);
 //! [`native`] is the safe layer of RAII owners over llama.cpp's handles;
-//! [`native_info`] describes the native build; `bindings` is the thin PyO3
-//! layer that exposes both to Python as `specstate._native`.
+//! [`native_info`] describes the native build; [`settings`] holds the one
+//! validating rule for each generation setting; [`engine`] is the one
+//! speculative round engine with a drafter per mode; [`generator`] (five
+//! modes) and [`generation`] (a session over caller-built contexts) drive it;
+//! [`checkpoint`] is the byte format and the capture/restore operations; and
+//! `bindings` (feature `python`) is the thin PyO3 layer that exposes all of it
+//! to Python as `specstate._native`.
 
+#[cfg(feature = "python")]
 mod bindings;
 pub mod checkpoint;
+pub mod engine;
 pub mod generation;
 pub mod generator;
 pub mod native;
 pub mod native_info;
 pub mod sampling;
 pub mod session;
+pub mod settings;
 pub mod speculative;

@@ -2,7 +2,7 @@
 //! a serialisable RNG, and speculative verification that keeps the target's
 //! distribution.
 
-use crate::generator::SettingError;
+use crate::settings::SettingError;
 
 /// The id of the largest logit; the lowest id wins a tie (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> i32 {
@@ -140,6 +140,65 @@ impl Rng {
     /// A uniform double in `[0, 1)` (53 random bits).
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1_u64 << 53) as f64)
+    }
+}
+
+/// How a generation chooses its tokens: the parameters and the RNG they draw from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampler {
+    /// Temperature, top-k, top-p and seed.
+    pub params: SamplingParams,
+    /// The RNG, advanced by every stochastic choice.
+    pub rng: Rng,
+}
+
+impl Sampler {
+    /// A sampler whose RNG starts from `params.seed`.
+    pub fn new(params: SamplingParams) -> Self {
+        Self {
+            params,
+            rng: Rng::new(params.seed),
+        }
+    }
+
+    /// Greedy choice (the RNG is never drawn from).
+    pub fn greedy() -> Self {
+        Self::new(SamplingParams::default())
+    }
+
+    /// Whether tokens are chosen greedily.
+    pub fn is_greedy(&self) -> bool {
+        self.params.is_greedy()
+    }
+
+    /// Choose a token from one row of logits.
+    pub fn choose(&mut self, logits: &[f32]) -> i32 {
+        if self.is_greedy() {
+            argmax(logits)
+        } else {
+            sample(&distribution(logits, &self.params), &mut self.rng)
+        }
+    }
+
+    /// Choose a draft token and the distribution it was drawn from (a point
+    /// mass when greedy): what rejection sampling needs of a drafter.
+    pub fn draw(&mut self, logits: &[f32]) -> (i32, Distribution) {
+        if self.is_greedy() {
+            let token = argmax(logits);
+            return (token, vec![(token, 1.0)]);
+        }
+        let dist = distribution(logits, &self.params);
+        (sample(&dist, &mut self.rng), dist)
+    }
+
+    /// Verify `draft` against the target's rows: see [`verify`].
+    pub fn verify<'a>(
+        &mut self,
+        rows: impl Fn(usize) -> &'a [f32],
+        draft: &[i32],
+        draft_dists: Option<&[Distribution]>,
+    ) -> Verdict {
+        verify(rows, draft, draft_dists, &self.params, &mut self.rng)
     }
 }
 

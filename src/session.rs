@@ -22,6 +22,23 @@ pub enum SpecType {
 }
 
 impl SpecType {
+    /// The strategy called `mtp` or `eagle3`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "mtp" => Some(Self::Mtp),
+            "eagle3" => Some(Self::Eagle3),
+            _ => None,
+        }
+    }
+
+    /// `mtp` or `eagle3`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mtp => "mtp",
+            Self::Eagle3 => "eagle3",
+        }
+    }
+
     fn raw(self) -> i32 {
         match self {
             Self::Mtp => sys::MTP_SPEC_TYPE_MTP as i32,
@@ -245,22 +262,15 @@ impl DraftSession {
             })
     }
 
-    fn check_token(&self, token: i32) -> Result<(), SessionError> {
-        if usize::try_from(token).is_ok_and(|t| t < self.n_vocab) {
-            return Ok(());
-        }
-        Err(SessionError::Usage(format!(
-            "token {token} is outside the target's vocabulary of {} tokens",
-            self.n_vocab
-        )))
+    fn check_tokens(&self, tokens: &[i32]) -> Result<(), SessionError> {
+        crate::native::check_vocabulary(tokens, self.n_vocab)
+            .map_err(|error| SessionError::Usage(error.to_string()))
     }
 
     /// Start a generation on `seq_id` whose `prompt` was decoded into the target.
     pub fn begin(&mut self, seq_id: i32, prompt: &[i32]) -> Result<(), SessionError> {
         let slot = self.slot(seq_id)?;
-        prompt
-            .iter()
-            .try_for_each(|&token| self.check_token(token))?;
+        self.check_tokens(prompt)?;
         if prompt.len() > MAX_SPECULATIVE_PROMPT_TOKENS {
             return Err(SessionError::Usage(format!(
                 "the prompt has {} tokens, more than MAX_SPECULATIVE_PROMPT_TOKENS ({MAX_SPECULATIVE_PROMPT_TOKENS})",
@@ -297,7 +307,7 @@ impl DraftSession {
         id_last: i32,
     ) -> Result<Vec<i32>, SessionError> {
         let slot = self.slot(seq_id)?;
-        self.check_token(id_last)?;
+        self.check_tokens(&[id_last])?;
         if n_past < 0 {
             return Err(SessionError::Usage(format!(
                 "n_past must not be negative, got {n_past}"

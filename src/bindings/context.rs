@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::arguments::WideInt;
-use super::errors::{ensure_thread, native_error};
+use super::errors::ensure_thread;
+use super::guarded::Guarded;
 use super::model::PyModel;
 use super::validators::ContextCapacity;
 use crate::native::{Batch, Context, ContextKind, ContextParams};
@@ -40,31 +41,22 @@ impl PyBatch {
 #[pymethods]
 impl PyBatch {
     #[new]
-    fn new(py: Python<'_>, capacity: WideInt) -> PyResult<Self> {
+    fn new(capacity: WideInt) -> PyResult<Self> {
         let capacity: usize = capacity.narrow("capacity")?;
         Ok(Self {
-            inner: Batch::new(capacity).map_err(|e| native_error(py, e))?,
+            inner: Batch::new(capacity)?,
             contents: next_contents(),
         })
     }
 
     /// Append `token` at position `pos` of `seq_id`; `logits` requests its output row.
     #[pyo3(signature = (token, pos, *, seq_id = WideInt(0), logits = false), text_signature = "(self, /, token, pos, *, seq_id=0, logits=False)")]
-    fn add(
-        &mut self,
-        py: Python<'_>,
-        token: WideInt,
-        pos: WideInt,
-        seq_id: WideInt,
-        logits: bool,
-    ) -> PyResult<()> {
+    fn add(&mut self, token: WideInt, pos: WideInt, seq_id: WideInt, logits: bool) -> PyResult<()> {
         let token: i32 = token.narrow("token")?;
         let pos: i32 = pos.narrow("pos")?;
         let seq_id: i32 = seq_id.narrow("seq_id")?;
         self.contents = next_contents();
-        self.inner
-            .push(token, pos, seq_id, logits)
-            .map_err(|e| native_error(py, e))
+        Ok(self.inner.push(token, pos, seq_id, logits)?)
     }
 
     /// Remove every row.
@@ -87,7 +79,11 @@ impl PyBatch {
 /// A llama.cpp context over a model, used from the thread that created it.
 #[pyclass(name = "Context", module = "specstate._native")]
 pub(crate) struct PyContext {
-    pub(crate) inner: Context,
+    pub(crate) inner: Guarded<Context>,
+    /// The parameters it was created with (fixed, readable without the lock).
+    params: ContextParams,
+    /// The context's real length.
+    n_ctx: u32,
     pub(crate) model: Py<PyModel>,
     pub(crate) owner: ThreadId,
     scratch: Batch,
@@ -98,12 +94,6 @@ pub(crate) struct PyContext {
     /// The `PyBatch` key of the last decode, if it was a user batch.
     last_batch: Option<u64>,
 }
-
-// SAFETY: every method that touches the llama.cpp context checks first that it
-// runs on `owner`, the creating thread (`check_thread`); the only exceptions
-// are getters of values fixed at creation (`n_ctx`, `kind`, `capacity`), which
-// read constant fields. So the context is never used from two threads at once.
-unsafe impl Sync for PyContext {}
 
 fn parse_kind(kind: &str) -> PyResult<ContextKind> {
     match kind {
@@ -116,8 +106,8 @@ fn parse_kind(kind: &str) -> PyResult<ContextKind> {
 }
 
 impl PyContext {
-    pub(crate) fn check_thread(&self, py: Python<'_>) -> PyResult<()> {
-        ensure_thread(py, self.owner, "Context")
+    pub(crate) fn check_thread(&self) -> PyResult<()> {
+        ensure_thread(self.owner, "Context")
     }
 
     /// Decode `tokens` through the scratch batch with the GIL released.
@@ -129,14 +119,12 @@ impl PyContext {
         seq_id: i32,
         all_logits: bool,
     ) -> PyResult<()> {
-        self.check_thread(py)?;
-        self.scratch
-            .fill(tokens, start_pos, seq_id, all_logits)
-            .map_err(|e| native_error(py, e))?;
+        self.check_thread()?;
+        self.scratch.fill(tokens, start_pos, seq_id, all_logits)?;
         self.note_external_decode();
         let Self { inner, scratch, .. } = self;
-        py.detach(|| inner.decode(scratch))
-            .map_err(|e| native_error(py, e))
+        let inner = inner.get_mut();
+        Ok(py.detach(|| inner.decode(scratch))?)
     }
 
     /// Record a decode made outside `decode`/`decode_batch` (the generation loop's).
@@ -193,20 +181,22 @@ impl PyContext {
         };
         let shared = model.get().inner.clone();
         let inner = match &other {
-            None => Context::new(shared, params),
+            None => Context::new(shared, params)?,
             Some(other) => {
                 let other = other.bind(py).borrow();
-                other.check_thread(py)?;
+                other.check_thread()?;
+                let source = other.inner.lock();
                 // SAFETY: the new `PyContext` holds `other` in `_other`, so the
-                // linked context outlives it; pyclass values never move.
-                unsafe { Context::with_other(shared, params, &other.inner) }
+                // linked context outlives it; llama.cpp's context lives on the
+                // heap, so it stays where it is.
+                unsafe { Context::with_other(shared, params, &source)? }
             }
-        }
-        .map_err(|e| native_error(py, e))?;
-        let scratch =
-            Batch::new(inner.capacity().batch as usize).map_err(|e| native_error(py, e))?;
+        };
+        let scratch = Batch::new(inner.capacity().batch as usize)?;
         Ok(Self {
-            inner,
+            params: *inner.params(),
+            n_ctx: inner.n_ctx(),
+            inner: Guarded::new(inner),
             model,
             owner: std::thread::current().id(),
             scratch,
@@ -225,13 +215,13 @@ impl PyContext {
     /// Context length in tokens.
     #[getter]
     fn n_ctx(&self) -> u32 {
-        self.inner.n_ctx()
+        self.n_ctx
     }
 
     /// `'default'` or `'mtp'`.
     #[getter]
     fn kind(&self) -> &'static str {
-        match self.inner.params().kind {
+        match self.params.kind {
             ContextKind::Default => "default",
             ContextKind::Mtp => "mtp",
         }
@@ -241,7 +231,7 @@ impl PyContext {
     #[getter]
     fn capacity(&self) -> ContextCapacity {
         ContextCapacity {
-            inner: self.inner.capacity(),
+            inner: self.inner.lock().capacity(),
         }
     }
 
@@ -264,44 +254,37 @@ impl PyContext {
 
     /// Decode a prepared batch (GIL released).
     fn decode_batch(&mut self, py: Python<'_>, batch: PyRef<'_, PyBatch>) -> PyResult<()> {
-        self.check_thread(py)?;
+        self.check_thread()?;
         self.decodes += 1;
         self.last_batch = Some(batch.key());
-        let inner = &mut self.inner;
+        let inner = self.inner.get_mut();
         let batch = &batch.inner;
-        py.detach(|| inner.decode(batch))
-            .map_err(|e| native_error(py, e))
+        Ok(py.detach(|| inner.decode(batch))?)
     }
 
     /// The logits of output row `row` of the last decode (`-1`: the last row).
     #[pyo3(signature = (row = WideInt(-1)), text_signature = "(self, /, row=-1)")]
-    fn logits(&self, py: Python<'_>, row: WideInt) -> PyResult<Vec<f32>> {
+    fn logits(&self, row: WideInt) -> PyResult<Vec<f32>> {
         let row: i32 = row.narrow("row")?;
-        self.check_thread(py)?;
-        Ok(self
-            .inner
-            .logits(row)
-            .map_err(|e| native_error(py, e))?
-            .to_vec())
+        self.check_thread()?;
+        Ok(self.inner.lock().logits(row)?.to_vec())
     }
 
     /// The greedy choice of output row `row`: the id of the largest logit (lowest id on ties).
     #[pyo3(signature = (row = WideInt(-1)), text_signature = "(self, /, row=-1)")]
-    fn argmax(&self, py: Python<'_>, row: WideInt) -> PyResult<i32> {
+    fn argmax(&self, row: WideInt) -> PyResult<i32> {
         let row: i32 = row.narrow("row")?;
-        self.check_thread(py)?;
-        let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
-        Ok(crate::sampling::argmax(logits))
+        self.check_thread()?;
+        Ok(crate::sampling::argmax(self.inner.lock().logits(row)?))
     }
 
     /// The `k` largest logits of row `row` as `(token, logit)`, largest first.
     #[pyo3(signature = (row = WideInt(-1), k = WideInt(2)), text_signature = "(self, /, row=-1, k=2)")]
-    fn top_logits(&self, py: Python<'_>, row: WideInt, k: WideInt) -> PyResult<Vec<(i32, f32)>> {
+    fn top_logits(&self, row: WideInt, k: WideInt) -> PyResult<Vec<(i32, f32)>> {
         let row: i32 = row.narrow("row")?;
         let k: usize = k.narrow("k")?;
-        self.check_thread(py)?;
-        let logits = self.inner.logits(row).map_err(|e| native_error(py, e))?;
-        Ok(crate::sampling::top_k(logits, k))
+        self.check_thread()?;
+        Ok(crate::sampling::top_k(self.inner.lock().logits(row)?, k))
     }
 
     /// The exact state of one sequence (KV cells and recurrent state; no logits).
@@ -312,11 +295,8 @@ impl PyContext {
         seq_id: WideInt,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread(py)?;
-        let state = self
-            .inner
-            .seq_state(seq_id)
-            .map_err(|e| native_error(py, e))?;
+        self.check_thread()?;
+        let state = self.inner.get_mut().seq_state(seq_id)?;
         Ok(PyBytes::new(py, &state))
     }
 
@@ -324,50 +304,39 @@ impl PyContext {
     ///
     /// On failure the sequence is left exactly as it was.
     #[pyo3(signature = (seq_id, data))]
-    fn set_seq_state(&mut self, py: Python<'_>, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
+    fn set_seq_state(&mut self, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread(py)?;
-        self.inner
-            .replace_seq_state(seq_id, data)
-            .map_err(|e| native_error(py, e))
+        self.check_thread()?;
+        Ok(self.inner.get_mut().replace_seq_state(seq_id, data)?)
     }
 
     /// Remove positions `p0..p1` of `seq_id` (`-1`: open end; `seq_id=-1`: every
     /// sequence); False if refused (an unknown sequence included).
     #[pyo3(signature = (seq_id = WideInt(0), p0 = WideInt(-1), p1 = WideInt(-1)), text_signature = "(self, /, seq_id=0, p0=-1, p1=-1)")]
-    fn seq_rm(
-        &mut self,
-        py: Python<'_>,
-        seq_id: WideInt,
-        p0: WideInt,
-        p1: WideInt,
-    ) -> PyResult<bool> {
+    fn seq_rm(&mut self, seq_id: WideInt, p0: WideInt, p1: WideInt) -> PyResult<bool> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
         let p0: i32 = p0.narrow("p0")?;
         let p1: i32 = p1.narrow("p1")?;
-        self.check_thread(py)?;
-        Ok(self.inner.seq_rm(seq_id, p0, p1))
+        self.check_thread()?;
+        Ok(self.inner.get_mut().seq_rm(seq_id, p0, p1))
     }
 
     /// Clear one sequence.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
-    fn seq_clear(&mut self, py: Python<'_>, seq_id: WideInt) -> PyResult<()> {
+    fn seq_clear(&mut self, seq_id: WideInt) -> PyResult<()> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread(py)?;
-        self.inner
-            .seq_pos_max(seq_id)
-            .map_err(|e| native_error(py, e))?;
-        self.inner.seq_rm(seq_id, -1, -1);
+        self.check_thread()?;
+        let inner = self.inner.get_mut();
+        inner.seq_pos_max(seq_id)?;
+        inner.seq_rm(seq_id, -1, -1);
         Ok(())
     }
 
     /// The highest position stored for `seq_id`, or -1 when empty.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
-    fn seq_pos_max(&self, py: Python<'_>, seq_id: WideInt) -> PyResult<i32> {
+    fn seq_pos_max(&self, seq_id: WideInt) -> PyResult<i32> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread(py)?;
-        self.inner
-            .seq_pos_max(seq_id)
-            .map_err(|e| native_error(py, e))
+        self.check_thread()?;
+        Ok(self.inner.lock().seq_pos_max(seq_id)?)
     }
 }

@@ -1,206 +1,243 @@
 //! Raising the typed exceptions of `specstate.errors` from native code.
 //!
 //! The exception classes live in Python (so that they carry fields, accept
-//! keyword arguments and pickle like any Python exception); this module maps
-//! the seed's error values onto them one to one.
+//! keyword arguments and pickle like any Python exception). They are reached
+//! through PyO3's typed import ([`classes`]), and every Rust error type has
+//! one `From<...> for PyErr`, so the bindings use `?`. The module's init
+//! imports every class named here, so a misspelt one fails at import, not
+//! when that error first happens.
 
-use std::thread::ThreadId;
-
-use pyo3::call::PyCallArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-
 use pyo3::types::PyDict;
+use pyo3::PyTypeInfo;
 
 use crate::checkpoint::CheckpointError;
+use crate::engine::EngineError;
+use crate::generator::RestoreError;
 use crate::native::NativeError;
+use crate::session::SessionError;
+use crate::settings::SettingError;
 use crate::speculative::SpeculativeStateError;
 
-const ERRORS_MODULE: &str = "specstate.errors";
+macro_rules! python_exceptions {
+    ($($name:ident),* $(,)?) => {
+        $(pyo3::import_exception!(specstate.errors, $name);)*
 
-/// An instance of `specstate.errors.<class_name>(*args)` as a `PyErr`.
-fn python_error<'py>(py: Python<'py>, class_name: &str, args: impl PyCallArgs<'py>) -> PyErr {
-    let raised = py
-        .import(ERRORS_MODULE)
-        .and_then(|module| module.getattr(class_name))
-        .and_then(|class| class.call1(args));
-    match raised {
-        Ok(instance) => PyErr::from_value(instance),
-        Err(error) => error,
+        /// Import every exception class the bindings raise (at module init).
+        pub(crate) fn import_all(py: Python<'_>) -> PyResult<()> {
+            let module = py.import("specstate.errors")?;
+            $(module.getattr(stringify!($name))?;)*
+            Ok(())
+        }
+    };
+}
+
+/// The exception classes of `specstate.errors`, as Rust types.
+pub(crate) mod classes {
+    use pyo3::prelude::*;
+
+    python_exceptions!(
+        BadSequenceError,
+        BufferTooSmallError,
+        CapacityError,
+        ChecksumMismatchError,
+        ConfigError,
+        ConfigMismatchError,
+        ContextError,
+        CorruptCheckpointError,
+        DecodeError,
+        ExcessiveStateError,
+        GenerationError,
+        InvalidStateError,
+        ModelLoadError,
+        ModelMismatchError,
+        NativeExceptionError,
+        NotACheckpointError,
+        NotQuiescentError,
+        NullStateError,
+        SectionTooLargeError,
+        SequenceStateError,
+        SessionError,
+        StateOverflowError,
+        StateSizeChangedError,
+        StateUnavailableError,
+        ThreadAffinityError,
+        TruncatedCheckpointError,
+        UnknownStatusError,
+        UnsupportedVersionError,
+    );
+}
+
+impl From<SpeculativeStateError> for PyErr {
+    fn from(error: SpeculativeStateError) -> Self {
+        use classes as c;
+        use SpeculativeStateError as E;
+        match error {
+            E::Null => c::NullStateError::new_err(()),
+            E::BadSequence => c::BadSequenceError::new_err(()),
+            E::NotQuiescent => c::NotQuiescentError::new_err(()),
+            E::SizeChanged { expected, actual } => {
+                c::StateSizeChangedError::new_err((expected, actual))
+            }
+            E::BufferTooSmall => c::BufferTooSmallError::new_err(()),
+            E::Unavailable => c::StateUnavailableError::new_err(()),
+            E::Invalid => c::InvalidStateError::new_err(()),
+            E::Overflow => c::StateOverflowError::new_err(()),
+            E::Exception => c::NativeExceptionError::new_err(()),
+            E::Excessive { size, maximum } => c::ExcessiveStateError::new_err((size, maximum)),
+            E::Unknown(status) => c::UnknownStatusError::new_err((status,)),
+        }
     }
 }
 
-/// `ConfigError(message)`: the seed's `validate_config` message.
-pub(crate) fn config_error(py: Python<'_>, message: &str) -> PyErr {
-    python_error(py, "ConfigError", (message,))
+impl From<NativeError> for PyErr {
+    fn from(error: NativeError) -> Self {
+        match error {
+            NativeError::ModelLoad { path, reason } => {
+                classes::ModelLoadError::new_err((path.display().to_string(), reason))
+            }
+            NativeError::ContextInit(message) => classes::ContextError::new_err((message,)),
+            NativeError::InvalidArgument(message) => PyValueError::new_err(message),
+            NativeError::Decode(status) => classes::DecodeError::new_err((status,)),
+            NativeError::SequenceState(message) => classes::SequenceStateError::new_err((message,)),
+        }
+    }
 }
 
-/// `CapacityError(message)`: the seed's `validate_context_capacities` message.
-pub(crate) fn capacity_error(py: Python<'_>, message: &str) -> PyErr {
-    python_error(py, "CapacityError", (message,))
+impl From<SessionError> for PyErr {
+    fn from(error: SessionError) -> Self {
+        match error {
+            SessionError::Config(message) => classes::ConfigError::new_err((message,)),
+            SessionError::Capacity(message) => classes::CapacityError::new_err((message,)),
+            SessionError::Incompatible(message) => classes::ContextError::new_err((message,)),
+            SessionError::BadSequence { .. } => SpeculativeStateError::BadSequence.into(),
+            SessionError::Usage(message) | SessionError::Native(message) => {
+                classes::SessionError::new_err((message,))
+            }
+            SessionError::State(state) => state.into(),
+        }
+    }
+}
+
+impl From<SettingError> for PyErr {
+    fn from(error: SettingError) -> Self {
+        PyValueError::new_err(error.to_string())
+    }
+}
+
+impl From<EngineError> for PyErr {
+    fn from(error: EngineError) -> Self {
+        match error {
+            EngineError::Invalid(message) => PyValueError::new_err(message),
+            EngineError::Usage(message) => classes::GenerationError::new_err((message,)),
+            EngineError::Native(error) => error.into(),
+            EngineError::Session(error) => error.into(),
+        }
+    }
+}
+
+impl From<RestoreError> for PyErr {
+    fn from(error: RestoreError) -> Self {
+        classes::CorruptCheckpointError::new_err((error.to_string(),))
+    }
+}
+
+/// A `ContextError` with `message`: contexts that do not fit together.
+pub(crate) fn context_error(message: impl Into<String>) -> PyErr {
+    classes::ContextError::new_err((message.into(),))
+}
+
+/// A `SessionError` with `message`: a session call out of order.
+pub(crate) fn session_error(message: impl Into<String>) -> PyErr {
+    classes::SessionError::new_err((message.into(),))
 }
 
 /// `ExcessiveStateError(size, maximum)` for a size given as a Python integer,
 /// which may exceed every native integer type.
-pub(crate) fn excessive_state_error<'py>(
-    py: Python<'py>,
-    size: Bound<'py, PyAny>,
-    maximum: usize,
-) -> PyErr {
-    python_error(py, "ExcessiveStateError", (size, maximum))
-}
-
-/// The Python exception of one seed `SpeculativeStateError` variant.
-pub(crate) fn speculative_state_error(py: Python<'_>, error: SpeculativeStateError) -> PyErr {
-    use SpeculativeStateError as E;
-    match error {
-        E::Null => python_error(py, "NullStateError", ()),
-        E::BadSequence => python_error(py, "BadSequenceError", ()),
-        E::NotQuiescent => python_error(py, "NotQuiescentError", ()),
-        E::SizeChanged { expected, actual } => {
-            python_error(py, "StateSizeChangedError", (expected, actual))
-        }
-        E::BufferTooSmall => python_error(py, "BufferTooSmallError", ()),
-        E::Unavailable => python_error(py, "StateUnavailableError", ()),
-        E::Invalid => python_error(py, "InvalidStateError", ()),
-        E::Overflow => python_error(py, "StateOverflowError", ()),
-        E::Exception => python_error(py, "NativeExceptionError", ()),
-        E::Excessive { size, maximum } => python_error(py, "ExcessiveStateError", (size, maximum)),
-        E::Unknown(status) => python_error(py, "UnknownStatusError", (status,)),
-    }
-}
-
-/// The Python exception of a native-layer failure.
-pub(crate) fn native_error(py: Python<'_>, error: NativeError) -> PyErr {
-    match error {
-        NativeError::ModelLoad { path, reason } => {
-            python_error(py, "ModelLoadError", (path.display().to_string(), reason))
-        }
-        NativeError::ContextInit(message) => python_error(py, "ContextError", (message,)),
-        NativeError::InvalidArgument(message) => PyValueError::new_err(message),
-        NativeError::Decode(status) => python_error(py, "DecodeError", (status,)),
-        NativeError::SequenceState(message) => python_error(py, "SequenceStateError", (message,)),
-    }
-}
-
-/// `SessionError(message)`: a speculative session call out of order.
-pub(crate) fn session_error(py: Python<'_>, message: impl Into<String>) -> PyErr {
-    python_error(py, "SessionError", (message.into(),))
-}
-
-/// `ContextError(message)`: contexts that do not fit together.
-pub(crate) fn context_error(py: Python<'_>, message: impl Into<String>) -> PyErr {
-    python_error(py, "ContextError", (message.into(),))
+pub(crate) fn excessive_state_error(size: Bound<'_, PyAny>, maximum: usize) -> PyErr {
+    classes::ExcessiveStateError::new_err((size.unbind(), maximum))
 }
 
 /// Raise `ThreadAffinityError` unless called on `owner`, the creating thread.
-pub(crate) fn ensure_thread(py: Python<'_>, owner: ThreadId, what: &str) -> PyResult<()> {
+pub(crate) fn ensure_thread(owner: std::thread::ThreadId, what: &str) -> PyResult<()> {
     if std::thread::current().id() == owner {
         return Ok(());
     }
-    Err(python_error(
-        py,
-        "ThreadAffinityError",
-        (format!("this {what} was created on another thread; use it only from the thread that created it"),),
-    ))
+    Err(classes::ThreadAffinityError::new_err((format!(
+        "this {what} was created on another thread; use it only from the thread that created it"
+    ),)))
 }
 
-/// The Python exception of a refused checkpoint, with its fields as keyword arguments.
-pub(crate) fn checkpoint_error(py: Python<'_>, error: &CheckpointError) -> PyErr {
+/// A checkpoint error's class and its fields, as keyword arguments.
+fn checkpoint_fields<'py>(
+    py: Python<'py>,
+    error: &CheckpointError,
+) -> PyResult<(Bound<'py, pyo3::types::PyType>, Bound<'py, PyDict>)> {
+    use classes as c;
     use CheckpointError as E;
-    let message = error.to_string();
-    let kwargs = PyDict::new(py);
-    let set = |name: &str, value: Bound<'_, PyAny>| {
-        let _ = kwargs.set_item(name, value);
-    };
+    let fields = PyDict::new(py);
     let class = match error {
-        E::NotACheckpoint => "NotACheckpointError",
+        E::NotACheckpoint => c::NotACheckpointError::type_object(py),
         E::UnsupportedVersion { found, supported } => {
-            set("found", found.into_pyobject(py).expect("int").into_any());
-            set(
-                "supported",
-                supported.into_pyobject(py).expect("int").into_any(),
-            );
-            "UnsupportedVersionError"
+            fields.set_item("found", found)?;
+            fields.set_item("supported", supported)?;
+            c::UnsupportedVersionError::type_object(py)
         }
         E::Truncated { expected, actual } => {
-            set(
-                "expected",
-                expected.into_pyobject(py).expect("int").into_any(),
-            );
-            set("actual", actual.into_pyobject(py).expect("int").into_any());
-            "TruncatedCheckpointError"
+            fields.set_item("expected", expected)?;
+            fields.set_item("actual", actual)?;
+            c::TruncatedCheckpointError::type_object(py)
         }
         E::ChecksumMismatch { stored, computed } => {
-            set("stored", stored.into_pyobject(py).expect("int").into_any());
-            set(
-                "computed",
-                computed.into_pyobject(py).expect("int").into_any(),
-            );
-            "ChecksumMismatchError"
+            fields.set_item("stored", stored)?;
+            fields.set_item("computed", computed)?;
+            c::ChecksumMismatchError::type_object(py)
         }
-        E::Corrupt(_) => "CorruptCheckpointError",
+        E::Corrupt(_) => c::CorruptCheckpointError::type_object(py),
         E::SectionTooLarge {
             section,
             size,
             maximum,
         } => {
-            set(
-                "section",
-                section.into_pyobject(py).expect("str").into_any(),
-            );
-            set("size", size.into_pyobject(py).expect("int").into_any());
-            set(
-                "maximum",
-                maximum.into_pyobject(py).expect("int").into_any(),
-            );
-            "SectionTooLargeError"
+            fields.set_item("section", section)?;
+            fields.set_item("size", size)?;
+            fields.set_item("maximum", maximum)?;
+            c::SectionTooLargeError::type_object(py)
         }
         E::ModelMismatch {
             role,
             expected,
             actual,
         } => {
-            set("role", role.into_pyobject(py).expect("str").into_any());
-            set(
-                "expected",
-                expected.into_pyobject(py).expect("str").into_any(),
-            );
-            set("actual", actual.into_pyobject(py).expect("str").into_any());
-            "ModelMismatchError"
+            fields.set_item("role", role)?;
+            fields.set_item("expected", expected)?;
+            fields.set_item("actual", actual)?;
+            c::ModelMismatchError::type_object(py)
         }
         E::ConfigMismatch {
             field,
             checkpoint,
             generator,
         } => {
-            set("field", field.into_pyobject(py).expect("str").into_any());
-            set(
-                "checkpoint",
-                checkpoint.into_pyobject(py).expect("str").into_any(),
-            );
-            set(
-                "generator",
-                generator.into_pyobject(py).expect("str").into_any(),
-            );
-            "ConfigMismatchError"
+            fields.set_item("field", field)?;
+            fields.set_item("checkpoint", checkpoint)?;
+            fields.set_item("generator", generator)?;
+            c::ConfigMismatchError::type_object(py)
         }
     };
-    let raised = py
-        .import(ERRORS_MODULE)
-        .and_then(|module| module.getattr(class))
-        .and_then(|class| class.call((message,), Some(&kwargs)));
-    match raised {
-        Ok(instance) => PyErr::from_value(instance),
-        Err(error) => error,
-    }
+    Ok((class, fields))
 }
 
-/// `specstate.errors.<class_name>(message)`.
-pub(crate) fn python_error_message(
-    py: Python<'_>,
-    class_name: &str,
-    message: impl Into<String>,
-) -> PyErr {
-    python_error(py, class_name, (message.into(),))
+impl From<CheckpointError> for PyErr {
+    fn from(error: CheckpointError) -> Self {
+        Python::attach(|py| {
+            let raised = checkpoint_fields(py, &error)
+                .and_then(|(class, fields)| class.call((error.to_string(),), Some(&fields)));
+            match raised {
+                Ok(instance) => PyErr::from_value(instance),
+                Err(failure) => failure,
+            }
+        })
+    }
 }

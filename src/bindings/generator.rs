@@ -8,62 +8,40 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::arguments::WideInt;
-use super::errors::{checkpoint_error, ensure_thread, native_error, python_error_message};
+use super::errors::ensure_thread;
+use super::guarded::Guarded;
 use super::model::PyModel;
-use super::session::session_error_to_py;
-use crate::checkpoint::{self, CheckpointError};
-use crate::generator::ngram::NgramConfig;
-use crate::generator::{
-    Generator, GeneratorConfig, GeneratorError, Mode, Positions, RuntimeOptions,
-};
+use crate::checkpoint;
+use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptions};
 use crate::sampling::SamplingParams;
-
-pub(crate) fn generator_error(py: Python<'_>, error: GeneratorError) -> PyErr {
-    match error {
-        GeneratorError::Invalid(message) => PyValueError::new_err(message),
-        GeneratorError::Usage(message) => python_error_message(py, "GenerationError", message),
-        GeneratorError::Native(error) => native_error(py, error),
-        GeneratorError::Session(error) => session_error_to_py(py, error),
-        GeneratorError::Checkpoint(error) => checkpoint_error(py, &error),
-    }
-}
-
-fn parse_mode(mode: &str, ngram: NgramConfig) -> PyResult<Mode> {
-    Ok(match mode {
-        "none" => Mode::None,
-        "ngram" => Mode::Ngram(ngram),
-        "draft" => Mode::Draft,
-        "mtp" => Mode::Mtp,
-        "eagle3" => Mode::Eagle3,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "mode must be one of none, ngram, draft, mtp, eagle3; not {other:?}"
-            )))
-        }
-    })
-}
+use crate::settings::NgramConfig;
 
 /// A generation over a target model in one of five modes (see `specstate.Generator`).
+///
+/// Its contexts are used only from the thread that created it (every method
+/// that reaches them checks), behind a lock for the getters.
 #[pyclass(name = "Generator", module = "specstate._native")]
 pub(crate) struct PyGenerator {
-    inner: Generator,
+    inner: Guarded<Generator>,
     target: Py<PyModel>,
     draft: Option<Py<PyModel>>,
     owner: ThreadId,
 }
 
-// SAFETY: every method that touches `inner` checks first that it runs on
-// `owner`, the creating thread, so the contexts are never used concurrently.
-unsafe impl Sync for PyGenerator {}
-
 impl PyGenerator {
-    fn check_thread(&self, py: Python<'_>) -> PyResult<()> {
-        ensure_thread(py, self.owner, "Generator")
+    fn check_thread(&self) -> PyResult<()> {
+        ensure_thread(self.owner, "Generator")
+    }
+
+    /// The generator, exclusively, after the thread check.
+    fn generator(&mut self) -> PyResult<&mut Generator> {
+        self.check_thread()?;
+        Ok(self.inner.get_mut())
     }
 
     fn wrap(inner: Generator, target: Py<PyModel>, draft: Option<Py<PyModel>>) -> Self {
         Self {
-            inner,
+            inner: Guarded::new(inner),
             target,
             draft,
             owner: std::thread::current().id(),
@@ -106,7 +84,7 @@ impl PyGenerator {
             n_min: ngram_min.narrow("ngram_min")?,
         };
         let config = GeneratorConfig {
-            mode: parse_mode(mode, ngram)?,
+            mode: Mode::parse(mode, ngram)?,
             n_draft: n_draft.narrow("n_draft")?,
             sampling: SamplingParams {
                 temperature,
@@ -121,18 +99,16 @@ impl PyGenerator {
             n_threads: n_threads.narrow("n_threads")?,
         };
         let target_model = Arc::clone(&target.get().inner);
-        let inner = Generator::new(target_model, arc(&draft_model), config, runtime)
-            .map_err(|e| generator_error(py, e))?;
+        let draft = arc(&draft_model);
+        let inner = py.detach(|| Generator::new(target_model, draft, config, runtime))?;
         Ok(Self::wrap(inner, target, draft_model))
     }
 
     /// Decode the prompt and commit the first generated token.
     fn prefill(&mut self, py: Python<'_>, prompt: Vec<i32>) -> PyResult<()> {
-        self.check_thread(py)?;
-        let inner = &mut self.inner;
-        py.detach(|| inner.prefill(&prompt))
-            .map(drop)
-            .map_err(|e| generator_error(py, e))
+        let generator = self.generator()?;
+        py.detach(|| generator.prefill(&prompt))?;
+        Ok(())
     }
 
     /// Up to `max_n` generated tokens, running a round when none are waiting
@@ -147,39 +123,34 @@ impl PyGenerator {
             )));
         }
         let max_n = usize::try_from(max_n.0).unwrap_or(usize::MAX);
-        self.check_thread(py)?;
-        let inner = &mut self.inner;
-        py.detach(|| inner.take(max_n))
-            .map_err(|e| generator_error(py, e))
+        let generator = self.generator()?;
+        Ok(py.detach(|| generator.take(max_n))?)
     }
 
     /// The target context's real length in tokens.
     #[getter]
     fn context_length(&self) -> usize {
-        self.inner.context_length()
+        self.inner.lock().context_length()
     }
 
     /// Generated tokens handed out so far.
     #[getter]
     fn delivered(&self) -> usize {
-        self.inner.state().delivered
+        self.inner.lock().state().delivered
     }
 
     /// Committed tokens not yet handed out.
     #[getter]
     fn undelivered(&self) -> usize {
-        self.inner.undelivered()
+        self.inner.lock().undelivered()
     }
 
     /// The whole checkpoint of the current boundary, as bytes.
     fn checkpoint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        self.check_thread(py)?;
-        let capture = checkpoint::capture(&mut self.inner).map_err(|e| generator_error(py, e))?;
-        let inner = &mut self.inner;
+        let generator = self.generator()?;
+        let capture = checkpoint::capture(generator)?;
         PyBytes::new_with(py, capture.encoded_len(), |out| {
-            capture
-                .encode_into(inner, out)
-                .map_err(|e| generator_error(py, e))
+            Ok(capture.encode_into(generator, out)?)
         })
     }
 
@@ -204,12 +175,11 @@ impl PyGenerator {
         let max_n_ctx = max_n_ctx
             .map(|n| n.narrow::<u32>("max_n_ctx"))
             .transpose()?;
-        let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
+        let decoded = checkpoint::decode(data)?;
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);
-        let inner = py
-            .detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, max_n_ctx))
-            .map_err(|e| generator_error(py, e))?;
+        let inner =
+            py.detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, max_n_ctx))?;
         Ok(Self::wrap(inner, target, draft_model))
     }
 
@@ -217,69 +187,65 @@ impl PyGenerator {
     /// and models, reusing this generator's contexts. Everything is validated
     /// first; if anything is refused, this generator is left exactly as it was.
     fn load(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
-        self.check_thread(py)?;
-        let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
-        let inner = &mut self.inner;
-        py.detach(|| checkpoint::load_into(inner, &decoded))
-            .map_err(|e| generator_error(py, e))
+        let generator = self.generator()?;
+        let decoded = checkpoint::decode(data)?;
+        Ok(py.detach(|| checkpoint::load_into(generator, &decoded))?)
     }
 
     /// The lowest and highest positions of sequence 0 in the target context
     /// and in the draft context, if the mode has one (`(-1, -1)` when empty).
     #[getter]
-    fn memory_positions(&self, py: Python<'_>) -> PyResult<(Positions, Option<Positions>)> {
-        self.check_thread(py)?;
-        self.inner
-            .memory_positions()
-            .map_err(|e| generator_error(py, e))
+    fn memory_positions(&self) -> PyResult<(Positions, Option<Positions>)> {
+        self.check_thread()?;
+        Ok(self.inner.lock().memory_positions()?)
     }
 
     /// Prompt and committed tokens.
     #[getter]
     fn history(&self) -> Vec<i32> {
-        self.inner.state().history.clone()
+        self.inner.lock().state().history.clone()
     }
 
     /// Prompt tokens at the start of `history`.
     #[getter]
     fn n_prompt(&self) -> usize {
-        self.inner.state().n_prompt
+        self.inner.lock().state().n_prompt
     }
 
     /// Tokens in the target's memory.
     #[getter]
     fn n_past(&self) -> usize {
-        self.inner.state().n_past
+        self.inner.lock().state().n_past
     }
 
     /// Whether an end-of-generation token was committed.
     #[getter]
     fn finished(&self) -> bool {
-        self.inner.state().finished
+        self.inner.lock().state().finished
     }
 
     /// Rounds run.
     #[getter]
     fn rounds(&self) -> u64 {
-        self.inner.state().rounds
+        self.inner.lock().state().rounds
     }
 
     /// Draft tokens verified.
     #[getter]
     fn n_drafted(&self) -> u64 {
-        self.inner.state().drafted
+        self.inner.lock().state().drafted
     }
 
     /// Draft tokens accepted.
     #[getter]
     fn n_accepted(&self) -> u64 {
-        self.inner.state().accepted
+        self.inner.lock().state().accepted
     }
 
     /// The mode's name.
     #[getter]
     fn mode(&self) -> &'static str {
-        self.inner.config().mode.name()
+        self.inner.lock().config().mode.name()
     }
 
     /// The target model.
@@ -297,7 +263,7 @@ impl PyGenerator {
     /// The configuration as a dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        config_dict(py, self.inner.config())
+        config_dict(py, self.inner.lock().config())
     }
 }
 
@@ -325,11 +291,9 @@ pub(crate) fn inspect_checkpoint<'py>(
     py: Python<'py>,
     data: &[u8],
 ) -> PyResult<Bound<'py, PyDict>> {
-    let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
+    let decoded = checkpoint::decode(data)?;
     let meta = &decoded.meta;
-    let config = meta
-        .config()
-        .map_err(|e: CheckpointError| checkpoint_error(py, &e))?;
+    let config = meta.config()?;
     let info = PyDict::new(py);
     info.set_item("format_version", decoded.version)?;
     info.set_item("specstate_version", &meta.specstate_version)?;

@@ -4,6 +4,7 @@ mod arguments;
 mod context;
 mod errors;
 mod generator;
+mod guarded;
 mod info;
 mod model;
 mod session;
@@ -19,6 +20,7 @@ use crate::speculative::{
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     info::ensure_cpu_supported()?;
+    errors::classes::import_all(module.py())?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;

@@ -8,7 +8,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::arguments::WideInt;
-use super::errors::native_error;
 use crate::native::Model;
 
 /// A GGUF model loaded by llama.cpp. Immutable; usable from any thread.
@@ -23,9 +22,7 @@ impl PyModel {
     #[pyo3(signature = (path, *, n_gpu_layers = WideInt(0)), text_signature = "(path, *, n_gpu_layers=0)")]
     fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: WideInt) -> PyResult<Self> {
         let n_gpu_layers: i32 = n_gpu_layers.narrow("n_gpu_layers")?;
-        let model = py
-            .detach(|| Model::load(&path, n_gpu_layers))
-            .map_err(|e| native_error(py, e))?;
+        let model = py.detach(|| Model::load(&path, n_gpu_layers))?;
         Ok(Self {
             inner: Arc::new(model),
         })
@@ -111,16 +108,8 @@ impl PyModel {
 
     /// Token ids of `text`.
     #[pyo3(signature = (text, *, add_special = true, parse_special = false))]
-    fn tokenize(
-        &self,
-        py: Python<'_>,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> PyResult<Vec<i32>> {
-        self.inner
-            .tokenize(text, add_special, parse_special)
-            .map_err(|e| native_error(py, e))
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> PyResult<Vec<i32>> {
+        Ok(self.inner.tokenize(text, add_special, parse_special)?)
     }
 
     /// The bytes of one token.
@@ -132,20 +121,14 @@ impl PyModel {
         special: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let token: i32 = token.narrow("token")?;
-        let piece = self
-            .inner
-            .token_to_piece(token, special)
-            .map_err(|e| native_error(py, e))?;
+        let piece = self.inner.token_to_piece(token, special)?;
         Ok(PyBytes::new(py, &piece))
     }
 
     /// The text of `tokens` (invalid UTF-8 replaced).
     #[pyo3(signature = (tokens, *, special = false))]
-    fn detokenize(&self, py: Python<'_>, tokens: Vec<i32>, special: bool) -> PyResult<String> {
-        let bytes = self
-            .inner
-            .detokenize(&tokens, special)
-            .map_err(|e| native_error(py, e))?;
+    fn detokenize(&self, tokens: Vec<i32>, special: bool) -> PyResult<String> {
+        let bytes = self.inner.detokenize(&tokens, special)?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 

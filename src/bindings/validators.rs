@@ -5,7 +5,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
 use super::arguments::{f32_argument, ranged, saturating, Ranged};
-use super::errors::{capacity_error, config_error, excessive_state_error, speculative_state_error};
+use super::errors::excessive_state_error;
+use crate::session::SessionError;
 use crate::speculative::{
     self, SpeculativeContextCapacity, SpeculativeStateError, MAX_SPECULATIVE_STATE_BYTES,
 };
@@ -13,7 +14,6 @@ use crate::speculative::{
 /// Check a speculative session configuration against the seed's bounds.
 #[pyfunction]
 pub(crate) fn validate_config(
-    py: Python<'_>,
     n_seq: &Bound<'_, PyAny>,
     n_draft_max: &Bound<'_, PyAny>,
     n_min: &Bound<'_, PyAny>,
@@ -23,8 +23,8 @@ pub(crate) fn validate_config(
     let n_draft_max: i32 = saturating(n_draft_max, "n_draft_max")?;
     let n_min: i32 = saturating(n_min, "n_min")?;
     let p_min = f32_argument(p_min, "p_min")?;
-    speculative::validate_config(n_seq, n_draft_max, n_min, p_min)
-        .map_err(|message| config_error(py, message))
+    speculative::validate_config(n_seq, n_draft_max, n_min, p_min).map_err(SessionError::Config)?;
+    Ok(())
 }
 
 /// The capacities of one llama.cpp context that bound a speculative batch.
@@ -116,7 +116,6 @@ impl ContextCapacity {
 /// Check that both contexts can hold a draft of `maximum_draft_tokens` plus one.
 #[pyfunction]
 pub(crate) fn validate_context_capacities(
-    py: Python<'_>,
     target: PyRef<'_, ContextCapacity>,
     draft: PyRef<'_, ContextCapacity>,
     maximum_draft_tokens: &Bound<'_, PyAny>,
@@ -131,18 +130,16 @@ pub(crate) fn validate_context_capacities(
         }
     };
     speculative::validate_context_capacities(target.inner, draft.inner, maximum_draft_tokens)
-        .map_err(|message| capacity_error(py, message))
+        .map_err(SessionError::Capacity)?;
+    Ok(())
 }
 
 /// Check a speculative state size against `MAX_SPECULATIVE_STATE_BYTES`.
 #[pyfunction]
-pub(crate) fn validate_state_size(py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn validate_state_size(size: &Bound<'_, PyAny>) -> PyResult<()> {
     match ranged::<usize>(size, "size")? {
-        Ranged::Fits(fits) => {
-            speculative::validate_size(fits).map_err(|error| speculative_state_error(py, error))
-        }
+        Ranged::Fits(fits) => Ok(speculative::validate_size(fits)?),
         Ranged::TooLarge => Err(excessive_state_error(
-            py,
             super::arguments::index_argument(size, "size")?.into_any(),
             MAX_SPECULATIVE_STATE_BYTES,
         )),
@@ -156,8 +153,8 @@ pub(crate) fn validate_state_size(py: Python<'_>, size: &Bound<'_, PyAny>) -> Py
 /// (nothing for `MTP_STATE_STATUS_OK`). Exposed so that tests can check the
 /// native-to-Python mapping of every status.
 #[pyfunction]
-pub(crate) fn _raise_for_status(py: Python<'_>, status: u32) -> PyResult<()> {
-    speculative::status_result(status as _).map_err(|error| speculative_state_error(py, error))
+pub(crate) fn _raise_for_status(status: u32) -> PyResult<()> {
+    Ok(speculative::status_result(status as _)?)
 }
 
 /// The seed's `Display` text of one error variant, named as in the Rust enum.

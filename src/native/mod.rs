@@ -41,5 +41,33 @@ pub enum NativeError {
     SequenceState(String),
 }
 
+/// A token id outside a vocabulary: the one rule for every token a caller gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("token {token} is outside the vocabulary of {n_vocab} tokens")]
+pub struct OutOfVocabulary {
+    /// The first id outside the vocabulary.
+    pub token: i32,
+    /// Tokens in the vocabulary.
+    pub n_vocab: usize,
+}
+
+/// Refuse the first of `tokens` that is not an id below `n_vocab`
+/// (llama.cpp reads tables at these ids, and its drafters abort on others).
+pub fn check_vocabulary(tokens: &[i32], n_vocab: usize) -> Result<(), OutOfVocabulary> {
+    match tokens
+        .iter()
+        .find(|&&token| usize::try_from(token).map_or(true, |t| t >= n_vocab))
+    {
+        Some(&token) => Err(OutOfVocabulary { token, n_vocab }),
+        None => Ok(()),
+    }
+}
+
+impl From<OutOfVocabulary> for NativeError {
+    fn from(error: OutOfVocabulary) -> Self {
+        Self::InvalidArgument(error.to_string())
+    }
+}
+
 /// Shorthand for results of the native layer.
 pub type NativeResult<T> = Result<T, NativeError>;

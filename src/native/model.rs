@@ -230,9 +230,9 @@ impl Model {
         unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
     }
 
-    /// Whether `token` is a valid id of this vocabulary.
-    pub fn is_valid_token(&self, token: i32) -> bool {
-        usize::try_from(token).is_ok_and(|t| t < self.n_vocab())
+    /// Refuse the first of `tokens` outside this vocabulary.
+    pub fn check_tokens(&self, tokens: &[i32]) -> Result<(), super::OutOfVocabulary> {
+        super::check_vocabulary(tokens, self.n_vocab())
     }
 
     /// Every GGUF metadata entry as text, in file order.
@@ -304,12 +304,7 @@ impl Model {
 
     /// The bytes of one token (special tokens rendered when `special`).
     pub fn token_to_piece(&self, token: i32, special: bool) -> NativeResult<Vec<u8>> {
-        if !self.is_valid_token(token) {
-            return Err(NativeError::InvalidArgument(format!(
-                "token {token} is outside the vocabulary of {} tokens",
-                self.n_vocab()
-            )));
-        }
+        self.check_tokens(&[token])?;
         let mut piece = vec![0_u8; 64];
         loop {
             let len = i32::try_from(piece.len()).unwrap_or(i32::MAX);

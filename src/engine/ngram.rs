@@ -1,41 +1,7 @@
 //! Prompt-lookup drafting: propose what followed the most recent earlier
 //! occurrence of the history's last n tokens. No model involved.
 
-/// Longest and shortest n-gram looked up, and how many tokens to propose.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NgramConfig {
-    /// Longest suffix matched (tried first).
-    pub n_max: usize,
-    /// Shortest suffix matched.
-    pub n_min: usize,
-}
-
-impl NgramConfig {
-    /// The longest n-gram that may be looked up.
-    pub const MAX_N: usize = 64;
-
-    /// `1 <= n_min <= n_max <= 64`: the one rule for n-gram settings.
-    pub fn validate(&self) -> Result<(), super::SettingError> {
-        if self.n_min >= 1 && self.n_min <= self.n_max && self.n_max <= Self::MAX_N {
-            return Ok(());
-        }
-        Err(super::SettingError {
-            field: "ngram",
-            reason: format!(
-                "sizes must satisfy 1 <= ngram_min <= ngram_max <= {}, not ngram_min={} ngram_max={}",
-                Self::MAX_N,
-                self.n_min,
-                self.n_max
-            ),
-        })
-    }
-}
-
-impl Default for NgramConfig {
-    fn default() -> Self {
-        Self { n_max: 4, n_min: 3 }
-    }
-}
+use crate::settings::NgramConfig;
 
 /// Up to `n_draft` tokens that followed the most recent earlier occurrence of
 /// the longest matching suffix of `history` (lengths `n_max` down to `n_min`).

@@ -1,0 +1,173 @@
+//! One [`Drafter`] per way of drafting: none, prompt lookup, a draft model,
+//! and an MTP or EAGLE-3 session over contexts it borrows.
+
+use super::{ngram, position, Draft, DraftRequest, Drafter, Result};
+use crate::native::{Batch, Context};
+use crate::sampling::{self, Sampler};
+use crate::session::DraftSession;
+use crate::settings::NgramConfig;
+
+/// Plain decoding: never drafts.
+pub struct NoDrafter;
+
+impl Drafter for NoDrafter {
+    fn max_draft(&self) -> usize {
+        0
+    }
+
+    fn propose(&mut self, _request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
+        Ok(Draft::default())
+    }
+}
+
+/// Prompt lookup over the history.
+pub struct NgramDrafter {
+    /// The n-gram sizes looked up.
+    pub config: NgramConfig,
+    /// Most tokens per draft.
+    pub n_draft: usize,
+}
+
+impl Drafter for NgramDrafter {
+    fn max_draft(&self) -> usize {
+        self.n_draft
+    }
+
+    fn propose(&mut self, request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
+        Ok(Draft {
+            tokens: ngram::propose(request.history, self.config, request.limit),
+            distributions: None,
+        })
+    }
+}
+
+/// `draft` mode stops drafting when the draft model's most likely next token
+/// has less than this probability (softmax of its raw logits).
+pub const DRAFT_CONFIDENCE: f64 = 0.5;
+
+/// Autoregressive drafting on a separate draft model with the target's vocabulary.
+pub struct DraftModelDrafter<'a> {
+    /// The draft model's context.
+    pub context: &'a mut Context,
+    /// The batch the draft context decodes through.
+    pub batch: &'a mut Batch,
+    /// Tokens of the history decoded in the draft context.
+    pub decoded: &'a mut usize,
+    /// Most tokens per draft.
+    pub n_draft: usize,
+    /// The sequence drafted on.
+    pub seq_id: i32,
+}
+
+impl DraftModelDrafter<'_> {
+    /// Decode what the draft context has not seen of the history (the last token included).
+    fn catch_up(&mut self, history: &[i32]) -> Result<()> {
+        let chunk = self.batch.capacity();
+        while *self.decoded < history.len() {
+            let start = *self.decoded;
+            let end = (start + chunk).min(history.len());
+            self.batch
+                .fill(&history[start..end], position(start)?, self.seq_id, false)?;
+            self.context.decode(self.batch)?;
+            *self.decoded = end;
+        }
+        Ok(())
+    }
+}
+
+impl Drafter for DraftModelDrafter<'_> {
+    fn max_draft(&self) -> usize {
+        self.n_draft
+    }
+
+    fn propose(&mut self, request: DraftRequest<'_>, sampler: &mut Sampler) -> Result<Draft> {
+        self.catch_up(request.history)?;
+        let mut tokens = Vec::with_capacity(request.limit);
+        let mut dists = Vec::with_capacity(request.limit);
+        loop {
+            let logits = self.context.logits(-1)?;
+            // Stop where the draft model is unsure of its next token: such
+            // drafts are rarely accepted and each costs a draft decode and a
+            // verified row. (A policy that depends only on the draft keeps
+            // rejection sampling exact.)
+            if sampling::top_probability(logits) < DRAFT_CONFIDENCE {
+                break;
+            }
+            let (token, dist) = sampler.draw(logits);
+            tokens.push(token);
+            dists.push(dist);
+            if tokens.len() == request.limit {
+                break;
+            }
+            self.batch
+                .fill(&[token], position(*self.decoded)?, self.seq_id, false)?;
+            self.context.decode(self.batch)?;
+            *self.decoded += 1;
+        }
+        Ok(Draft {
+            tokens,
+            distributions: Some(dists),
+        })
+    }
+
+    fn settle(&mut self, keep: usize, _accepted: usize) -> Result<()> {
+        self.context.seq_rm(self.seq_id, position(keep)?, -1);
+        *self.decoded = (*self.decoded).min(keep);
+        Ok(())
+    }
+}
+
+/// An MTP or EAGLE-3 session, with the draft context it drafts in.
+pub struct SessionDrafter<'a> {
+    /// The native session (which points into both contexts).
+    pub session: &'a mut DraftSession,
+    /// The session's draft context.
+    pub context: &'a mut Context,
+    /// The sequence drafted on.
+    pub seq_id: i32,
+}
+
+impl SessionDrafter<'_> {
+    /// Complete a pending proposal with `accepted` of its tokens.
+    fn complete(&mut self, accepted: usize) -> Result<()> {
+        if self.session.has_pending_proposal(self.seq_id)? {
+            self.session.accept(self.seq_id, accepted)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drafter for SessionDrafter<'_> {
+    fn max_draft(&self) -> usize {
+        usize::try_from(self.session.config().n_draft_max).unwrap_or(0)
+    }
+
+    fn observe(&mut self, batch: &Batch) -> Result<()> {
+        Ok(self.session.process(batch)?)
+    }
+
+    fn begin(&mut self, prompt: &[i32]) -> Result<()> {
+        Ok(self.session.begin(self.seq_id, prompt)?)
+    }
+
+    fn propose(&mut self, request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
+        let n_past = position(request.n_past)?;
+        let tokens = self.session.draft(self.seq_id, n_past, request.id_last())?;
+        // The draft context holds the drafted positions; the verify batch goes at n_past.
+        self.context.seq_rm(self.seq_id, n_past, -1);
+        Ok(Draft {
+            tokens,
+            distributions: None,
+        })
+    }
+
+    fn settle(&mut self, keep: usize, accepted: usize) -> Result<()> {
+        self.complete(accepted)?;
+        self.context.seq_rm(self.seq_id, position(keep)?, -1);
+        Ok(())
+    }
+
+    fn abandon(&mut self) -> Result<()> {
+        self.complete(0)
+    }
+}

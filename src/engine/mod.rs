@@ -1,0 +1,311 @@
+//! The one speculative round engine behind every generation.
+//!
+//! A generation advances in rounds over a target context and a [`Drafter`]:
+//! draft up to a limit, verify the draft in one target batch through
+//! [`Sampler::verify`], commit the accepted draft tokens and the target's own
+//! next token, and roll back what was rejected. [`Engine::prefill`] decodes a
+//! prompt and chooses the first token; [`Engine::round`] runs one round. Both
+//! `Generator` (five modes) and `SessionGeneration` (a session over contexts
+//! the caller built) drive these two functions.
+//!
+//! The rules, decided once for every drafter:
+//! - **Draft limit.** A round drafts at most `n_ctx - n_past - 2` tokens (so
+//!   that every committed token fits the context, the last one included), at
+//!   most the batch's rows minus one (the verify batch holds the last token
+//!   and the draft), and at most the drafter's own maximum.
+//! - **Full context or finished generation.** A round commits nothing: it is
+//!   the end of the generation, not an error.
+//! - **Rollback.** The target removes positions only after a rejection (when
+//!   everything was accepted there is nothing to remove); the drafter settles
+//!   its own state every round.
+//! - **End of generation.** A committed end-of-generation token ends the
+//!   generation: what would follow it in the round is not committed.
+//! - **Decode failures** keep their type ([`NativeError::Decode`]), and the
+//!   drafter abandons its proposal so its state stays quiescent.
+
+mod drafters;
+pub mod ngram;
+
+pub use drafters::{DraftModelDrafter, NgramDrafter, NoDrafter, SessionDrafter, DRAFT_CONFIDENCE};
+
+use crate::native::{Batch, Context, NativeError, OutOfVocabulary};
+use crate::sampling::{Distribution, Sampler};
+use crate::session::SessionError;
+use crate::settings::SettingError;
+
+/// Failures of a generation call.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Bad configuration or arguments.
+    #[error("{0}")]
+    Invalid(String),
+    /// The call does not fit the generation's state.
+    #[error("{0}")]
+    Usage(String),
+    /// A native failure (a failed decode included).
+    #[error(transparent)]
+    Native(#[from] NativeError),
+    /// A speculative session failure.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+impl From<SettingError> for EngineError {
+    fn from(error: SettingError) -> Self {
+        Self::Invalid(error.to_string())
+    }
+}
+
+impl From<OutOfVocabulary> for EngineError {
+    fn from(error: OutOfVocabulary) -> Self {
+        Self::Invalid(error.to_string())
+    }
+}
+
+/// Shorthand for results of the engine.
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// What a drafter is asked for at the start of a round.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftRequest<'a> {
+    /// Tokens known to the generation; the last one is committed but not yet
+    /// decoded, and goes at position `n_past`.
+    pub history: &'a [i32],
+    /// Tokens in the target's memory.
+    pub n_past: usize,
+    /// Most tokens the round can verify (at least 1).
+    pub limit: usize,
+}
+
+impl DraftRequest<'_> {
+    /// The last committed token.
+    pub fn id_last(&self) -> i32 {
+        self.history.last().copied().unwrap_or_default()
+    }
+}
+
+/// A proposal: tokens and, for rejection sampling, the distributions they
+/// were drawn from (`None`: each token is a point mass, as a drafter that
+/// does not sample proposes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Draft {
+    /// The proposed tokens.
+    pub tokens: Vec<i32>,
+    /// The distribution of each token, if the drafter sampled them.
+    pub distributions: Option<Vec<Distribution>>,
+}
+
+impl Draft {
+    fn truncated(mut self, limit: usize) -> Self {
+        self.tokens.truncate(limit);
+        if let Some(dists) = self.distributions.as_mut() {
+            dists.truncate(limit);
+        }
+        self
+    }
+}
+
+/// A source of drafts: one implementation per way of drafting.
+pub trait Drafter {
+    /// Most tokens one draft may hold.
+    fn max_draft(&self) -> usize;
+    /// The target has just decoded `batch` (a prompt chunk or a verify batch).
+    fn observe(&mut self, _batch: &Batch) -> Result<()> {
+        Ok(())
+    }
+    /// The prompt has been decoded: a generation begins.
+    fn begin(&mut self, _prompt: &[i32]) -> Result<()> {
+        Ok(())
+    }
+    /// Propose up to `request.limit` tokens to follow the history.
+    fn propose(&mut self, request: DraftRequest<'_>, sampler: &mut Sampler) -> Result<Draft>;
+    /// The round kept target positions `0..keep`, of which `accepted` were drafted.
+    fn settle(&mut self, _keep: usize, _accepted: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Verification failed: leave the drafter quiescent again.
+    fn abandon(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Where a generation stands at a round boundary.
+#[derive(Clone, Copy, Debug)]
+pub struct Cursor<'a> {
+    /// Tokens known to the generation; the last one is committed, not decoded.
+    pub history: &'a [i32],
+    /// Tokens in the target's memory.
+    pub n_past: usize,
+    /// Whether an end-of-generation token was committed.
+    pub finished: bool,
+}
+
+/// The outcome of one round.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Tokens committed: the accepted draft tokens, then the target's own.
+    pub committed: Vec<i32>,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted (and committed).
+    pub accepted: usize,
+    /// Tokens in the target's memory after the round.
+    pub n_past: usize,
+    /// Whether the round committed an end-of-generation token.
+    pub finished: bool,
+}
+
+impl Round {
+    /// A round that commits nothing (full context or finished generation).
+    fn nothing(at: &Cursor<'_>) -> Self {
+        Self {
+            n_past: at.n_past,
+            finished: at.finished,
+            ..Self::default()
+        }
+    }
+}
+
+/// One generation's target side and drafter, borrowed for a call.
+pub struct Engine<'a> {
+    /// The target context.
+    pub target: &'a mut Context,
+    /// The batch prompt chunks and verify batches are decoded through.
+    pub batch: &'a mut Batch,
+    /// Where drafts come from.
+    pub drafter: &'a mut dyn Drafter,
+    /// How tokens are chosen and drafts verified.
+    pub sampler: &'a mut Sampler,
+    /// The sequence generated on.
+    pub seq_id: i32,
+}
+
+impl Engine<'_> {
+    /// Decode `prompt` in batch-sized chunks (the drafter observing each),
+    /// begin the drafter, and return the first generated token.
+    pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
+        self.check_prompt(prompt)?;
+        let chunk = self.batch.capacity();
+        for (index, piece) in prompt.chunks(chunk).enumerate() {
+            self.batch
+                .fill(piece, position(index * chunk)?, self.seq_id, false)?;
+            self.target.decode(self.batch)?;
+            self.drafter.observe(self.batch)?;
+        }
+        self.drafter.begin(prompt)?;
+        Ok(self.sampler.choose(self.target.logits(-1)?))
+    }
+
+    fn check_prompt(&self, prompt: &[i32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
+        }
+        let n_ctx = self.target.n_ctx() as usize;
+        if prompt.len() >= n_ctx {
+            return Err(EngineError::Invalid(format!(
+                "the prompt has {} tokens, which leaves no room in the {n_ctx}-token context",
+                prompt.len()
+            )));
+        }
+        Ok(self.target.model().check_tokens(prompt)?)
+    }
+
+    /// One round from `at`: draft, verify in one target batch, commit, roll back.
+    pub fn round(&mut self, at: Cursor<'_>) -> Result<Round> {
+        let Some(limit) = self.draft_limit(&at) else {
+            return Ok(Round::nothing(&at));
+        };
+        let request = DraftRequest {
+            history: at.history,
+            n_past: at.n_past,
+            limit,
+        };
+        let draft = match limit {
+            0 => Draft::default(),
+            _ => self
+                .drafter
+                .propose(request, self.sampler)?
+                .truncated(limit),
+        };
+        self.decode_verify_batch(request, &draft.tokens)?;
+        let round = self.judge(&at, &draft)?;
+        self.drafter.settle(round.n_past, round.accepted)?;
+        if round.accepted < draft.tokens.len() {
+            self.roll_back_target(round.n_past)?;
+        }
+        Ok(round)
+    }
+
+    /// How many tokens this round may draft, or `None` when it can commit nothing.
+    fn draft_limit(&self, at: &Cursor<'_>) -> Option<usize> {
+        let room = (self.target.n_ctx() as usize).saturating_sub(at.n_past + 1);
+        if at.finished || room == 0 || at.history.is_empty() {
+            return None;
+        }
+        let rows = self.batch.capacity().saturating_sub(1);
+        Some((room - 1).min(rows).min(self.drafter.max_draft()))
+    }
+
+    /// Decode the last token and the draft at `n_past..`; the drafter observes
+    /// the batch, or abandons its proposal if either step fails.
+    fn decode_verify_batch(&mut self, request: DraftRequest<'_>, draft: &[i32]) -> Result<()> {
+        let mut rows = Vec::with_capacity(draft.len() + 1);
+        rows.push(request.id_last());
+        rows.extend_from_slice(draft);
+        self.batch
+            .fill(&rows, position(request.n_past)?, self.seq_id, true)?;
+        let decoded = self
+            .target
+            .decode(self.batch)
+            .map_err(EngineError::from)
+            .and_then(|()| self.drafter.observe(self.batch));
+        if let Err(error) = decoded {
+            self.drafter.abandon()?;
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Verify the draft against the target's rows and decide what is committed.
+    fn judge(&mut self, at: &Cursor<'_>, draft: &Draft) -> Result<Round> {
+        let target = &*self.target;
+        let rows: Vec<&[f32]> = (0..=draft.tokens.len())
+            .map(|row| target.logits(row as i32))
+            .collect::<std::result::Result<_, _>>()?;
+        let verdict = self.sampler.verify(
+            |row| rows[row],
+            &draft.tokens,
+            draft.distributions.as_deref(),
+        );
+        let mut committed = draft.tokens[..verdict.accepted].to_vec();
+        committed.push(verdict.next);
+        let mut accepted = verdict.accepted;
+        let end = committed.iter().position(|t| target.model().is_eog(*t));
+        if let Some(end) = end {
+            committed.truncate(end + 1);
+            accepted = accepted.min(end);
+        }
+        Ok(Round {
+            n_past: at.n_past + accepted + 1,
+            drafted: draft.tokens.len(),
+            committed,
+            accepted,
+            finished: end.is_some(),
+        })
+    }
+
+    fn roll_back_target(&mut self, keep: usize) -> Result<()> {
+        if self.target.seq_rm(self.seq_id, position(keep)?, -1) {
+            return Ok(());
+        }
+        Err(EngineError::Usage(format!(
+            "the target could not roll back to position {keep} (a recurrent target needs n_rs_seq >= the draft length)"
+        )))
+    }
+}
+
+/// A history index as a llama.cpp position.
+pub(crate) fn position(index: usize) -> Result<i32> {
+    i32::try_from(index)
+        .map_err(|_| EngineError::Invalid(format!("position {index} overflows i32")))
+}

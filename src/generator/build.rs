@@ -1,0 +1,155 @@
+//! Building a generator: the checks that need the models, then the contexts,
+//! the session and the batches its mode needs.
+
+use std::sync::Arc;
+
+use super::{Generator, GeneratorError, GeneratorState, Result};
+use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
+use crate::sampling::Sampler;
+use crate::session::{DraftSession, SessionConfig, SpecType};
+use crate::settings::{GeneratorConfig, Mode, RuntimeOptions};
+
+fn context_params(
+    model: &Model,
+    config: &GeneratorConfig,
+    runtime: RuntimeOptions,
+    kind: ContextKind,
+) -> ContextParams {
+    let recurrent = model.is_recurrent() || model.is_hybrid();
+    // Rollback of rejected drafts needs recurrent snapshots (seed: slots >= n_draft).
+    let n_rs_seq = if recurrent && config.mode.is_speculative() {
+        config.n_draft.max(1)
+    } else {
+        0
+    };
+    // llama.cpp needs room for the snapshots in every compute pass; the
+    // generator itself never decodes more than `config.n_batch` rows at once.
+    let n_rows = config.n_batch.max(n_rs_seq + 2);
+    ContextParams {
+        n_ctx: config.n_ctx,
+        n_batch: n_rows,
+        n_ubatch: n_rows,
+        n_seq_max: 1,
+        n_rs_seq,
+        kind,
+        n_threads: runtime.n_threads,
+    }
+}
+
+/// The settings, and the draft model against the mode and the target. (The
+/// context length against the model's trained length, and the thread count,
+/// are checked by `Context::new` before it allocates.)
+fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig) -> Result<()> {
+    config.validate()?;
+    let mode = config.mode.name();
+    match (config.mode.needs_draft_model(), draft) {
+        (true, None) => Err(GeneratorError::Invalid(format!(
+            "mode '{mode}' needs a draft model"
+        ))),
+        (false, Some(_)) => Err(GeneratorError::Invalid(format!(
+            "mode '{mode}' takes no draft model"
+        ))),
+        (_, Some(draft)) if config.mode == Mode::Draft && draft.n_vocab() != target.n_vocab() => {
+            Err(GeneratorError::Invalid(format!(
+                "the draft model has {} tokens and the target {}: vocabularies differ",
+                draft.n_vocab(),
+                target.n_vocab()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The draft context of `config.mode`, if it has one.
+fn draft_context(
+    target: &Context,
+    draft_model: Option<Arc<Model>>,
+    config: &GeneratorConfig,
+    runtime: RuntimeOptions,
+) -> Result<Option<Context>> {
+    let context = match (config.mode, draft_model) {
+        (Mode::Mtp, _) => {
+            let model = Arc::clone(target.model());
+            let params = context_params(&model, config, runtime, ContextKind::Mtp);
+            Context::new(model, params)?
+        }
+        (Mode::Eagle3, Some(model)) => {
+            let params = context_params(&model, config, runtime, ContextKind::Default);
+            // SAFETY: the generator owns both contexts and drops the draft
+            // context before the target (field order), so `target` outlives it.
+            unsafe { Context::with_other(model, params, target)? }
+        }
+        (Mode::Draft, Some(model)) => {
+            let params = context_params(&model, config, runtime, ContextKind::Default);
+            Context::new(model, params)?
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(context))
+}
+
+/// The MTP or EAGLE-3 session over the two contexts, if the mode has one.
+///
+/// # Safety
+/// `target` and `draft` must outlive the session and stay where they are on
+/// the heap (as [`DraftSession::new`] requires).
+unsafe fn draft_session(
+    target: &mut Context,
+    draft: Option<&mut Context>,
+    config: &GeneratorConfig,
+) -> Result<Option<DraftSession>> {
+    let spec_type = match config.mode {
+        Mode::Mtp => SpecType::Mtp,
+        Mode::Eagle3 => SpecType::Eagle3,
+        _ => return Ok(None),
+    };
+    let Some(draft) = draft else {
+        return Ok(None);
+    };
+    let session_config = SessionConfig {
+        n_seq: 1,
+        n_draft_max: config.n_draft as i32,
+        n_min: 0,
+        p_min: 0.0,
+        spec_type,
+    };
+    // SAFETY: the caller keeps both contexts alive and in place (see above).
+    Ok(Some(unsafe {
+        DraftSession::new(target, draft, session_config)?
+    }))
+}
+
+impl Generator {
+    /// Check the configuration against the models, then build the contexts
+    /// (and session) that `config.mode` needs.
+    pub fn new(
+        target_model: Arc<Model>,
+        draft_model: Option<Arc<Model>>,
+        config: GeneratorConfig,
+        runtime: RuntimeOptions,
+    ) -> Result<Self> {
+        check_models(&target_model, draft_model.as_deref(), &config)?;
+        let params = context_params(&target_model, &config, runtime, ContextKind::Default);
+        let mut target = Context::new(target_model, params)?;
+        let mut draft = draft_context(&target, draft_model, &config, runtime)?;
+        // SAFETY: the generator owns both contexts and drops the session first
+        // (field order); llama.cpp's contexts live on the heap, so moving the
+        // `Context` values into the generator does not move them.
+        let session = unsafe { draft_session(&mut target, draft.as_mut(), &config)? };
+        let draft_batch = match config.mode {
+            Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
+            _ => None,
+        };
+        let sampler = Sampler::new(config.sampling);
+        Ok(Self {
+            session,
+            draft,
+            target,
+            batch: Batch::new(config.n_batch as usize)?,
+            draft_batch,
+            config,
+            state: GeneratorState::empty(sampler.rng.state()),
+            sampler,
+        })
+    }
+}

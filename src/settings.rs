@@ -1,0 +1,316 @@
+//! What a generation is configured with, and the one rule for each setting.
+//!
+//! Every path that builds a setting (the Python constructor, a checkpoint's
+//! metadata, the CLI through the constructor) goes through the validating
+//! constructors here: [`Mode::parse`], [`NgramConfig::validate`],
+//! [`GeneratorConfig::validate`] and [`RuntimeOptions::validate`].
+
+use crate::sampling::SamplingParams;
+
+/// A setting outside its range: the setting's name and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct SettingError {
+    /// The setting (`n_ctx`, `n_batch`, `n_draft`, `temperature`, ...).
+    pub field: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+fn refuse(field: &'static str, reason: String) -> Result<(), SettingError> {
+    Err(SettingError { field, reason })
+}
+
+/// Longest and shortest n-gram looked up by prompt-lookup drafting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramConfig {
+    /// Longest suffix matched (tried first).
+    pub n_max: usize,
+    /// Shortest suffix matched.
+    pub n_min: usize,
+}
+
+impl NgramConfig {
+    /// The longest n-gram that may be looked up.
+    pub const MAX_N: usize = 64;
+
+    /// `1 <= n_min <= n_max <= 64`: the one rule for n-gram settings.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if self.n_min >= 1 && self.n_min <= self.n_max && self.n_max <= Self::MAX_N {
+            return Ok(());
+        }
+        refuse(
+            "ngram",
+            format!(
+                "sizes must satisfy 1 <= ngram_min <= ngram_max <= {}, not ngram_min={} ngram_max={}",
+                Self::MAX_N,
+                self.n_min,
+                self.n_max
+            ),
+        )
+    }
+}
+
+impl Default for NgramConfig {
+    fn default() -> Self {
+        Self { n_max: 4, n_min: 3 }
+    }
+}
+
+/// The five ways of drafting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Plain decoding: no drafts.
+    None,
+    /// Prompt lookup over the history.
+    Ngram(NgramConfig),
+    /// A separate draft model with the same vocabulary.
+    Draft,
+    /// The target's own multi-token-prediction head.
+    Mtp,
+    /// A separate EAGLE-3 draft model.
+    Eagle3,
+}
+
+impl Mode {
+    /// The names of the modes, in the order users read them.
+    pub const NAMES: [&'static str; 5] = ["none", "ngram", "draft", "mtp", "eagle3"];
+
+    /// The mode called `name`; `ngram` is used (and validated) by `ngram` mode only.
+    pub fn parse(name: &str, ngram: NgramConfig) -> Result<Self, SettingError> {
+        let mode = match name {
+            "none" => Self::None,
+            "ngram" => Self::Ngram(ngram),
+            "draft" => Self::Draft,
+            "mtp" => Self::Mtp,
+            "eagle3" => Self::Eagle3,
+            other => {
+                return Err(SettingError {
+                    field: "mode",
+                    reason: format!("must be one of {}; not {other:?}", Self::NAMES.join(", ")),
+                })
+            }
+        };
+        if let Self::Ngram(config) = mode {
+            config.validate()?;
+        }
+        Ok(mode)
+    }
+
+    /// The mode's name: `none`, `ngram`, `draft`, `mtp`, `eagle3`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Ngram(_) => "ngram",
+            Self::Draft => "draft",
+            Self::Mtp => "mtp",
+            Self::Eagle3 => "eagle3",
+        }
+    }
+
+    /// Whether the mode needs a separate draft model.
+    pub fn needs_draft_model(&self) -> bool {
+        matches!(self, Self::Draft | Self::Eagle3)
+    }
+
+    /// Whether the mode drafts at all.
+    pub fn is_speculative(&self) -> bool {
+        !matches!(self, Self::None)
+    }
+}
+
+/// Everything that decides what a generation computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GeneratorConfig {
+    /// How drafts are made.
+    pub mode: Mode,
+    /// Most tokens drafted per round (ignored by `none`).
+    pub n_draft: u32,
+    /// How tokens are chosen.
+    pub sampling: SamplingParams,
+    /// Context length of the target (and draft) context.
+    pub n_ctx: u32,
+    /// Rows per decode call (and per processed batch).
+    pub n_batch: u32,
+}
+
+impl GeneratorConfig {
+    /// Check every setting that does not depend on a model: the one rule for
+    /// the constructor, checkpoints and the CLI. (The context length's upper
+    /// bound, the model's trained length, is checked against the model.)
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if self.n_ctx < 2 {
+            return refuse("n_ctx", format!("must be at least 2, not {}", self.n_ctx));
+        }
+        let most_rows = self
+            .n_ctx
+            .min(u32::try_from(crate::native::MAX_BATCH_ROWS).unwrap_or(u32::MAX));
+        if self.n_batch == 0 || self.n_batch > most_rows {
+            return refuse(
+                "n_batch",
+                format!("must be between 1 and {most_rows}, not {}", self.n_batch),
+            );
+        }
+        self.validate_n_draft()?;
+        if let Mode::Ngram(ngram) = self.mode {
+            ngram.validate()?;
+        }
+        self.sampling.validate()
+    }
+
+    fn validate_n_draft(&self) -> Result<(), SettingError> {
+        let max_draft = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32;
+        if self.n_draft > max_draft {
+            return refuse(
+                "n_draft",
+                format!("must be at most {max_draft}, not {}", self.n_draft),
+            );
+        }
+        if self.mode.is_speculative() && (self.n_draft == 0 || self.n_draft >= self.n_batch) {
+            return refuse(
+                "n_draft",
+                format!(
+                    "must be between 1 and n_batch - 1 ({}), not {}",
+                    self.n_batch - 1,
+                    self.n_draft
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Threads are a runtime choice, not part of what is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RuntimeOptions {
+    /// Threads per context (0: the CPUs available).
+    pub n_threads: i32,
+}
+
+impl RuntimeOptions {
+    /// Check the thread count against ggml's maximum.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        let most = crate::native::MAX_THREADS;
+        if (0..=most).contains(&self.n_threads) {
+            return Ok(());
+        }
+        refuse(
+            "n_threads",
+            format!(
+                "must be between 0 (the CPUs available) and {most}, not {}",
+                self.n_threads
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(mode: Mode) -> GeneratorConfig {
+        GeneratorConfig {
+            mode,
+            n_draft: 4,
+            sampling: SamplingParams::default(),
+            n_ctx: 64,
+            n_batch: 8,
+        }
+    }
+
+    #[test]
+    fn every_mode_name_parses_back() {
+        for name in Mode::NAMES {
+            let mode = Mode::parse(name, NgramConfig::default()).unwrap();
+            assert_eq!(mode.name(), name);
+        }
+        let error = Mode::parse("medusa", NgramConfig::default()).unwrap_err();
+        assert_eq!(error.field, "mode");
+        assert!(error.reason.contains("none, ngram, draft, mtp, eagle3"));
+    }
+
+    #[test]
+    fn ngram_sizes_are_checked_where_the_mode_is_built() {
+        let bad = NgramConfig { n_max: 2, n_min: 3 };
+        assert_eq!(Mode::parse("ngram", bad).unwrap_err().field, "ngram");
+        assert_eq!(Mode::parse("none", bad).unwrap(), Mode::None);
+        let too_long = NgramConfig {
+            n_max: NgramConfig::MAX_N + 1,
+            n_min: 1,
+        };
+        assert!(too_long.validate().is_err());
+    }
+
+    #[test]
+    fn each_generator_setting_names_itself_when_refused() {
+        assert!(config(Mode::Mtp).validate().is_ok());
+        let cases: [(GeneratorConfig, &str); 6] = [
+            (
+                GeneratorConfig {
+                    n_ctx: 1,
+                    ..config(Mode::None)
+                },
+                "n_ctx",
+            ),
+            (
+                GeneratorConfig {
+                    n_batch: 0,
+                    ..config(Mode::None)
+                },
+                "n_batch",
+            ),
+            (
+                GeneratorConfig {
+                    n_batch: 65,
+                    ..config(Mode::None)
+                },
+                "n_batch",
+            ),
+            (
+                GeneratorConfig {
+                    n_draft: 8,
+                    ..config(Mode::Draft)
+                },
+                "n_draft",
+            ),
+            (
+                GeneratorConfig {
+                    n_draft: 0,
+                    ..config(Mode::Mtp)
+                },
+                "n_draft",
+            ),
+            (
+                GeneratorConfig {
+                    sampling: SamplingParams {
+                        top_p: 2.0,
+                        ..SamplingParams::default()
+                    },
+                    ..config(Mode::None)
+                },
+                "top_p",
+            ),
+        ];
+        for (config, field) in cases {
+            assert_eq!(config.validate().unwrap_err().field, field, "{config:?}");
+        }
+        assert!(GeneratorConfig {
+            n_draft: 0,
+            ..config(Mode::None)
+        }
+        .validate()
+        .is_ok());
+    }
+
+    #[test]
+    fn thread_counts_are_bounded() {
+        assert!(RuntimeOptions { n_threads: 0 }.validate().is_ok());
+        assert!(RuntimeOptions { n_threads: -1 }.validate().is_err());
+        let most = crate::native::MAX_THREADS;
+        assert!(RuntimeOptions {
+            n_threads: most + 1
+        }
+        .validate()
+        .is_err());
+    }
+}
