@@ -24,7 +24,20 @@ pub(crate) fn generator_error(py: Python<'_>, error: GeneratorError) -> PyErr {
         GeneratorError::Usage(message) => python_error_message(py, "GenerationError", message),
         GeneratorError::Native(error) => native_error(py, error),
         GeneratorError::Session(error) => session_error_to_py(py, error),
-        GeneratorError::Checkpoint(error) => checkpoint_error(py, &error),
+        // Only `GeneratorError::Checkpoint` reaches this arm, and nothing
+        // constructs it any more (checkpoint operations fail with
+        // `checkpoint::Error`); it goes with that variant's removal.
+        #[allow(unreachable_patterns)]
+        other => PyValueError::new_err(other.to_string()),
+    }
+}
+
+/// The Python exception of a failed checkpoint operation: a refused
+/// checkpoint as its `CheckpointError` subclass, a generator failure as usual.
+fn checkpoint_operation_error(py: Python<'_>, error: checkpoint::Error) -> PyErr {
+    match error {
+        checkpoint::Error::Checkpoint(error) => checkpoint_error(py, &error),
+        checkpoint::Error::Generator(error) => generator_error(py, error),
     }
 }
 
@@ -174,12 +187,13 @@ impl PyGenerator {
     /// The whole checkpoint of the current boundary, as bytes.
     fn checkpoint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         self.check_thread(py)?;
-        let capture = checkpoint::capture(&mut self.inner).map_err(|e| generator_error(py, e))?;
+        let capture =
+            checkpoint::capture(&mut self.inner).map_err(|e| checkpoint_operation_error(py, e))?;
         let inner = &mut self.inner;
         PyBytes::new_with(py, capture.encoded_len(), |out| {
             capture
                 .encode_into(inner, out)
-                .map_err(|e| generator_error(py, e))
+                .map_err(|e| checkpoint_operation_error(py, e))
         })
     }
 
@@ -209,7 +223,7 @@ impl PyGenerator {
         let draft = arc(&draft_model);
         let inner = py
             .detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, max_n_ctx))
-            .map_err(|e| generator_error(py, e))?;
+            .map_err(|e| checkpoint_operation_error(py, e))?;
         Ok(Self::wrap(inner, target, draft_model))
     }
 
@@ -221,7 +235,7 @@ impl PyGenerator {
         let decoded = checkpoint::decode(data).map_err(|e| checkpoint_error(py, &e))?;
         let inner = &mut self.inner;
         py.detach(|| checkpoint::load_into(inner, &decoded))
-            .map_err(|e| generator_error(py, e))
+            .map_err(|e| checkpoint_operation_error(py, e))
     }
 
     /// The lowest and highest positions of sequence 0 in the target context
