@@ -218,3 +218,6 @@ fn seal(out: &mut [u8], table_end: usize, placed: &[(SectionKind, Range<usize>)]
     combined_crc(&out[..table_end], crcs.iter().copied().zip(lengths))
 }
 
+#[cfg(test)]
+#[path = "codec_tests.rs"]
+mod tests;
