@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::PyTypeInfo;
 
-use crate::checkpoint::CheckpointError;
+use crate::checkpoint::{self, CheckpointError};
 use crate::engine::EngineError;
 use crate::generator::RestoreError;
 use crate::native::NativeError;
@@ -239,5 +239,14 @@ impl From<CheckpointError> for PyErr {
                 Err(failure) => failure,
             }
         })
+    }
+}
+
+impl From<checkpoint::Error> for PyErr {
+    fn from(error: checkpoint::Error) -> Self {
+        match error {
+            checkpoint::Error::Checkpoint(error) => error.into(),
+            checkpoint::Error::Generator(error) => error.into(),
+        }
     }
 }

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Fail when a function is longer than the project allows.
+
+Rust functions in ``src/`` and ``tests/*.rs`` may have at most 80 lines and
+Python functions in ``python/`` at most 60, counted from the ``fn``/``def``
+line to the last line of the body. Rust is read as ``rustfmt`` writes it: a
+function ends at the first ``}`` at the indentation of its ``fn`` line.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUST_LIMIT = 80
+PYTHON_LIMIT = 60
+RUST_FN = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:unsafe\s+)?(?:extern\s+\"C\"\s+)?fn\s+(\w+)")
+
+
+def rust_functions(path: Path) -> Iterator[tuple[str, int, int]]:
+    """(name, first line, line count) of every function in a Rust file."""
+    lines = path.read_text().splitlines()
+    for index, line in enumerate(lines):
+        match = RUST_FN.match(line)
+        if not match or line.rstrip().endswith(";"):
+            continue
+        indent = match.group(1)
+        for end in range(index, len(lines)):
+            if lines[end] == f"{indent}}}" or (end == index and line.rstrip().endswith("}")):
+                yield match.group(2), index + 1, end - index + 1
+                break
+
+
+def python_functions(path: Path) -> Iterator[tuple[str, int, int]]:
+    """(name, first line, line count) of every function in a Python file."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node.lineno, (node.end_lineno or node.lineno) - node.lineno + 1
+
+
+def too_long() -> list[str]:
+    """One line for each function over its limit."""
+    found = []
+    rust = [*ROOT.glob("src/**/*.rs"), *ROOT.glob("tests/*.rs")]
+    for paths, functions, limit in (
+        (rust, rust_functions, RUST_LIMIT),
+        (ROOT.glob("python/**/*.py"), python_functions, PYTHON_LIMIT),
+    ):
+        for path in sorted(paths):
+            for name, line, count in functions(path):
+                if count > limit:
+                    found.append(f"{path.relative_to(ROOT)}:{line}: {name} has {count} lines (at most {limit})")
+    return found
+
+
+def main() -> int:
+    found = too_long()
+    for line in found:
+        print(line)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+//! The `meta` section: versions, model fingerprints, mode, configuration and
+//! sampling, as JSON; and the comparisons of a checkpoint's meta with the
+//! models and the configuration it is restored on. Plain data only.
+
+use serde::{Deserialize, Serialize};
+
+use super::format::{corrupt, CheckpointError};
+use crate::native_info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
+use crate::sampling::SamplingParams;
+use crate::settings::NgramConfig;
+use crate::settings::{GeneratorConfig, Mode};
+
+/// An exact fingerprint of a model file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFingerprint {
+    /// SHA-256 of the file's bytes, hex.
+    pub sha256: String,
+    /// File size in bytes.
+    pub size: u64,
+    /// File name when saved (informational).
+    pub file: String,
+}
+
+impl std::fmt::Display for ModelFingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The name comes from a file: shown with control characters escaped.
+        let file: String = self.file.chars().take(256).collect();
+        write!(
+            f,
+            "{} ({} bytes, sha256 {})",
+            file.escape_debug(),
+            self.size,
+            self.sha256.escape_debug()
+        )
+    }
+}
+
+/// The `meta` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Meta {
+    /// specstate release that wrote it.
+    pub specstate_version: String,
+    /// Pinned llama-cpp-sys-4 release.
+    pub llama_cpp_sys_version: String,
+    /// llama.cpp build.
+    pub llama_cpp_build: String,
+    /// llama.cpp commit.
+    pub llama_cpp_commit: String,
+    /// `none`, `ngram`, `draft`, `mtp` or `eagle3`.
+    pub mode: String,
+    /// n-gram lengths (`ngram` mode).
+    pub ngram: Option<[usize; 2]>,
+    /// Most tokens drafted per round.
+    pub n_draft: u32,
+    /// Context length.
+    pub n_ctx: u32,
+    /// Rows per decode.
+    pub n_batch: u32,
+    /// Sampling temperature (0: greedy).
+    pub temperature: f32,
+    /// Top-k (0: off).
+    pub top_k: u32,
+    /// Top-p (1: off).
+    pub top_p: f32,
+    /// RNG seed.
+    pub seed: u64,
+    /// The target model.
+    pub target_model: ModelFingerprint,
+    /// The draft model (`draft` and `eagle3` modes).
+    pub draft_model: Option<ModelFingerprint>,
+}
+
+impl Meta {
+    /// The meta of a checkpoint this build writes of a generation with this
+    /// configuration on these models.
+    pub fn new(
+        config: &GeneratorConfig,
+        target_model: ModelFingerprint,
+        draft_model: Option<ModelFingerprint>,
+    ) -> Self {
+        let (mode, ngram) = describe_mode(config.mode);
+        Self {
+            specstate_version: env!("CARGO_PKG_VERSION").into(),
+            llama_cpp_sys_version: LLAMA_CPP_SYS_VERSION.into(),
+            llama_cpp_build: LLAMA_CPP_BUILD.into(),
+            llama_cpp_commit: LLAMA_CPP_COMMIT.into(),
+            mode,
+            ngram,
+            n_draft: config.n_draft,
+            n_ctx: config.n_ctx,
+            n_batch: config.n_batch,
+            temperature: config.sampling.temperature,
+            top_k: config.sampling.top_k,
+            top_p: config.sampling.top_p,
+            seed: config.sampling.seed,
+            target_model,
+            draft_model,
+        }
+    }
+
+    /// The `meta` section's payload.
+    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(self)
+    }
+
+    /// Parse a `meta` section's payload (unknown keys refused).
+    pub fn from_json(payload: &[u8]) -> Result<Self, CheckpointError> {
+        serde_json::from_slice(payload).map_err(|e| corrupt(format!("meta section: {e}")))
+    }
+
+    /// The generator configuration the checkpoint was taken with.
+    /// Every setting is checked with the generator's own rules
+    /// ([`GeneratorConfig::validate`]); a failure names the field.
+    pub fn config(&self) -> Result<GeneratorConfig, CheckpointError> {
+        let config = GeneratorConfig {
+            mode: self.mode()?,
+            n_draft: self.n_draft,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            n_ctx: self.n_ctx,
+            n_batch: self.n_batch,
+        };
+        config
+            .validate()
+            .map_err(|e| corrupt(format!("meta.{e}")))?;
+        Ok(config)
+    }
+
+    /// The mode named by `mode` and `ngram` (sizes present in `ngram` mode only).
+    fn mode(&self) -> Result<Mode, CheckpointError> {
+        let unknown = || {
+            corrupt(format!(
+                "meta.mode: unknown mode {:?} (or n-gram sizes that do not fit it)",
+                truncated(&self.mode)
+            ))
+        };
+        let [n_max, n_min] = self.ngram.unwrap_or([0; 2]);
+        let mode = match Mode::parse(&self.mode, NgramConfig { n_max, n_min }) {
+            Ok(mode) => mode,
+            Err(error) if error.field == "mode" => return Err(unknown()),
+            Err(error) => return Err(corrupt(format!("meta.{error}"))),
+        };
+        if matches!(mode, Mode::Ngram(_)) != self.ngram.is_some() {
+            return Err(unknown());
+        }
+        Ok(mode)
+    }
+
+    /// Check that the checkpoint has the same mode and configuration as `config`.
+    pub fn check_config(&self, config: &GeneratorConfig) -> Result<(), CheckpointError> {
+        let theirs = self.config()?;
+        let fields: [(&'static str, String, String); 5] = [
+            (
+                "mode",
+                format!("{:?}", theirs.mode),
+                format!("{:?}", config.mode),
+            ),
+            (
+                "n_draft",
+                theirs.n_draft.to_string(),
+                config.n_draft.to_string(),
+            ),
+            ("n_ctx", theirs.n_ctx.to_string(), config.n_ctx.to_string()),
+            (
+                "n_batch",
+                theirs.n_batch.to_string(),
+                config.n_batch.to_string(),
+            ),
+            (
+                "sampling",
+                format!("{:?}", theirs.sampling),
+                format!("{:?}", config.sampling),
+            ),
+        ];
+        match fields
+            .into_iter()
+            .find(|(_, checkpoint, ours)| checkpoint != ours)
+        {
+            Some((field, checkpoint, generator)) => Err(CheckpointError::ConfigMismatch {
+                field,
+                checkpoint,
+                generator,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Check that the checkpoint was taken with models of these fingerprints
+    /// (`draft`: `None` for no draft model).
+    pub fn check_models(
+        &self,
+        target: &ModelFingerprint,
+        draft: Option<&ModelFingerprint>,
+    ) -> Result<(), CheckpointError> {
+        check_model("target", Some(&self.target_model), Some(target))?;
+        check_model("draft", self.draft_model.as_ref(), draft)
+    }
+}
+
+/// The model the checkpoint names for `role` against the model given: the
+/// same file content and size (the file name is informational).
+fn check_model(
+    role: &'static str,
+    expected: Option<&ModelFingerprint>,
+    actual: Option<&ModelFingerprint>,
+) -> Result<(), CheckpointError> {
+    let same = match (expected, actual) {
+        (Some(e), Some(a)) => e.sha256 == a.sha256 && e.size == a.size,
+        (None, None) => true,
+        _ => false,
+    };
+    if same {
+        return Ok(());
+    }
+    let show =
+        |f: Option<&ModelFingerprint>| f.map_or_else(|| "none".to_owned(), ToString::to_string);
+    Err(CheckpointError::ModelMismatch {
+        role,
+        expected: show(expected),
+        actual: show(actual),
+    })
+}
+
+/// Refuse a context length beyond `cap`, the most a restore may allocate.
+pub fn check_n_ctx_cap(n_ctx: u32, cap: u32) -> Result<(), CheckpointError> {
+    if n_ctx <= cap {
+        return Ok(());
+    }
+    Err(CheckpointError::ConfigMismatch {
+        field: "n_ctx",
+        checkpoint: n_ctx.to_string(),
+        generator: format!("at most {cap}"),
+    })
+}
+
+/// At most 64 characters of a string from a file, for messages.
+fn truncated(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+/// The `mode` and `ngram` entries of a mode.
+fn describe_mode(mode: Mode) -> (String, Option<[usize; 2]>) {
+    match mode {
+        Mode::Ngram(ngram) => ("ngram".into(), Some([ngram.n_max, ngram.n_min])),
+        mode => (mode.name().into(), None),
+    }
+}

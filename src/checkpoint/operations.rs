@@ -1,0 +1,209 @@
+//! The operations that take a checkpoint of a generator and put one back:
+//! they use the generator and the models, the codec does the bytes.
+
+use std::sync::Arc;
+
+use super::codec::{Checkpoint, EncodeError, Payload, Sections};
+use super::format::{CheckpointError, SectionKind};
+use super::meta::{check_n_ctx_cap, Meta, ModelFingerprint};
+use super::state::EncodedState;
+use super::Error;
+use crate::generator::{Generator, GeneratorConfig, GeneratorError, RestoreError, RuntimeOptions};
+use crate::native::Model;
+
+/// The cap on a restored context when neither the caller nor the model names one.
+pub const DEFAULT_MAX_N_CTX: u32 = 8192;
+
+/// The fingerprint of a loaded model's file.
+pub fn fingerprint(model: &Model) -> ModelFingerprint {
+    let (sha256, size) = model.file_digest().clone();
+    ModelFingerprint {
+        sha256,
+        size,
+        file: model
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    }
+}
+
+/// What a checkpoint is written from. The small sections are captured here;
+/// the contexts' sequence states are written straight from llama.cpp into
+/// the output by [`Capture::encode_into`], so a capture needs no second copy.
+pub struct Capture {
+    meta: Vec<u8>,
+    state: EncodedState,
+    target_len: usize,
+    draft_len: Option<usize>,
+    speculative_state: Option<Vec<u8>>,
+}
+
+/// Capture a generator at its current boundary.
+pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
+    if !generator.started() {
+        return Err(GeneratorError::Usage(
+            "nothing to checkpoint: the generator has no prompt yet".into(),
+        )
+        .into());
+    }
+    let meta = Meta::new(
+        generator.config(),
+        fingerprint(generator.target_model()),
+        generator.draft_model().map(|m| fingerprint(m)),
+    );
+    let meta = meta
+        .to_json()
+        .map_err(|e| GeneratorError::Invalid(e.to_string()))?;
+    Ok(Capture {
+        meta,
+        state: EncodedState::new(generator.state()),
+        speculative_state: generator.speculative_state()?,
+        target_len: generator.target_state_size()?,
+        draft_len: generator.draft_state_size()?,
+    })
+}
+
+impl Capture {
+    fn sections(&self) -> Sections<'_> {
+        Sections {
+            meta: &self.meta,
+            state: &self.state,
+            target_state: Payload::Written(self.target_len),
+            draft_state: self.draft_len.map(Payload::Written),
+            speculative_state: self.speculative_state.as_deref().map(Payload::Bytes),
+        }
+    }
+
+    /// Bytes of the encoded checkpoint.
+    pub fn encoded_len(&self) -> usize {
+        self.sections().encoded_len()
+    }
+
+    /// Write the checkpoint into `out` (exactly `encoded_len()` bytes),
+    /// copying the contexts' states from `generator`, which must be the one
+    /// captured and unchanged since.
+    pub fn encode_into(&self, generator: &mut Generator, out: &mut [u8]) -> Result<(), Error> {
+        let written = self
+            .sections()
+            .encode_into(out, |kind, payload| match kind {
+                SectionKind::TargetState => generator.write_target_state(payload),
+                SectionKind::DraftState => generator.write_draft_state(payload),
+                kind => Err(GeneratorError::Usage(format!(
+                    "no writer for the {} section",
+                    kind.name()
+                ))),
+            });
+        written.map_err(|error| match error {
+            EncodeError::BufferSize { .. } => GeneratorError::Usage(error.to_string()).into(),
+            EncodeError::Write(error) => error.into(),
+        })
+    }
+}
+
+/// Check that `checkpoint` was taken with these models.
+pub fn check_models(
+    checkpoint: &Checkpoint<'_>,
+    target: &Model,
+    draft: Option<&Model>,
+) -> Result<(), CheckpointError> {
+    let draft = draft.map(fingerprint);
+    checkpoint
+        .meta
+        .check_models(&fingerprint(target), draft.as_ref())
+}
+
+/// Check that `checkpoint` has the same mode and configuration as `config`.
+pub fn check_config(
+    checkpoint: &Checkpoint<'_>,
+    config: &GeneratorConfig,
+) -> Result<(), CheckpointError> {
+    checkpoint.meta.check_config(config)
+}
+
+/// The context length a restore may allocate: the caller's `max_n_ctx`, or
+/// else the model's trained context length. A checkpoint asking for more is
+/// refused, so a file cannot make the process allocate memory nobody chose.
+fn check_context_cap(
+    config: &GeneratorConfig,
+    target: &Model,
+    max_n_ctx: Option<u32>,
+) -> Result<(), CheckpointError> {
+    let cap = max_n_ctx.unwrap_or_else(|| match target.n_ctx_train() {
+        0 => DEFAULT_MAX_N_CTX,
+        trained => trained,
+    });
+    check_n_ctx_cap(config.n_ctx, cap)
+}
+
+/// A refused part of a checkpoint's content as a checkpoint error.
+fn refused(error: RestoreError) -> CheckpointError {
+    CheckpointError::Corrupt(error.to_string())
+}
+
+/// A new generator continuing `checkpoint` on these models.
+///
+/// Everything that comes from the file is a [`CheckpointError`]: settings
+/// that do not fit the model, states llama.cpp refuses, positions that do not
+/// match the state. Only `runtime` (the caller's own) gives other errors.
+pub fn restore(
+    checkpoint: &Checkpoint<'_>,
+    target: Arc<Model>,
+    draft: Option<Arc<Model>>,
+    runtime: RuntimeOptions,
+    max_n_ctx: Option<u32>,
+) -> Result<Generator, Error> {
+    runtime.validate().map_err(GeneratorError::from)?;
+    check_models(checkpoint, &target, draft.as_deref())?;
+    let config = checkpoint.meta.config()?;
+    check_context_cap(&config, &target, max_n_ctx)?;
+    let mut generator = Generator::new(target, draft, config, runtime).map_err(|error| {
+        CheckpointError::Corrupt(format!(
+            "meta: the configuration cannot run on these models: {error}"
+        ))
+    })?;
+    generator
+        .restore(
+            checkpoint.state.clone(),
+            checkpoint.target_state,
+            checkpoint.draft_state,
+            checkpoint.speculative_state,
+        )
+        .map_err(refused)?;
+    Ok(generator)
+}
+
+/// Restore `checkpoint` into `generator` in place, reusing its contexts.
+///
+/// The checkpoint must have the generator's mode, configuration and models
+/// (checked first). The generator's current boundary is kept aside; if
+/// llama.cpp refuses any of the three states, or the positions they hold do
+/// not match the checkpoint's state, it is put back, so a refused checkpoint
+/// leaves the generator exactly as it was.
+pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Result<(), Error> {
+    check_config(checkpoint, generator.config())?;
+    check_models(
+        checkpoint,
+        generator.target_model(),
+        generator.draft_model().map(|m| m.as_ref()),
+    )?;
+    let kept = generator.boundary()?;
+    let applied = generator.restore(
+        checkpoint.state.clone(),
+        checkpoint.target_state,
+        checkpoint.draft_state,
+        checkpoint.speculative_state,
+    );
+    let Err(error) = applied else {
+        return Ok(());
+    };
+    generator
+        .restore(
+            kept.state,
+            &kept.target_state,
+            kept.draft_state.as_deref(),
+            kept.speculative_state.as_deref(),
+        )
+        .map_err(|e| GeneratorError::Usage(format!("could not put the generation back: {e}")))?;
+    Err(refused(error).into())
+}

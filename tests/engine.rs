@@ -1,0 +1,262 @@
+//! The round engine on the real SmolLM2-135M-Instruct model, with no Python:
+//! every drafter that needs no extra model (none, n-gram, a draft model),
+//! exact resume from a captured boundary, the rules for a full context and an
+//! end-of-generation token, and argument errors. `make test-rust` fetches
+//! the model first (SPECSTATE_SMOLLM2 names it; otherwise the cache).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use specstate::engine::EngineError;
+use specstate::generator::{Generator, GeneratorConfig, Mode, NgramConfig, RuntimeOptions};
+use specstate::native::{Context, ContextKind, ContextParams, Model};
+use specstate::sampling::SamplingParams;
+use specstate::session::{DraftSession, SessionConfig, SessionError, SpecType};
+
+const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const REPETITIVE: &str = "one two three four, one two three four, one two three four, one two";
+
+fn model_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("SPECSTATE_SMOLLM2") {
+        return PathBuf::from(path);
+    }
+    let cache = std::env::var_os("SPECSTATE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/specstate"))
+        })
+        .expect("HOME or SPECSTATE_CACHE");
+    cache.join(SMOLLM2_FILE)
+}
+
+/// One test at a time: ggml's threads spin, and tests running side by side
+/// on a small machine would slow each other down many times over.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn smollm2() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = model_path();
+            let model = Model::load(&path, 0).unwrap_or_else(|error| {
+                panic!("{error}: run `make test-rust`, which fetches SmolLM2 first")
+            });
+            Arc::new(model)
+        })
+        .clone()
+}
+
+fn config(mode: Mode, temperature: f32, n_ctx: u32) -> GeneratorConfig {
+    GeneratorConfig {
+        mode,
+        n_draft: 4,
+        sampling: SamplingParams {
+            temperature,
+            top_k: 40,
+            top_p: 0.95,
+            seed: 7,
+        },
+        n_ctx,
+        n_batch: 32,
+    }
+}
+
+fn generator_with(mode: Mode, temperature: f32, n_ctx: u32) -> Generator {
+    let draft = mode.needs_draft_model().then(smollm2);
+    let runtime = RuntimeOptions { n_threads: 1 };
+    let config = config(mode, temperature, n_ctx);
+    Generator::new(smollm2(), draft, config, runtime).expect("generator")
+}
+
+fn generator(mode: Mode, temperature: f32) -> Generator {
+    generator_with(mode, temperature, 256)
+}
+
+fn prompt(text: &str) -> Vec<i32> {
+    smollm2().tokenize(text, true, false).expect("tokenize")
+}
+
+/// Up to `n` more generated tokens, one round's worth at a time.
+fn take(generator: &mut Generator, n: usize) -> Vec<i32> {
+    let mut tokens = Vec::new();
+    while tokens.len() < n {
+        let more = generator.take(n - tokens.len()).expect("take");
+        if more.is_empty() {
+            break;
+        }
+        tokens.extend(more);
+    }
+    tokens
+}
+
+const MODES: [Mode; 3] = [
+    Mode::None,
+    Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }),
+    Mode::Draft,
+];
+
+#[test]
+fn a_restored_boundary_continues_exactly_in_every_mode() {
+    let _serial = serial();
+    for mode in MODES {
+        for temperature in [0.0, 0.8] {
+            let mut first = generator(mode, temperature);
+            first.prefill(&prompt(REPETITIVE)).expect("prefill");
+            take(&mut first, 9);
+            let boundary = first.boundary().expect("boundary");
+            let expected = take(&mut first, 24);
+
+            let mut second = generator(mode, temperature);
+            second
+                .restore(
+                    boundary.state,
+                    &boundary.target_state,
+                    boundary.draft_state.as_deref(),
+                    boundary.speculative_state.as_deref(),
+                )
+                .expect("restore");
+            assert_eq!(take(&mut second, 24), expected, "{mode:?} at {temperature}");
+        }
+    }
+}
+
+#[test]
+fn how_tokens_are_taken_does_not_change_what_is_generated() {
+    let _serial = serial();
+    for mode in MODES {
+        let mut whole = generator(mode, 0.8);
+        whole.prefill(&prompt(REPETITIVE)).expect("prefill");
+        let expected = take(&mut whole, 30);
+        let mut one_by_one = generator(mode, 0.8);
+        one_by_one.prefill(&prompt(REPETITIVE)).expect("prefill");
+        let singles: Vec<i32> = (0..30)
+            .flat_map(|_| one_by_one.take(1).expect("take"))
+            .collect();
+        assert_eq!(singles, expected, "{mode:?}");
+    }
+}
+
+#[test]
+fn drafters_propose_and_the_target_accepts_some() {
+    let _serial = serial();
+    for mode in [MODES[1], MODES[2]] {
+        let mut generator = generator(mode, 0.0);
+        generator.prefill(&prompt(REPETITIVE)).expect("prefill");
+        take(&mut generator, 40);
+        let state = generator.state();
+        assert!(
+            state.drafted > 0 && state.accepted > 0,
+            "{mode:?}: {state:?}"
+        );
+        assert!(state.rounds < 40, "{mode:?}: fewer rounds than tokens");
+    }
+}
+
+#[test]
+fn a_full_context_ends_the_generation_without_an_error() {
+    let _serial = serial();
+    for mode in MODES {
+        let mut generator = generator_with(mode, 0.0, 64);
+        generator.prefill(&prompt(REPETITIVE)).expect("prefill");
+        take(&mut generator, 1000);
+        let state = generator.state().clone();
+        let length = generator.context_length();
+        // Every committed token fits the context; the last round left one free.
+        assert_eq!(state.history.len(), length, "{mode:?}");
+        assert_eq!(state.n_past + 1, length);
+        assert!(generator.take(5).expect("take").is_empty());
+        assert_eq!(generator.state(), &state, "{mode:?}: nothing changes");
+    }
+}
+
+#[test]
+fn an_end_of_generation_token_is_the_last_committed() {
+    let _serial = serial();
+    let model = smollm2();
+    let chat =
+        "<|im_start|>user\nReply with the single word: yes<|im_end|>\n<|im_start|>assistant\n";
+    let chat = model.tokenize(chat, false, true).expect("tokenize");
+    for mode in MODES {
+        let mut generator = generator(mode, 0.0);
+        generator.prefill(&chat).expect("prefill");
+        let tokens = take(&mut generator, 200);
+        let state = generator.state().clone();
+        assert!(state.finished, "{mode:?}: {tokens:?}");
+        let end = tokens.iter().position(|t| model.is_eog(*t));
+        assert_eq!(
+            end,
+            Some(tokens.len() - 1),
+            "{mode:?}: nothing after the end"
+        );
+        assert!(generator.take(5).expect("take").is_empty());
+        assert_eq!(generator.state(), &state);
+    }
+}
+
+#[test]
+fn bad_prompts_and_calls_are_refused_with_their_kind() {
+    let _serial = serial();
+    let mut generator = generator(Mode::None, 0.0);
+    let invalid = |result: Result<i32, EngineError>, needle: &str| match result {
+        Err(EngineError::Invalid(message)) => assert!(message.contains(needle), "{message}"),
+        other => panic!("expected Invalid({needle}), got {other:?}"),
+    };
+    assert!(matches!(generator.take(1), Err(EngineError::Usage(_))));
+    invalid(generator.prefill(&[]), "empty");
+    invalid(generator.prefill(&[1, -1]), "vocabulary");
+    invalid(generator.prefill(&[1; 256]), "no room");
+    assert!(
+        !generator.started(),
+        "a refused prompt leaves nothing behind"
+    );
+    generator.prefill(&prompt("hello")).expect("prefill");
+    assert!(matches!(
+        generator.prefill(&[1]),
+        Err(EngineError::Usage(_))
+    ));
+}
+
+#[test]
+fn a_session_refuses_a_configuration_or_contexts_that_cannot_work() {
+    let _serial = serial();
+    let model = smollm2();
+    let params = ContextParams {
+        n_ctx: 128,
+        n_batch: 16,
+        n_ubatch: 16,
+        n_seq_max: 1,
+        n_rs_seq: 0,
+        kind: ContextKind::Default,
+        n_threads: 1,
+    };
+    let mut target = Context::new(Arc::clone(&model), params).expect("target");
+    let mut draft = Context::new(Arc::clone(&model), params).expect("draft");
+    let session = |n_draft_max, spec_type| SessionConfig {
+        n_seq: 1,
+        n_draft_max,
+        n_min: 0,
+        p_min: 0.0,
+        spec_type,
+    };
+    let error = refused(&mut target, &mut draft, session(0, SpecType::Eagle3));
+    assert!(matches!(error, SessionError::Config(_)), "{error:?}");
+    let error = refused(&mut target, &mut draft, session(3, SpecType::Eagle3));
+    assert!(
+        matches!(error, SessionError::Incompatible(ref m) if m.contains("separate")),
+        "{error:?}"
+    );
+    let error = refused(&mut target, &mut draft, session(3, SpecType::Mtp));
+    assert!(
+        matches!(error, SessionError::Incompatible(ref m) if m.contains("kind")),
+        "{error:?}"
+    );
+}
+
+fn refused(target: &mut Context, draft: &mut Context, config: SessionConfig) -> SessionError {
+    // SAFETY: both contexts outlive the call, and no session is created.
+    let session = unsafe { DraftSession::new(target, draft, config) };
+    session.err().expect("refused")
+}
