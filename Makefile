@@ -31,8 +31,11 @@ $(VENV)/.installed: requirements-dev.txt
 develop: system-deps $(VENV)/.installed
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin develop --release --quiet
 
+# The Rust core needs no Python; its engine tests run on SmolLM2 (fetched once).
+SMOLLM2 = $(shell $(BIN)/python -c "import runpy; print(runpy.run_path('python/specstate/smollm2.py')['smollm2_path']())")
+
 test-rust: system-deps $(VENV)/.installed
-	cargo test --release
+	SPECSTATE_SMOLLM2="$(SMOLLM2)" cargo test --release
 
 test-python: develop
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest

@@ -2,7 +2,7 @@
 //! a serialisable RNG, and speculative verification that keeps the target's
 //! distribution.
 
-use crate::settings::SettingError;
+pub use crate::settings::SamplingParams;
 
 /// The id of the largest logit; the lowest id wins a tie (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> i32 {
@@ -42,54 +42,6 @@ pub fn top_probability(logits: &[f32]) -> f64 {
         .map(|&l| (f64::from(l) - f64::from(best)).exp())
         .sum();
     1.0 / total
-}
-
-/// How tokens are chosen. `temperature == 0` is greedy decoding.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SamplingParams {
-    /// Softmax temperature; 0 chooses greedily.
-    pub temperature: f32,
-    /// Keep only the `top_k` most likely tokens (0: all).
-    pub top_k: u32,
-    /// Keep the smallest set of most likely tokens whose mass reaches `top_p` (1: all).
-    pub top_p: f32,
-    /// Seed of the RNG.
-    pub seed: u64,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-        }
-    }
-}
-
-impl SamplingParams {
-    /// Whether tokens are chosen greedily.
-    pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
-    }
-
-    /// Check the parameters; the message names the bad one.
-    pub fn validate(&self) -> Result<(), SettingError> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(SettingError {
-                field: "temperature",
-                reason: format!("must be finite and >= 0, not {}", self.temperature),
-            });
-        }
-        if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return Err(SettingError {
-                field: "top_p",
-                reason: format!("must be in (0, 1], not {}", self.top_p),
-            });
-        }
-        Ok(())
-    }
 }
 
 /// xoshiro256** seeded by splitmix64: small, fast, and its whole state is four words.

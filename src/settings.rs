@@ -5,8 +5,6 @@
 //! constructors here: [`Mode::parse`], [`NgramConfig::validate`],
 //! [`GeneratorConfig::validate`] and [`RuntimeOptions::validate`].
 
-use crate::sampling::SamplingParams;
-
 /// A setting outside its range: the setting's name and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field} {reason}")]
@@ -19,6 +17,54 @@ pub struct SettingError {
 
 fn refuse(field: &'static str, reason: String) -> Result<(), SettingError> {
     Err(SettingError { field, reason })
+}
+
+/// How tokens are chosen. `temperature == 0` is greedy decoding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 chooses greedily.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0: all).
+    pub top_k: u32,
+    /// Keep the smallest set of most likely tokens whose mass reaches `top_p` (1: all).
+    pub top_p: f32,
+    /// Seed of the RNG.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether tokens are chosen greedily.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    /// Check the parameters; the message names the bad one.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SettingError {
+                field: "temperature",
+                reason: format!("must be finite and >= 0, not {}", self.temperature),
+            });
+        }
+        if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return Err(SettingError {
+                field: "top_p",
+                reason: format!("must be in (0, 1], not {}", self.top_p),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Longest and shortest n-gram looked up by prompt-lookup drafting.

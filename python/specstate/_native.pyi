@@ -348,18 +348,25 @@ class GreedyGeneration:
     Each round drafts, verifies every draft in one target batch, accepts the
     matching prefix, commits the target's own token after it, and rolls back
     the rejected positions of both contexts. Every committed token is the
-    target's greedy choice at verification.
+    target's greedy choice at verification. The rounds are the same engine's
+    as ``Generator``'s: a committed end-of-generation token or a full context
+    ends the generation (rounds then commit nothing); a prompt that is empty,
+    too long or outside the vocabulary is a ``ValueError``; a failed decode
+    is a ``DecodeError``.
     """
 
     def __new__(cls, session: DraftSession, *, seq_id: int = 0) -> GreedyGeneration: ...
     def prefill(self, prompt: Sequence[int]) -> int:
         """Decode ``prompt``, begin the session, return the first generated token."""
     def resume(self, n_past: int, id_last: int, tokens: Sequence[int] | None = None) -> None:
-        """Continue from a restored boundary of ``n_past`` decoded tokens and ``id_last``."""
+        """Continue from a restored boundary of ``n_past`` decoded tokens and ``id_last``.
+
+        ``tokens`` (the committed tokens so far) must end with ``id_last``.
+        """
     def step(self) -> list[int]:
-        """Run one round; return the tokens it committed."""
+        """Run one round; return the tokens it committed (none once finished or full)."""
     def generate(self, n_tokens: int) -> list[int]:
-        """Run rounds until ``n_tokens`` tokens are committed (or the context is full)."""
+        """Run rounds until ``n_tokens`` tokens are committed, the generation ends or the context is full."""
     @property
     def tokens(self) -> list[int]:
         """Every committed token, the first generated one included."""
@@ -369,6 +376,9 @@ class GreedyGeneration:
     @property
     def id_last(self) -> int | None:
         """The last committed token, decoded by the next round (None before prefill)."""
+    @property
+    def finished(self) -> bool:
+        """Whether an end-of-generation token was committed (no round commits after it)."""
     @property
     def seq_id(self) -> int:
         """The sequence generated on."""

@@ -110,6 +110,12 @@ impl PyContext {
         ensure_thread(self.owner, "Context")
     }
 
+    /// `seq_id` as a native sequence id, once the thread is checked.
+    fn sequence(&self, seq_id: WideInt) -> PyResult<i32> {
+        self.check_thread()?;
+        seq_id.narrow("seq_id")
+    }
+
     /// Decode `tokens` through the scratch batch with the GIL released.
     pub(crate) fn decode_tokens(
         &mut self,
@@ -294,10 +300,8 @@ impl PyContext {
         py: Python<'py>,
         seq_id: WideInt,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
-        let state = self.inner.get_mut().seq_state(seq_id)?;
-        Ok(PyBytes::new(py, &state))
+        let seq_id = self.sequence(seq_id)?;
+        Ok(PyBytes::new(py, &self.inner.get_mut().seq_state(seq_id)?))
     }
 
     /// Replace one sequence's state with bytes from `seq_state`.
@@ -305,8 +309,7 @@ impl PyContext {
     /// On failure the sequence is left exactly as it was.
     #[pyo3(signature = (seq_id, data))]
     fn set_seq_state(&mut self, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         Ok(self.inner.get_mut().replace_seq_state(seq_id, data)?)
     }
 
@@ -324,8 +327,7 @@ impl PyContext {
     /// Clear one sequence.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
     fn seq_clear(&mut self, seq_id: WideInt) -> PyResult<()> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         let inner = self.inner.get_mut();
         inner.seq_pos_max(seq_id)?;
         inner.seq_rm(seq_id, -1, -1);
@@ -335,8 +337,7 @@ impl PyContext {
     /// The highest position stored for `seq_id`, or -1 when empty.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
     fn seq_pos_max(&self, seq_id: WideInt) -> PyResult<i32> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         Ok(self.inner.lock().seq_pos_max(seq_id)?)
     }
 }

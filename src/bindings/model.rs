@@ -14,6 +14,55 @@ use crate::native::Model;
 #[pyclass(name = "Model", module = "specstate._native", frozen)]
 pub(crate) struct PyModel {
     pub(crate) inner: Arc<Model>,
+    /// Tokens in the vocabulary.
+    #[pyo3(get)]
+    n_vocab: usize,
+    /// Embedding width.
+    #[pyo3(get)]
+    n_embd: i32,
+    /// Layer count (MTP/nextn layers included).
+    #[pyo3(get)]
+    n_layer: i32,
+    /// Number of MTP (nextn) layers.
+    #[pyo3(get)]
+    n_layer_nextn: i32,
+    /// Whether every layer is recurrent.
+    #[pyo3(get)]
+    is_recurrent: bool,
+    /// Whether recurrent and attention layers are mixed.
+    #[pyo3(get)]
+    is_hybrid: bool,
+    /// The architecture (`general.architecture`).
+    #[pyo3(get)]
+    architecture: String,
+    /// Bytes of the model's tensors.
+    #[pyo3(get)]
+    size: u64,
+    /// End-of-sequence token id.
+    #[pyo3(get)]
+    eos: i32,
+    /// Beginning-of-sequence token id.
+    #[pyo3(get)]
+    bos: i32,
+}
+
+impl PyModel {
+    /// The model, with what never changes about it read once.
+    fn describe(model: Model) -> Self {
+        Self {
+            n_vocab: model.n_vocab(),
+            n_embd: model.n_embd(),
+            n_layer: model.n_layer(),
+            n_layer_nextn: model.n_layer_nextn(),
+            is_recurrent: model.is_recurrent(),
+            is_hybrid: model.is_hybrid(),
+            architecture: model.architecture(),
+            size: model.size_bytes(),
+            eos: model.eos(),
+            bos: model.bos(),
+            inner: Arc::new(model),
+        }
+    }
 }
 
 #[pymethods]
@@ -23,75 +72,13 @@ impl PyModel {
     fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: WideInt) -> PyResult<Self> {
         let n_gpu_layers: i32 = n_gpu_layers.narrow("n_gpu_layers")?;
         let model = py.detach(|| Model::load(&path, n_gpu_layers))?;
-        Ok(Self {
-            inner: Arc::new(model),
-        })
+        Ok(Self::describe(model))
     }
 
     /// The path the model was loaded from.
     #[getter]
     fn path(&self) -> PathBuf {
         self.inner.path().to_path_buf()
-    }
-
-    /// Tokens in the vocabulary.
-    #[getter]
-    fn n_vocab(&self) -> usize {
-        self.inner.n_vocab()
-    }
-
-    /// Embedding width.
-    #[getter]
-    fn n_embd(&self) -> i32 {
-        self.inner.n_embd()
-    }
-
-    /// Layer count (MTP/nextn layers included).
-    #[getter]
-    fn n_layer(&self) -> i32 {
-        self.inner.n_layer()
-    }
-
-    /// Number of MTP (nextn) layers.
-    #[getter]
-    fn n_layer_nextn(&self) -> i32 {
-        self.inner.n_layer_nextn()
-    }
-
-    /// Whether every layer is recurrent.
-    #[getter]
-    fn is_recurrent(&self) -> bool {
-        self.inner.is_recurrent()
-    }
-
-    /// Whether recurrent and attention layers are mixed.
-    #[getter]
-    fn is_hybrid(&self) -> bool {
-        self.inner.is_hybrid()
-    }
-
-    /// The architecture (`general.architecture`).
-    #[getter]
-    fn architecture(&self) -> String {
-        self.inner.architecture()
-    }
-
-    /// Bytes of the model's tensors.
-    #[getter]
-    fn size(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    /// End-of-sequence token id.
-    #[getter]
-    fn eos(&self) -> i32 {
-        self.inner.eos()
-    }
-
-    /// Beginning-of-sequence token id.
-    #[getter]
-    fn bos(&self) -> i32 {
-        self.inner.bos()
     }
 
     /// GGUF metadata as text values.

@@ -25,8 +25,21 @@ pub(crate) struct PySession {
     // Declared first so it is dropped first: the native session points into
     // both contexts, which the fields below keep alive.
     pub(crate) core: Guarded<DraftSession>,
-    /// The configuration (fixed, readable without the lock).
-    config: SessionConfig,
+    /// `'mtp'` or `'eagle3'`.
+    #[pyo3(get)]
+    spec_type: &'static str,
+    /// Sequence slots.
+    #[pyo3(get)]
+    n_seq: u32,
+    /// Most tokens one draft proposes.
+    #[pyo3(get)]
+    n_draft_max: i32,
+    /// Fewest tokens a draft must have.
+    #[pyo3(get)]
+    n_min: i32,
+    /// Smallest draft-token probability kept (as the f32 llama.cpp uses).
+    #[pyo3(get)]
+    p_min: f32,
     pub(crate) target: Py<PyContext>,
     pub(crate) draft: Py<PyContext>,
     owner: ThreadId,
@@ -38,6 +51,12 @@ pub(crate) struct PySession {
 impl PySession {
     fn check_thread(&self) -> PyResult<()> {
         ensure_thread(self.owner, "session")
+    }
+
+    /// `seq_id` as a native sequence id, once the thread is checked.
+    fn sequence(&self, seq_id: WideInt) -> PyResult<i32> {
+        self.check_thread()?;
+        seq_id.narrow("seq_id")
     }
 
     /// Tell the session about the batch the target decoded last, after checks
@@ -117,7 +136,11 @@ impl PySession {
         drop((target_ref, draft_ref));
         Ok(Self {
             core: Guarded::new(core),
-            config,
+            spec_type: config.spec_type.name(),
+            n_seq: config.n_seq,
+            n_draft_max: config.n_draft_max,
+            n_min: config.n_min,
+            p_min: config.p_min,
             target,
             draft,
             owner: std::thread::current().id(),
@@ -135,36 +158,6 @@ impl PySession {
     #[getter]
     fn draft_context(&self, py: Python<'_>) -> Py<PyContext> {
         self.draft.clone_ref(py)
-    }
-
-    /// `'mtp'` or `'eagle3'`.
-    #[getter]
-    fn spec_type(&self) -> &'static str {
-        self.config.spec_type.name()
-    }
-
-    /// Sequence slots.
-    #[getter]
-    fn n_seq(&self) -> u32 {
-        self.config.n_seq
-    }
-
-    /// Most tokens one draft proposes.
-    #[getter]
-    fn n_draft_max(&self) -> i32 {
-        self.config.n_draft_max
-    }
-
-    /// Fewest tokens a draft must have.
-    #[getter]
-    fn n_min(&self) -> i32 {
-        self.config.n_min
-    }
-
-    /// Smallest draft-token probability kept (as the f32 llama.cpp uses).
-    #[getter]
-    fn p_min(&self) -> f32 {
-        self.config.p_min
     }
 
     /// Tokens drafted so far.
@@ -196,8 +189,7 @@ impl PySession {
     /// Start a generation on `seq_id` whose `prompt` the target has decoded.
     #[pyo3(signature = (prompt, *, seq_id = WideInt(0)), text_signature = "(self, /, prompt, *, seq_id=0)")]
     fn begin(&mut self, prompt: Vec<i32>, seq_id: WideInt) -> PyResult<()> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         Ok(self.core.get_mut().begin(seq_id, &prompt)?)
     }
 
@@ -246,8 +238,7 @@ impl PySession {
     ) -> PyResult<Vec<i32>> {
         let n_past: i32 = n_past.narrow("n_past")?;
         let id_last: i32 = id_last.narrow("id_last")?;
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         let core = self.core.get_mut();
         Ok(py.detach(|| core.draft(seq_id, n_past, id_last))?)
     }
@@ -256,8 +247,7 @@ impl PySession {
     #[pyo3(signature = (n_accepted, *, seq_id = WideInt(0)), text_signature = "(self, /, n_accepted, *, seq_id=0)")]
     fn accept(&mut self, n_accepted: WideInt, seq_id: WideInt) -> PyResult<()> {
         let n_accepted: usize = n_accepted.narrow("n_accepted")?;
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         Ok(self.core.get_mut().accept(seq_id, n_accepted)?)
     }
 
@@ -270,8 +260,7 @@ impl PySession {
     /// Whether `seq_id` has a pending proposal.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
     fn has_pending_proposal(&self, seq_id: WideInt) -> PyResult<bool> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         Ok(self.core.lock().has_pending_proposal(seq_id)?)
     }
 
@@ -282,18 +271,15 @@ impl PySession {
         py: Python<'py>,
         seq_id: WideInt,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
-        let state = self.core.lock().state(seq_id)?;
-        Ok(PyBytes::new(py, &state))
+        let seq_id = self.sequence(seq_id)?;
+        Ok(PyBytes::new(py, &self.core.lock().state(seq_id)?))
     }
 
     /// Restore `seq_id`'s speculative state; bytes that are not a valid state
     /// for this session leave it exactly as it was.
     #[pyo3(signature = (seq_id, data))]
     fn restore_speculative_state(&mut self, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
-        let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.check_thread()?;
+        let seq_id = self.sequence(seq_id)?;
         Ok(self.core.get_mut().restore(seq_id, data)?)
     }
 }
