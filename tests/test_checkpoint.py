@@ -62,15 +62,15 @@ def checkpoint(mtp_generator: Generator) -> bytes:
 
 def test_a_checkpoint_has_every_section(checkpoint: bytes, tiny_map: dict[str, Path]) -> None:
     info = inspect_checkpoint(checkpoint)
-    names = [name for name, _ in info["sections"]]  # type: ignore[attr-defined]
+    names = [name for name, _ in info["sections"]]
     assert names == ["meta", "state", "tokens", "target_state", "draft_state", "speculative_state"]
     assert checkpoint[:8] == b"SPECSTAT"
     assert info["format_version"] == 2 and info["size"] == len(checkpoint)
-    assert info["config"]["mode"] == "mtp"  # type: ignore[index]
+    assert info["config"]["mode"] == "mtp"
     assert info["llama_cpp_sys_version"] == specstate.native_info()["llama_cpp_sys_version"]
     target = info["target_model"]
     sha, size = specstate.model_fingerprint(Model(tiny_map["qwen35"]))
-    assert (target["file"], target["sha256"], target["size"]) == ("qwen35.gguf", sha, size)  # type: ignore[index]
+    assert (target["file"], target["sha256"], target["size"]) == ("qwen35.gguf", sha, size)
 
 
 def test_every_header_and_table_bit_flip_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:

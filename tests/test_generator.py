@@ -261,10 +261,10 @@ def test_checkpoint_size_is_the_state_in_use(smollm2: Model) -> None:
     generator.generate(REPEATING * 6, max_tokens=40)
     data = generator.checkpoint()
     info = inspect_checkpoint(data)
-    sections = dict(info["sections"])  # type: ignore[call-overload]
+    sections = dict(info["sections"])
     in_use = sections["target_state"] + sections["tokens"]
     ratio = len(data) / in_use
     print(f"checkpoint {len(data)} bytes for {info['n_tokens']} tokens; ratio to the state in use {ratio:.4f}")
     assert ratio <= 1.05
     # No logits and no empty cells: about 23,040 bytes of f16 K and V per token.
-    assert sections["target_state"] < 23_100 * int(info["n_tokens"])  # type: ignore[call-overload]
+    assert sections["target_state"] < 23_100 * info["n_tokens"]

@@ -5,6 +5,11 @@ bounds (``MAX_SPECULATIVE_*``), its validators (:func:`validate_config`,
 :func:`validate_context_capacities`, :func:`validate_state_size`), the
 :class:`ContextCapacity` they take, and one typed exception per error variant
 (see :mod:`specstate.errors`). :func:`native_info` describes the native build.
+The dictionaries the package takes and returns are typed (``TypedDict``):
+:class:`NativeInfo`, :class:`GeneratorSettings` (the keyword arguments of
+:class:`Generator`), :class:`GeneratorConfig` (``Generator.config``),
+:class:`CheckpointInfo` (:func:`inspect_checkpoint`) and the
+:class:`ModelFingerprint` entries in it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,13 @@ from specstate._native import (  # noqa: E402
     validate_context_capacities,
     validate_state_size,
 )
-from specstate._typing import NativeInfo  # noqa: E402
+from specstate._typing import (  # noqa: E402
+    CheckpointInfo,
+    GeneratorConfig,
+    GeneratorSettings,
+    ModelFingerprint,
+    NativeInfo,
+)
 from specstate.errors import (  # noqa: E402
     BadSequenceError,
     BufferTooSmallError,
@@ -108,6 +119,10 @@ __all__ = [
     "ExcessiveStateError",
     "InvalidStateError",
     "NativeInfo",
+    "CheckpointInfo",
+    "GeneratorConfig",
+    "GeneratorSettings",
+    "ModelFingerprint",
     "NativeExceptionError",
     "NotQuiescentError",
     "NullStateError",

@@ -177,7 +177,7 @@ def checkpoint_figures(model: Model, context_tokens: int, threads: int = 2, runs
         Generator.restore(data, model, n_threads=threads)
         return time.perf_counter() - started
 
-    sections = dict(inspect_checkpoint(data)["sections"])  # type: ignore[call-overload]
+    sections = dict(inspect_checkpoint(data)["sections"])
     in_use = sections["target_state"] + sections["tokens"]
     return CheckpointFigures(context_tokens, len(data), in_use, median_of(runs, capture),
                              median_of(runs, restore), median_of(runs, restore_new), prefill)

@@ -19,13 +19,21 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import NamedTuple, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specstate import Generator, Model, errors, inspect_checkpoint, model_fingerprint
-from specstate.generator import Mode
+from specstate import (
+    CheckpointInfo,
+    Generator,
+    GeneratorSettings,
+    Model,
+    ModelFingerprint,
+    errors,
+    inspect_checkpoint,
+    model_fingerprint,
+)
 from specstate.smollm2 import cache_dir
 
 __all__ = ["main"]
@@ -234,13 +242,22 @@ def run_generation(generator: Generator, prompt: list[int] | None, args: argpars
                   f"({generator.acceptance_rate:.0%}), stopped by {generator.stopped_by}{saved}[/dim]")
 
 
+#: The options named otherwise than the generator setting they give.
+_SETTING_OPTIONS = {"n_threads": "threads"}
+
+
+def _generator_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The generator settings on the command line: every option named after one (but ``--draft-model``, a path)."""
+    options = {setting: _SETTING_OPTIONS.get(setting, setting) for setting in GeneratorSettings.__optional_keys__}
+    return {setting: getattr(args, option) for setting, option in options.items()
+            if setting != "draft_model" and hasattr(args, option)}
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     _check_output_options(args)
     model = _load(args.model, "model")
     draft = _load(args.draft_model, "draft model") if args.draft_model else None
-    generator = Generator(model, mode=cast(Mode, args.mode), draft_model=draft, n_draft=args.n_draft,
-                          n_ctx=args.n_ctx, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, n_threads=args.threads)
+    generator = Generator(model, draft_model=draft, **_generator_settings(args))
     run_generation(generator, _prompt_tokens(model, args.prompt, args.raw), args)
 
 
@@ -250,13 +267,13 @@ def _base_name(file_name: str) -> str | None:
     return None if name in ("", ".", "..") else name
 
 
-def _find_model(checkpoint: Path, named: Path | None, entry: object, role: str) -> Path | None:
+def _find_model(checkpoint: Path, named: Path | None, entry: ModelFingerprint | None, role: str) -> Path | None:
     """The model given, else the checkpoint's by base name next to it or in the cache (never elsewhere)."""
     if named is not None:
         return named
-    if not isinstance(entry, dict):
+    if entry is None:
         return None
-    file_name = str(entry.get("file", ""))
+    file_name = entry["file"]
     name = _base_name(file_name)
     for directory in (checkpoint.parent, cache_dir()):
         if name is not None and (directory / name).is_file():
@@ -290,39 +307,40 @@ def _verdict(match: bool | None) -> str:
     return "not checked" if match is None else "matches" if match else "DOES NOT MATCH"
 
 
-def _describe(path: Path, info: dict[str, object], matches: dict[str, bool]) -> list[str]:
+def _describe(path: Path, info: CheckpointInfo, matches: dict[str, bool]) -> list[str]:
     """The human-readable description of a checkpoint, line by line (not yet escaped)."""
     lines = [f"checkpoint     {path} ({info['size']:,} bytes, format {info['format_version']}, "
              f"CRC-32 {info['checksum']}: ok)",
              f"written by     specstate {info['specstate_version']}, llama-cpp-sys-4 {info['llama_cpp_sys_version']}, "
              f"llama.cpp {info['llama_cpp_build']} ({info['llama_cpp_commit']})"]
-    for role in ("target", "draft"):
-        entry = info[f"{role}_model"]
-        if isinstance(entry, dict):
+    for role, entry in _model_entries(info):
+        if entry is not None:
             lines.append(f"{role + ' model':<14} {entry['file']} ({entry['size']:,} bytes, "
-                         f"sha256 {str(entry['sha256'])[:16]}…): {_verdict(matches.get(role))}")
-    config = cast(dict[str, object], info["config"])
-    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in config.items()))
+                         f"sha256 {entry['sha256'][:16]}…): {_verdict(matches.get(role))}")
+    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in info["config"].items()))
     lines.append(f"tokens         {info['n_prompt']} prompt + {info['n_delivered']} generated and handed out "
                  f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"
                  f"{', finished' if info['finished'] else ''}")
     lines.append(f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted")
-    lines.extend(f"  {name:<18} {size:>12,} bytes" for name, size in cast(list[tuple[str, int]], info["sections"]))
+    lines.extend(f"  {name:<18} {size:>12,} bytes" for name, size in info["sections"])
     return lines
+
+
+def _model_entries(info: CheckpointInfo) -> tuple[tuple[str, ModelFingerprint | None], ...]:
+    """The checkpoint's model fingerprints by role: ``target``, ``draft``."""
+    return ("target", info["target_model"]), ("draft", info["draft_model"])
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
     info = inspect_checkpoint(_read_checkpoint(args.checkpoint))
+    given = {"target": args.model, "draft": args.draft_model}
     matches: dict[str, bool] = {}
-    for role, given in (("target", args.model), ("draft", args.draft_model)):
-        entry = info[f"{role}_model"]
-        if given is not None:
-            sha, size = model_fingerprint(_load(given, f"{role} model"))
-            matches[role] = isinstance(entry, dict) and entry["sha256"] == sha and entry["size"] == size
-    info["checksum_ok"] = True
-    info["models_match"] = matches
-    if args.json:
-        print(json.dumps(info, indent=2))  # JSON escapes control characters itself
+    for role, entry in _model_entries(info):
+        if given[role] is not None:
+            sha, size = model_fingerprint(_load(given[role], f"{role} model"))
+            matches[role] = entry is not None and entry["sha256"] == sha and entry["size"] == size
+    if args.json:  # JSON escapes control characters itself
+        print(json.dumps({**info, "checksum_ok": True, "models_match": matches}, indent=2))
         return
     for line in _describe(args.checkpoint, info, matches):
         print(_printable(line))  # every string from the file is escaped for the terminal
