@@ -46,6 +46,8 @@ typecheck: develop
 lint: system-deps $(VENV)/.installed
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
+	$(BIN)/ruff check python tests benchmarks scripts
+	$(BIN)/ruff format --check python tests benchmarks scripts
 
 fmt:
 	cargo fmt

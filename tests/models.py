@@ -74,6 +74,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import numpy.typing as npt
+
 from gguf_files import gguf_writer
 
 __all__ = [
@@ -768,7 +769,13 @@ def build_eagle3_pair(
     draft_sizes = _check_sizes(n_embd, draft_n_head, draft_n_head, draft_n_ff)
 
     build_llama(
-        target_path, seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        target_path,
+        seed=seed,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
         noise=noise,
     )
     meta = _common_metadata("eagle3", draft_sizes, n_layer_all=1, rope_dims=draft_sizes.head_dim)

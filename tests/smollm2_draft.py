@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+
 from gguf_files import gguf_writer
 
 __all__ = ["DEFAULT_N_LAYERS", "build_smollm2_draft", "draft_tensor_names"]
@@ -112,8 +113,13 @@ def _copy_tensors(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, source: Path
     for tensor in reader.tensors:
         if not _keep_tensor(tensor.name, n_layers):
             continue
-        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape,
-                          raw_dtype=tensor.tensor_type, tensor_endianess=reader.endianess)
+        writer.add_tensor(
+            tensor.name,
+            tensor.data,
+            raw_shape=tensor.data.shape,
+            raw_dtype=tensor.tensor_type,
+            tensor_endianess=reader.endianess,
+        )
         kept += 1
     if kept == 0:
         raise ValueError(f"{source}: no tensors to keep")
@@ -143,8 +149,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="Build a layer-truncated SmolLM2-135M-Instruct draft model.")
     parser.add_argument("output", type=Path, help="path of the draft GGUF file to write")
-    parser.add_argument("--n-layers", type=int, default=DEFAULT_N_LAYERS,
-                        help=f"number of leading blocks to keep (default {DEFAULT_N_LAYERS})")
+    parser.add_argument(
+        "--n-layers",
+        type=int,
+        default=DEFAULT_N_LAYERS,
+        help=f"number of leading blocks to keep (default {DEFAULT_N_LAYERS})",
+    )
     args = parser.parse_args(argv)
     path = build_smollm2_draft(smollm2_path(), args.output, n_layers=args.n_layers)
     print(f"{path}: {path.stat().st_size} bytes, {args.n_layers} layers")

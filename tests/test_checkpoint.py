@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 
 import checkpoint_codec as codec
-
 import specstate
 from generator_support import assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import (
-    CheckpointError,
     ChecksumMismatchError,
     ConfigMismatchError,
     CorruptCheckpointError,
@@ -136,10 +134,12 @@ def test_a_section_too_large_is_refused_before_anything_is_read(mtp_generator: G
 
 def test_corrupt_content_with_a_valid_checksum_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
     _, offset, length = table(checkpoint)[0]
-    meta = checkpoint[offset:offset + length]
+    meta = checkpoint[offset : offset + length]
     broken = meta.replace(b'"mode":"mtp"', b'"mode":"xyz"')
     assert broken != meta
-    error = assert_refused_and_unchanged(mtp_generator, reseal(checkpoint[:offset] + broken + checkpoint[offset + length:-4]))
+    error = assert_refused_and_unchanged(
+        mtp_generator, reseal(checkpoint[:offset] + broken + checkpoint[offset + length : -4])
+    )
     assert isinstance(error, CorruptCheckpointError)
 
 
@@ -230,8 +230,18 @@ def test_a_state_llama_cpp_refuses_is_rolled_back(mtp_generator: Generator, chec
 
 def tiny_generator_from(generator: Generator) -> Generator:
     """Another generator with the same mode, configuration and models, in another state."""
-    other = Generator(generator.model, mode="mtp", n_ctx=256, n_batch=64, n_draft=4, n_threads=1,
-                      temperature=1.5, top_k=40, top_p=0.95, seed=1234)
+    other = Generator(
+        generator.model,
+        mode="mtp",
+        n_ctx=256,
+        n_batch=64,
+        n_draft=4,
+        n_threads=1,
+        temperature=1.5,
+        top_k=40,
+        top_p=0.95,
+        seed=1234,
+    )
     other.generate("a different prompt", max_tokens=9)
     return other
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 import pytest
-from generator_support import MODES, tiny_generator
 
 import specstate
+from generator_support import MODES, tiny_generator
 from specstate import (
     CheckpointInfo,
     GeneratorConfig,
@@ -114,20 +114,66 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
     keyword = {name: p.default for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert set(keyword) == GeneratorSettings.__optional_keys__ and not GeneratorSettings.__required_keys__
     assert keyword == {
-        "mode": "none", "draft_model": None, "n_draft": 8, "n_ctx": 2048, "n_batch": 512, "temperature": 0.0,
-        "top_k": 0, "top_p": 1.0, "seed": 0, "ngram_max": 4, "ngram_min": 3, "n_threads": 0,
+        "mode": "none",
+        "draft_model": None,
+        "n_draft": 8,
+        "n_ctx": 2048,
+        "n_batch": 512,
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        "ngram_max": 4,
+        "ngram_min": 3,
+        "n_threads": 0,
     }
 
 
 def test_the_command_line_passes_the_settings_it_has_options_for() -> None:
     args = build_parser().parse_args(
-        ["generate", "hi", "--model", "m.gguf", "--draft-model", "d.gguf", "--mode", "ngram", "--n-draft", "5",
-         "--n-ctx", "99", "--temperature", "0.5", "--top-k", "7", "--top-p", "0.9", "--seed", "11", "--threads", "3"]
+        [
+            "generate",
+            "hi",
+            "--model",
+            "m.gguf",
+            "--draft-model",
+            "d.gguf",
+            "--mode",
+            "ngram",
+            "--n-draft",
+            "5",
+            "--n-ctx",
+            "99",
+            "--temperature",
+            "0.5",
+            "--top-k",
+            "7",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "11",
+            "--threads",
+            "3",
+        ]
     )
     assert _generator_settings(args) == {
-        "mode": "ngram", "n_draft": 5, "n_ctx": 99, "temperature": 0.5, "top_k": 7, "top_p": 0.9, "seed": 11,
+        "mode": "ngram",
+        "n_draft": 5,
+        "n_ctx": 99,
+        "temperature": 0.5,
+        "top_k": 7,
+        "top_p": 0.9,
+        "seed": 11,
         "n_threads": 3,
     }
     defaults = _generator_settings(build_parser().parse_args(["generate", "hi", "--model", "m.gguf"]))
-    assert defaults == {"mode": "none", "n_draft": 8, "n_ctx": 2048, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-                        "seed": 0, "n_threads": 0}
+    assert defaults == {
+        "mode": "none",
+        "n_draft": 8,
+        "n_ctx": 2048,
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        "n_threads": 0,
+    }

@@ -14,17 +14,17 @@ from typing_extensions import Unpack, disjoint_base
 from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo
 
 __all__ = [
-    "Batch",
-    "Context",
-    "DraftSession",
-    "Generator",
-    "GreedyGeneration",
-    "Model",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
+    "Batch",
+    "Context",
     "ContextCapacity",
+    "DraftSession",
+    "Generator",
+    "GreedyGeneration",
+    "Model",
     "_raise_for_status",
     "_seed_error_display",
     "inspect_checkpoint",

@@ -102,8 +102,9 @@ class Generator:
         memory the caller did not choose.
         """
         generator = cls.__new__(cls)
-        generator._native = _native.Generator.restore(_read(source), model, draft_model=draft_model,
-                                                       n_threads=n_threads, max_n_ctx=max_n_ctx)
+        generator._native = _native.Generator.restore(
+            _read(source), model, draft_model=draft_model, n_threads=n_threads, max_n_ctx=max_n_ctx
+        )
         generator._reset_text()
         return generator
 
@@ -221,9 +222,7 @@ class Generator:
             self._elapsed += time.perf_counter() - started
             self._timed_tokens += delivered
 
-    def generate(
-        self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()
-    ) -> str:
+    def generate(self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()) -> str:
         """The text of up to ``max_tokens`` new tokens (see :meth:`stream`)."""
         return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop))
 
