@@ -48,9 +48,13 @@ lint: system-deps $(VENV)/.installed
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
 	cargo clippy --release --all-targets --features python -- -D warnings
+	$(BIN)/ruff check python tests benchmarks scripts
+	$(BIN)/ruff format --check python tests benchmarks scripts
+	$(BIN)/python scripts/function_lengths.py
 
 fmt:
 	cargo fmt
+	$(BIN)/ruff format python tests benchmarks scripts
 
 wheel: system-deps $(VENV)/.installed
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin build --release --out dist

@@ -38,16 +38,18 @@ def build(target_dir: Path, sse42_only: bool) -> Path:
     if sse42_only:
         # Environment values win over `.cargo/config.toml`'s [env]: no -march flag.
         env.update({name: "" for name in TRIPLE_FLAGS})
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "native_decode"], cwd=ROOT, env=env,
-                   check=True)
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--example", "native_decode"], cwd=ROOT, env=env, check=True
+    )
     return target_dir / "release" / "examples" / "native_decode"
 
 
 def measure(binary: Path, model: Path, tokens: int, threads: int) -> dict[str, float]:
     """One median-of-3 measurement of one binary."""
     env = dict(os.environ, LD_LIBRARY_PATH=str(sysconfig.get_config_var("LIBDIR") or ""))
-    out = subprocess.run([str(binary), str(model), str(tokens), str(threads), "3"], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(binary), str(model), str(tokens), str(threads), "3"], env=env, check=True, capture_output=True, text=True
+    ).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -79,16 +81,24 @@ def main() -> None:
         "decode": default["decode_tokens_per_s"] / baseline["decode_tokens_per_s"],
         "prefill": default["prefill_tokens_per_s"] / baseline["prefill_tokens_per_s"],
     }
-    print(f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads, {args.tokens} tokens, "
-          f"median of {args.rounds} rounds x 3 runs")
+    print(
+        f"SmolLM2-135M-Instruct Q4_1, {args.threads} threads, {args.tokens} tokens, "
+        f"median of {args.rounds} rounds x 3 runs"
+    )
     print(f"{'build':<22} {'decode tok/s':>13} {'prefill tok/s':>14}  kernels")
     for name, row in rows.items():
         print(f"{name:<22} {row['decode_tokens_per_s']:>13.1f} {row['prefill_tokens_per_s']:>14.1f}  {row['simd']}")
     print(f"default / SSE4.2: decode x{ratios['decode']:.2f}, prefill x{ratios['prefill']:.2f}")
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    report = {"model": model.name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-              "builds": rows, "ratios": ratios}
+    report = {
+        "model": model.name,
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "builds": rows,
+        "ratios": ratios,
+    }
     (results / "cpu_baseline.json").write_text(json.dumps(report, indent=2) + "\n")
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import models  # noqa: E402
-from specstate import Batch, Context, Generator, Model  # noqa: E402
+import models
+from specstate import Batch, Context, Generator, Model
 
 
 def rss_bytes() -> int:
@@ -70,12 +70,19 @@ def main() -> None:
     at_end = rss_bytes()
     growth = (at_end - after_warmup) / after_warmup
     result = {
-        "cycles": args.cycles, "warmup_cycles": warmup, "rss_after_warmup": after_warmup, "rss_at_end": at_end,
-        "growth": growth, "seconds": time.perf_counter() - started, "samples": samples,
+        "cycles": args.cycles,
+        "warmup_cycles": warmup,
+        "rss_after_warmup": after_warmup,
+        "rss_at_end": at_end,
+        "growth": growth,
+        "seconds": time.perf_counter() - started,
+        "samples": samples,
     }
-    print(f"{args.cycles} cycles (generator + restore + context + batch) in {result['seconds']:.0f} s: "
-          f"RSS {after_warmup / 2**20:.1f} MiB after {warmup} -> {at_end / 2**20:.1f} MiB at the end, "
-          f"growth {growth:+.2%} (target < 1%)")
+    print(
+        f"{args.cycles} cycles (generator + restore + context + batch) in {result['seconds']:.0f} s: "
+        f"RSS {after_warmup / 2**20:.1f} MiB after {warmup} -> {at_end / 2**20:.1f} MiB at the end, "
+        f"growth {growth:+.2%} (target < 1%)"
+    )
     print("RSS (MiB) by cycle: " + ", ".join(f"{n}: {value / 2**20:.2f}" for n, value in samples))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -14,9 +14,10 @@ from specstate import Generator, Model
 
 
 def rss(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
     raise RuntimeError(field)
 
 
@@ -35,11 +36,19 @@ def main() -> None:
     before = rss("VmRSS")
     data = generator.checkpoint()
     capture_peak = rss("VmHWM")
-    print(json.dumps({
-        "python_baseline_rss": baseline, "generation_peak_rss": generation_peak,
-        "context_tokens": len(prompt) + n_tokens, "n_ctx": n_ctx,
-        "capture_rss_before": before, "capture_peak_rss": capture_peak, "checkpoint_size": len(data),
-    }))
+    print(
+        json.dumps(
+            {
+                "python_baseline_rss": baseline,
+                "generation_peak_rss": generation_peak,
+                "context_tokens": len(prompt) + n_tokens,
+                "n_ctx": n_ctx,
+                "capture_rss_before": before,
+                "capture_peak_rss": capture_peak,
+                "checkpoint_size": len(data),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

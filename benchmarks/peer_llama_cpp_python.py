@@ -11,6 +11,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ def greedy_stream(llm: Llama, tokens: list[int], n: int) -> tuple[list[int], flo
 
 
 def main() -> None:
-    request = json.loads(open(sys.argv[1]).read())
+    request = json.loads(Path(sys.argv[1]).read_text())
     model, threads, runs = request["model"], request["threads"], request["runs"]
     result: dict[str, Any] = {}
     import llama_cpp
@@ -53,8 +54,15 @@ def main() -> None:
 
     result["decode_tokens_per_s"] = median(runs, decode)
 
-    lookup = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False, logits_all=True,
-                   draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+    lookup = Llama(
+        model,
+        n_ctx=1024,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+        logits_all=True,
+        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
+    )
     result["speculation"] = {}
     for name, text in request["speculation"].items():
         entry: dict[str, Any] = {}
@@ -62,14 +70,14 @@ def main() -> None:
             tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
             last: list[list[int]] = []
 
-            def once(llm: Llama = llm, tokens: list[int] = tokens) -> float:
+            def once(llm: Llama = llm, tokens: list[int] = tokens, last: list[list[int]] = last) -> float:
                 out, seconds = greedy_stream(llm, tokens, request["speculation_tokens"])
                 last[:] = [out]
                 return (len(out) - 1) / seconds
 
             try:
                 entry[label] = {"tokens_per_s": median(runs, once), "tokens": last[0]}
-            except Exception as error:  # noqa: BLE001 - reported, not hidden
+            except Exception as error:
                 entry[label] = {"error": f"{type(error).__name__}: {error}"}
         result["speculation"][name] = entry
 
@@ -81,20 +89,23 @@ def main() -> None:
         state: LlamaState = llm.save_state()
         size = len(state.llama_state) + state.scores.nbytes + np.asarray(state.input_ids).nbytes
 
-        def save_load() -> float:
+        def save_load(llm: Llama = llm) -> float:
             started = time.perf_counter()
             saved = llm.save_state()
             llm.load_state(saved)
             return time.perf_counter() - started
 
-        def save() -> float:
+        def save(llm: Llama = llm) -> float:
             started = time.perf_counter()
             llm.save_state()
             return time.perf_counter() - started
 
         result["checkpoints"][str(n_tokens)] = {
-            "size": size, "llama_state_bytes": len(state.llama_state), "scores_bytes": state.scores.nbytes,
-            "save_load_seconds": median(runs, save_load), "save_seconds": median(runs, save),
+            "size": size,
+            "llama_state_bytes": len(state.llama_state),
+            "scores_bytes": state.scores.nbytes,
+            "save_load_seconds": median(runs, save_load),
+            "save_seconds": median(runs, save),
         }
     print(json.dumps(result))
 

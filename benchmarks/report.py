@@ -36,41 +36,86 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ngram = spec["ngram"]["tokens_per_s"]
         rows.append((f"{name}: ngram / none", _fmt(_ratio(ngram, none)), ">= 2.0", _verdict(_ratio(ngram, none), 2.0)))
         lookup = spec.get("llama_cpp_python_prompt_lookup", {}).get("tokens_per_s")
-        rows.append((f"{name}: ngram / llama-cpp-python prompt lookup", _fmt(_ratio(ngram, lookup)), ">= 2.5",
-                     _verdict(_ratio(ngram, lookup), 2.5)))
+        rows.append(
+            (
+                f"{name}: ngram / llama-cpp-python prompt lookup",
+                _fmt(_ratio(ngram, lookup)),
+                ">= 2.5",
+                _verdict(_ratio(ngram, lookup), 2.5),
+            )
+        )
     for tokens, figures in results["checkpoints"].items():
-        rows.append((f"checkpoint {tokens}: size / state in use", _fmt(figures["size_ratio"], ".4f"), "<= 1.05",
-                     _verdict(figures["size_ratio"], 1.05, at_least=False)))
+        rows.append(
+            (
+                f"checkpoint {tokens}: size / state in use",
+                _fmt(figures["size_ratio"], ".4f"),
+                "<= 1.05",
+                _verdict(figures["size_ratio"], 1.05, at_least=False),
+            )
+        )
         peer_ckpt = figures.get("llama_cpp_python") or {}
         smaller = _ratio(peer_ckpt.get("size"), figures["size"])
         need = 9.0 if tokens == "512" else 3.0
-        rows.append((f"checkpoint {tokens}: llama-cpp-python size / ours", _fmt(smaller, ".1f"), f">= {need:g}",
-                     _verdict(smaller, need)))
+        rows.append(
+            (
+                f"checkpoint {tokens}: llama-cpp-python size / ours",
+                _fmt(smaller, ".1f"),
+                f">= {need:g}",
+                _verdict(smaller, need),
+            )
+        )
         ours = figures["capture_seconds"] + figures["restore_seconds"]
         faster = _ratio(peer_ckpt.get("save_load_seconds"), ours)
-        rows.append((f"checkpoint {tokens}: their save+load / our capture+restore", _fmt(faster, ".1f"), ">= 3",
-                     _verdict(faster, 3.0)))
+        rows.append(
+            (
+                f"checkpoint {tokens}: their save+load / our capture+restore",
+                _fmt(faster, ".1f"),
+                ">= 3",
+                _verdict(faster, 3.0),
+            )
+        )
         if tokens == "2048":
             prefill = _ratio(figures["prefill_seconds"], figures["restore_seconds"])
-            rows.append(("restore at 2048 vs prefill (times faster)", _fmt(prefill, ".0f"), ">= 200",
-                         _verdict(prefill, 200.0)))
+            rows.append(
+                ("restore at 2048 vs prefill (times faster)", _fmt(prefill, ".0f"), ">= 200", _verdict(prefill, 200.0))
+            )
     memory = results["memory"]
     over = memory["over_model_and_kv"] / 2**20
-    rows.append(("peak RSS over model file + KV cache", _fmt(over, ".1f", " MiB"), "<= 64 MiB",
-                 _verdict(over, 64.0, at_least=False)))
-    rows.append(("extra peak during capture / checkpoint size", _fmt(memory["capture_extra_ratio"]), "<= 1.1",
-                 _verdict(memory["capture_extra_ratio"], 1.1, at_least=False)))
+    rows.append(
+        (
+            "peak RSS over model file + KV cache",
+            _fmt(over, ".1f", " MiB"),
+            "<= 64 MiB",
+            _verdict(over, 64.0, at_least=False),
+        )
+    )
+    rows.append(
+        (
+            "extra peak during capture / checkpoint size",
+            _fmt(memory["capture_extra_ratio"]),
+            "<= 1.1",
+            _verdict(memory["capture_extra_ratio"], 1.1, at_least=False),
+        )
+    )
     return rows
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, medians of {results['runs']} runs, "
-             f"{results['date']}, {results['machine']}; llama-cpp-python {results.get('llama_cpp_python_version', 'n/a')}",
-             "", "| measure | value | target | verdict |", "| --- | ---: | ---: | --- |"]
+    lines = [
+        f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, medians of {results['runs']} runs, "
+        f"{results['date']}, {results['machine']}; llama-cpp-python {results.get('llama_cpp_python_version', 'n/a')}",
+        "",
+        "| measure | value | target | verdict |",
+        "| --- | ---: | ---: | --- |",
+    ]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(results)]
     lines += ["", "| decode, 128 tokens | tokens/s |", "| --- | ---: |"]
     lines += [f"| {name} | {value:.1f} |" for name, value in results["decode"].items()]
-    lines += ["", "| workload | mode | tokens/s | acceptance | tokens equal to plain |", "| --- | --- | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        "| workload | mode | tokens/s | acceptance | tokens equal to plain |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for name, spec in results["speculation"].items():
         for mode, row in spec.items():
             if "error" in row:
@@ -79,22 +124,32 @@ def markdown(results: dict[str, Any]) -> str:
             agree = row.get("agreement_with_none", row.get("agreement_with_plain", ""))
             acceptance = f"{row['acceptance']:.0%}" if "acceptance" in row else ""
             lines.append(f"| {name} | {mode} | {row['tokens_per_s']:.1f} | {acceptance} | {agree} |")
-    lines += ["", "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "
-              "llama-cpp-python size | their save+load |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "
+        "llama-cpp-python size | their save+load |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for tokens, f in results["checkpoints"].items():
         peer = f.get("llama_cpp_python") or {}
-        lines.append(f"| {tokens} tokens | {f['size'] / 1e6:.1f} MB | {f['capture_seconds'] * 1e3:.1f} ms | "
-                     f"{f['restore_seconds'] * 1e3:.1f} ms | {f.get('restore_new_seconds', 0) * 1e3:.1f} ms | "
-                     f"{f['prefill_seconds']:.2f} s | "
-                     f"{_fmt(peer.get('size') and peer['size'] / 1e6, '.1f', ' MB')} | "
-                     f"{_fmt(peer.get('save_load_seconds') and peer['save_load_seconds'] * 1e3, '.1f', ' ms')} |")
+        lines.append(
+            f"| {tokens} tokens | {f['size'] / 1e6:.1f} MB | {f['capture_seconds'] * 1e3:.1f} ms | "
+            f"{f['restore_seconds'] * 1e3:.1f} ms | {f.get('restore_new_seconds', 0) * 1e3:.1f} ms | "
+            f"{f['prefill_seconds']:.2f} s | "
+            f"{_fmt(peer.get('size') and peer['size'] / 1e6, '.1f', ' MB')} | "
+            f"{_fmt(peer.get('save_load_seconds') and peer['save_load_seconds'] * 1e3, '.1f', ' ms')} |"
+        )
     memory = results["memory"]
-    lines += ["", f"Memory: peak RSS {memory['generation_peak_rss'] / 2**20:.1f} MiB for a generation at "
-              f"{memory['n_ctx']} tokens of context (model file {memory['model_file'] / 2**20:.1f} MiB, KV cache "
-              f"{memory['kv_cache'] / 2**20:.1f} MiB); a checkpoint capture of {memory['checkpoint_size'] / 2**20:.1f} MiB "
-              f"raised the peak by {memory['capture_extra'] / 2**20:.1f} MiB.", "",
-              "| validator | calls/s |", "| --- | ---: |"]
+    lines += [
+        "",
+        f"Memory: peak RSS {memory['generation_peak_rss'] / 2**20:.1f} MiB for a generation at "
+        f"{memory['n_ctx']} tokens of context (model file {memory['model_file'] / 2**20:.1f} MiB, KV cache "
+        f"{memory['kv_cache'] / 2**20:.1f} MiB); a checkpoint capture of {memory['checkpoint_size'] / 2**20:.1f} MiB "
+        f"raised the peak by {memory['capture_extra'] / 2**20:.1f} MiB.",
+        "",
+        "| validator | calls/s |",
+        "| --- | ---: |",
+    ]
     lines += [f"| {name} | {rate / 1e6:.2f} M |" for name, rate in results["validators"].items()]
     return "\n".join(lines) + "\n"
 

@@ -46,8 +46,14 @@ from specstate.smollm2 import cache_dir, smollm2_path  # noqa: E402
 
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
-KERNEL_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-                "-DGGML_BMI2=ON"]
+KERNEL_FLAGS = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+]
 TARGET_DIR = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "specstate-target"))
 
 
@@ -64,8 +70,22 @@ def peer_python() -> Path:
     if probe.returncode != 0:
         log(f"building {LLAMA_CPP_PYTHON} from its sdist (several minutes on 2 cores)")
         env = dict(os.environ, CMAKE_ARGS=" ".join(KERNEL_FLAGS))
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-binary", "llama-cpp-python",
-                        LLAMA_CPP_PYTHON, "numpy", "matplotlib"], check=True, env=env)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-binary",
+                "llama-cpp-python",
+                LLAMA_CPP_PYTHON,
+                "numpy",
+                "matplotlib",
+            ],
+            check=True,
+            env=env,
+        )
     return python
 
 
@@ -87,10 +107,28 @@ def llama_bench() -> Path:
     if binary.exists():
         return binary
     log("building llama-bench with cmake (several minutes on 2 cores)")
-    subprocess.run(["cmake", "-S", str(llama_cpp_source()), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", *KERNEL_FLAGS, "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF"], check=True)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(llama_cpp_source()),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            *KERNEL_FLAGS,
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_APP=OFF",
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DBUILD_SHARED_LIBS=OFF",
+        ],
+        check=True,
+    )
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", "2"], check=True)
     return binary
 
@@ -101,35 +139,78 @@ def native_loop(model: Path, threads: int, runs: int) -> float:
     env = dict(os.environ, LD_LIBRARY_PATH=str(sysconfig.get_config_var("LIBDIR") or ""))
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as prompt:
         prompt.write(STORY_PROMPT)
-    out = subprocess.run([str(TARGET_DIR / "release" / "examples" / "native_decode"), str(model), "128",
-                          str(threads), str(runs), prompt.name], env=env, check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [
+            str(TARGET_DIR / "release" / "examples" / "native_decode"),
+            str(model),
+            "128",
+            str(threads),
+            str(runs),
+            prompt.name,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return float(json.loads(out.strip().splitlines()[-1])["decode_tokens_per_s"])
 
 
 def llama_bench_decode(model: Path, threads: int, runs: int) -> float:
-    out = subprocess.run([str(llama_bench()), "-m", str(model), "-t", str(threads), "-p", "0", "-n", "128",
-                          "-r", str(runs), "-o", "json"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            str(llama_bench()),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-p",
+            "0",
+            "-n",
+            "128",
+            "-r",
+            str(runs),
+            "-o",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
 def peer_figures(model: Path, threads: int, runs: int, checkpoint_text: str) -> dict[str, Any]:
     request = {
-        "model": str(model), "threads": threads, "runs": runs, "decode_prompt": STORY_PROMPT,
-        "decode_tokens": 128, "speculation": {"code": CODE_PROMPT, "quotes": QUOTE_PROMPT},
-        "speculation_tokens": 160, "checkpoint_tokens": [512, 2048], "checkpoint_text": checkpoint_text,
+        "model": str(model),
+        "threads": threads,
+        "runs": runs,
+        "decode_prompt": STORY_PROMPT,
+        "decode_tokens": 128,
+        "speculation": {"code": CODE_PROMPT, "quotes": QUOTE_PROMPT},
+        "speculation_tokens": 160,
+        "checkpoint_tokens": [512, 2048],
+        "checkpoint_text": checkpoint_text,
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(request, handle)
-    out = subprocess.run([str(peer_python()), str(ROOT / "benchmarks" / "peer_llama_cpp_python.py"), handle.name],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(peer_python()), str(ROOT / "benchmarks" / "peer_llama_cpp_python.py"), handle.name],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return figures
 
 
 def memory_figures(model: Path, threads: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_worker.py"), str(model), "2048", "128",
-                          str(threads)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory_worker.py"), str(model), "2048", "128", str(threads)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     kv_bytes_per_token = 23_040  # SmolLM2: 30 layers x 3 KV heads x 64 x (K + V) x f16
     figures["model_file"] = model.stat().st_size
@@ -161,8 +242,12 @@ def main() -> None:
     model = Model(path)
     checkpoint_text = (CODE_PROMPT + " ") * 25
     results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "model": path.name, "threads": args.threads, "runs": args.runs, "native_info": native_info(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "model": path.name,
+        "threads": args.threads,
+        "runs": args.runs,
+        "native_info": native_info(),
     }
     log("plain decoding")
     decode: dict[str, float] = {"specstate": decode_speed(model, threads=args.threads, runs=args.runs)}
@@ -182,10 +267,19 @@ def main() -> None:
     for name, prompt in (("code", CODE_PROMPT), ("quotes", QUOTE_PROMPT)):
         rows: dict[str, Any] = {}
         for mode in ("none", "ngram", "draft"):
-            figures = speculation_figures(model, mode, prompt, threads=args.threads, runs=args.runs,  # type: ignore[arg-type]
-                                          draft_model=draft if mode == "draft" else None)
-            rows[mode] = {"tokens_per_s": figures.tokens_per_second, "acceptance": figures.acceptance_rate,
-                          "tokens": figures.tokens}
+            figures = speculation_figures(
+                model,
+                mode,
+                prompt,
+                threads=args.threads,
+                runs=args.runs,  # type: ignore[arg-type]
+                draft_model=draft if mode == "draft" else None,
+            )
+            rows[mode] = {
+                "tokens_per_s": figures.tokens_per_second,
+                "acceptance": figures.acceptance_rate,
+                "tokens": figures.tokens,
+            }
         for mode in ("ngram", "draft"):
             rows[mode]["agreement_with_none"] = agreement(rows[mode]["tokens"], rows["none"]["tokens"])
         peer = peers.get("speculation", {}).get(name, {})
@@ -194,7 +288,8 @@ def main() -> None:
                 rows[f"llama_cpp_python_{label}"] = peer[label]
         if "tokens" in peer.get("prompt_lookup", {}) and "tokens" in peer.get("plain", {}):
             rows["llama_cpp_python_prompt_lookup"]["agreement_with_plain"] = agreement(
-                peer["prompt_lookup"]["tokens"], peer["plain"]["tokens"])
+                peer["prompt_lookup"]["tokens"], peer["plain"]["tokens"]
+            )
         speculation[name] = rows
     results["speculation"] = speculation
 
@@ -203,9 +298,12 @@ def main() -> None:
     for tokens in (512, 2048):
         figures = checkpoint_figures(model, tokens, threads=args.threads, runs=args.runs)
         checkpoints[str(tokens)] = {
-            "size": figures.size, "state_in_use": figures.state_in_use,
-            "size_ratio": figures.size / figures.state_in_use, "capture_seconds": figures.capture_seconds,
-            "restore_seconds": figures.restore_seconds, "restore_new_seconds": figures.restore_new_seconds,
+            "size": figures.size,
+            "state_in_use": figures.state_in_use,
+            "size_ratio": figures.size / figures.state_in_use,
+            "capture_seconds": figures.capture_seconds,
+            "restore_seconds": figures.restore_seconds,
+            "restore_new_seconds": figures.restore_new_seconds,
             "prefill_seconds": figures.prefill_seconds,
             "llama_cpp_python": peers.get("checkpoints", {}).get(str(tokens)),
         }

@@ -38,7 +38,7 @@ def table(data: bytes) -> list[tuple[int, int, int, int]]:
 
 def sections(data: bytes) -> dict[str, bytes]:
     """Each section's payload by name, in table order."""
-    return {NAMES[kind]: data[offset:offset + length] for kind, _, offset, length in table(data)}
+    return {NAMES[kind]: data[offset : offset + length] for kind, _, offset, length in table(data)}
 
 
 def meta(data: bytes) -> dict[str, Any]:
@@ -100,15 +100,29 @@ def parse(data: bytes) -> tuple[dict[str, Any], list[tuple[int, str, int, bytes]
     checkpoints whose table is in bounds (the table is read as declared).
     """
     version, header_size, count, total = struct.unpack_from("<HHIQ", data, 8)
-    header = {"version": version, "header_size": header_size, "count": count, "total": total,
-              "reserved": data[24:HEADER]}
-    entries = [(kind, NAMES.get(kind, f"kind{kind}"), flags, data[offset:offset + length])
-               for kind, flags, offset, length in table(data)]
+    header = {
+        "version": version,
+        "header_size": header_size,
+        "count": count,
+        "total": total,
+        "reserved": data[24:HEADER],
+    }
+    entries = [
+        (kind, NAMES.get(kind, f"kind{kind}"), flags, data[offset : offset + length])
+        for kind, flags, offset, length in table(data)
+    ]
     return header, entries
 
 
-def assemble(entries: list[tuple[int, int, bytes]], *, version: int, header_size: int = HEADER,
-             reserved: bytes = bytes(8), count: int | None = None, total_delta: int = 0) -> bytes:
+def assemble(
+    entries: list[tuple[int, int, bytes]],
+    *,
+    version: int,
+    header_size: int = HEADER,
+    reserved: bytes = bytes(8),
+    count: int | None = None,
+    total_delta: int = 0,
+) -> bytes:
     """A checkpoint of ``(kind, flags, payload)`` entries, payloads tiled in table order, CRC-32 trailer right.
 
     ``count`` (default: the number of entries) and ``total_delta`` (added to

@@ -90,8 +90,10 @@ K = 6
 #: Generated tokens at the two checkpoints of each run.
 BOUNDARIES = (6, 14)
 TINY_PROMPT = "checkpoint fuzzing: the quick brown fox jumps over the lazy dog"
-SMOL_PROMPT = ("Repeat exactly: the cat sat on the mat and the dog sat on the log. "
-               "The cat sat on the mat and the dog sat on the log. The cat sat on")
+SMOL_PROMPT = (
+    "Repeat exactly: the cat sat on the mat and the dog sat on the log. "
+    "The cat sat on the mat and the dog sat on the log. The cat sat on"
+)
 LOAD_PROMPT = "another generation entirely"
 SMOL_MODES = ("none", "ngram")
 SMOL_CTX = 256
@@ -111,9 +113,23 @@ COUNTERS = frozenset({"rounds", "drafted", "accepted"})
 U32 = (1 << 32) - 1
 U64 = (1 << 64) - 1
 MODES = ("none", "ngram", "draft", "mtp", "eagle3")
-META_KEYS = ("specstate_version", "llama_cpp_sys_version", "llama_cpp_build", "llama_cpp_commit", "mode",
-             "ngram", "n_draft", "n_ctx", "n_batch", "temperature", "top_k", "top_p", "seed",
-             "target_model", "draft_model")
+META_KEYS = (
+    "specstate_version",
+    "llama_cpp_sys_version",
+    "llama_cpp_build",
+    "llama_cpp_commit",
+    "mode",
+    "ngram",
+    "n_draft",
+    "n_ctx",
+    "n_batch",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "target_model",
+    "draft_model",
+)
 VERSION_KEYS = META_KEYS[:4]
 OPTIONAL_KEYS = frozenset({"ngram", "draft_model"})
 FINGERPRINT_KEYS = ("sha256", "size", "file")
@@ -149,14 +165,24 @@ class Layout:
 def parse(data: bytes) -> Layout:
     """Take a checkpoint apart (its table read as declared)."""
     header, entries = checkpoint_codec.parse(data)
-    return Layout(header["version"], [(kind, flags, payload) for kind, _, flags, payload in entries],
-                  header["header_size"], header["reserved"])
+    return Layout(
+        header["version"],
+        [(kind, flags, payload) for kind, _, flags, payload in entries],
+        header["header_size"],
+        header["reserved"],
+    )
 
 
 def assemble(layout: Layout, *, count: int | None = None, total_delta: int = 0) -> bytes:
     """The bytes of ``layout``, payloads tiled in table order, with a correct CRC-32 trailer."""
-    return checkpoint_codec.assemble(layout.sections, version=layout.version, header_size=layout.header_size,
-                                     reserved=layout.reserved, count=count, total_delta=total_delta)
+    return checkpoint_codec.assemble(
+        layout.sections,
+        version=layout.version,
+        header_size=layout.header_size,
+        reserved=layout.reserved,
+        count=count,
+        total_delta=total_delta,
+    )
 
 
 def reseal(data: bytes, changes: dict[str, bytes], *, bind: bool = True) -> bytes:
@@ -183,8 +209,12 @@ def rebind(layout: Layout, names: Iterable[str] | None = None) -> Layout:
 
 def replaced(layout: Layout, name: str, payload: bytes) -> Layout:
     kind = KINDS[name]
-    return Layout(layout.version, [(k, f, payload if k == kind else p) for k, f, p in layout.sections],
-                  layout.header_size, layout.reserved)
+    return Layout(
+        layout.version,
+        [(k, f, payload if k == kind else p) for k, f, p in layout.sections],
+        layout.header_size,
+        layout.reserved,
+    )
 
 
 def decode_state(payload: bytes) -> dict[str, Any]:
@@ -210,6 +240,7 @@ def encode_state(state: dict[str, Any], template: bytes) -> bytes:
 
 def strict_json(payload: bytes) -> Any:
     """JSON as serde_json reads it: UTF-8, no duplicate keys, no NaN or Infinity."""
+
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         keys = [key for key, _ in items]
         if len(set(keys)) != len(keys):
@@ -291,8 +322,9 @@ def meta_problem(value: Any, base: Base, history: int) -> str | None:
     if not isinstance(mode, str) or mode not in MODES:
         return "unknown mode"
     ngram = meta.get("ngram")
-    if ngram is not None and not (isinstance(ngram, list) and len(ngram) == 2
-                                  and all(_is_int(n) and 0 <= n <= U64 for n in ngram)):
+    if ngram is not None and not (
+        isinstance(ngram, list) and len(ngram) == 2 and all(_is_int(n) and 0 <= n <= U64 for n in ngram)
+    ):
         return "ngram is not two integers"
     if mode == "ngram":
         if ngram is None or not 1 <= ngram[1] <= ngram[0] <= 64:
@@ -385,7 +417,7 @@ def predict(data: bytes, base: Base) -> str | None:
             return "out of place"
         if NAMES[kind] in payloads:
             return f"{NAMES[kind]} twice"
-        payloads[NAMES[kind]] = data[offset:offset + length]
+        payloads[NAMES[kind]] = data[offset : offset + length]
         expected_offset = offset + length
     if expected_offset != len(data) - 4:
         return "sections do not fill the file"
@@ -409,8 +441,9 @@ def predict(data: bytes, base: Base) -> str | None:
     if problem is not None:
         return problem
     mode = _as_struct(meta, META_KEYS)["mode"]  # type: ignore[index]
-    if ("draft_state" in payloads) != (mode in ("draft", "mtp", "eagle3")) or \
-            ("speculative_state" in payloads) != (mode in ("mtp", "eagle3")):
+    if ("draft_state" in payloads) != (mode in ("draft", "mtp", "eagle3")) or ("speculative_state" in payloads) != (
+        mode in ("mtp", "eagle3")
+    ):
         return "sections do not fit the mode"
     ids = struct.unpack(f"<{len(tokens) // 4}i", tokens)
     if any(not 0 <= token < base.n_vocab for token in ids):
@@ -476,8 +509,9 @@ def _continuation(generator: Any, n: int = K) -> list[int]:
     return list(generator.tokens[before:])
 
 
-def build_bases(directory: Path, tiny: dict[str, Path] | None, smollm2: Path | None,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
+def build_bases(
+    directory: Path, tiny: dict[str, Path] | None, smollm2: Path | None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Write the base checkpoints and ``manifest.json`` into ``directory``."""
     from generator_support import tiny_generator
     from specstate import Generator, Model
@@ -494,14 +528,20 @@ def build_bases(directory: Path, tiny: dict[str, Path] | None, smollm2: Path | N
     if tiny is not None:
         for mode in MODES:
             for sampled in (False, True):
-                runs.append(("tiny", mode, sampled, functools.partial(tiny_generator, mode, tiny, sampled=sampled),
-                             TINY_PROMPT))
+                runs.append(
+                    ("tiny", mode, sampled, functools.partial(tiny_generator, mode, tiny, sampled=sampled), TINY_PROMPT)
+                )
     if smollm2 is not None:
         for mode in SMOL_MODES:
-            runs.append(("smollm2", mode, False,
-                         functools.partial(Generator, model(smollm2), mode=cast(Any, mode), n_ctx=SMOL_CTX,
-                                           n_threads=1),
-                         SMOL_PROMPT))
+            runs.append(
+                (
+                    "smollm2",
+                    mode,
+                    False,
+                    functools.partial(Generator, model(smollm2), mode=cast(Any, mode), n_ctx=SMOL_CTX, n_threads=1),
+                    SMOL_PROMPT,
+                )
+            )
     bases: list[dict[str, Any]] = []
     warnings: list[str] = []
     refused: list[dict[str, Any]] = []
@@ -532,23 +572,42 @@ def build_bases(directory: Path, tiny: dict[str, Path] | None, smollm2: Path | N
             continue
         for boundary, (data, reference) in enumerate(zip(checkpoints, references)):
             if boundary == len(checkpoints) - 1 and reference != live:
-                warnings.append(f"{run}: the restored continuation {reference} differs from the "
-                                f"uninterrupted run's {live}")
+                warnings.append(
+                    f"{run}: the restored continuation {reference} differs from the uninterrupted run's {live}"
+                )
             layout = parse(data)
             state_payload = layout.payload("state")
             meta_payload = layout.payload("meta")
             assert state_payload is not None and meta_payload is not None
-            base = Base(id=f"{run}-b{boundary}", family=family, mode=mode, sampled=sampled, boundary=boundary,
-                        run=run, file=f"{run}-b{boundary}.ckpt", reference=reference,
-                        n_vocab=target_model.n_vocab, n_ctx_train=n_ctx_train, version=layout.version,
-                        meta=json.loads(meta_payload), state=decode_state(state_payload))
+            base = Base(
+                id=f"{run}-b{boundary}",
+                family=family,
+                mode=mode,
+                sampled=sampled,
+                boundary=boundary,
+                run=run,
+                file=f"{run}-b{boundary}.ckpt",
+                reference=reference,
+                n_vocab=target_model.n_vocab,
+                n_ctx_train=n_ctx_train,
+                version=layout.version,
+                meta=json.loads(meta_payload),
+                state=decode_state(state_payload),
+            )
             (directory / base.file).write_bytes(data)
             bases.append(base.to_json())
-        log(f"  base {run}: {len(checkpoints)} checkpoints, format v{bases[-1]['version']}, "
-            f"{len(checkpoints[-1])} bytes, reference {bases[-1]['reference']}")
-    manifest = {"build": native_build_id(), "models": {k: str(v) for k, v in (tiny or {}).items()},
-                "smollm2": str(smollm2) if smollm2 else None, "bases": bases, "warnings": warnings,
-                "refused": refused}
+        log(
+            f"  base {run}: {len(checkpoints)} checkpoints, format v{bases[-1]['version']}, "
+            f"{len(checkpoints[-1])} bytes, reference {bases[-1]['reference']}"
+        )
+    manifest = {
+        "build": native_build_id(),
+        "models": {k: str(v) for k, v in (tiny or {}).items()},
+        "smollm2": str(smollm2) if smollm2 else None,
+        "bases": bases,
+        "warnings": warnings,
+        "refused": refused,
+    }
     for warning in warnings:
         log(f"  WARNING: {warning}")
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -582,8 +641,16 @@ class Case:
         return "refuse" if self.problem is not None else self.label
 
     def describe(self) -> dict[str, Any]:
-        return {"case": self.index, "base": self.base.id, "class": self.klass, "detail": self.detail,
-                "expect": self.expect, "why": self.problem, "load": self.load, "size": len(self.data)}
+        return {
+            "case": self.index,
+            "base": self.base.id,
+            "class": self.klass,
+            "detail": self.detail,
+            "expect": self.expect,
+            "why": self.problem,
+            "load": self.load,
+            "size": len(self.data),
+        }
 
 
 @dataclass
@@ -627,17 +694,24 @@ def _meta_label(original: dict[str, Any], meta: Any) -> Expect:
             full[role] = _as_struct(full[role], FINGERPRINT_KEYS)
     if full == original and all(type(full[k]) is type(original[k]) for k in META_KEYS if k != "temperature"):
         # Same values; a key left out or an array for an object is lenient, refusing it is fine too.
-        complete = isinstance(meta, dict) and set(meta) == set(META_KEYS) and all(
-            isinstance(v, dict) for v in (meta["target_model"], meta["draft_model"]) if v is not None)
+        complete = (
+            isinstance(meta, dict)
+            and set(meta) == set(META_KEYS)
+            and all(isinstance(v, dict) for v in (meta["target_model"], meta["draft_model"]) if v is not None)
+        )
         return "noop" if complete else "exact"
     informational = set(VERSION_KEYS)
     for key in META_KEYS:
         if key in informational or full[key] == original[key]:
             continue
         mine, theirs = full[key], original[key]
-        if key.endswith("_model") and isinstance(mine, dict) and isinstance(theirs, dict):
-            if {k: v for k, v in mine.items() if k != "file"} == {k: v for k, v in theirs.items() if k != "file"}:
-                continue
+        if (
+            key.endswith("_model")
+            and isinstance(mine, dict)
+            and isinstance(theirs, dict)
+            and {k: v for k, v in mine.items() if k != "file"} == {k: v for k, v in theirs.items() if k != "file"}
+        ):
+            continue
         return "any"
     return "exact"
 
@@ -664,23 +738,54 @@ def _bound_values(ctx: Context, key: str) -> list[Any]:
     history, train = state["history"], ctx.base.n_ctx_train
     n_draft, n_batch = meta["n_draft"], meta["n_batch"]
     return {
-        "n_ctx": [0, 1, 2, history - 1, history, history + 1, 300, train, train + 1, 1 << 20, 2**31 - 1,
-                  2**32 - 1, 2**32, -1, 1e6, float(meta["n_ctx"]), 2**64],
+        "n_ctx": [
+            0,
+            1,
+            2,
+            history - 1,
+            history,
+            history + 1,
+            300,
+            train,
+            train + 1,
+            1 << 20,
+            2**31 - 1,
+            2**32 - 1,
+            2**32,
+            -1,
+            1e6,
+            float(meta["n_ctx"]),
+            2**64,
+        ],
         "n_batch": [0, 1, 2, n_draft, n_draft + 1, 4096, 2**31 - 1, 2**32 - 1, 2**32, -1],
         "n_draft": [0, 1, 2, n_batch - 1, n_batch, MAX_DRAFT, MAX_DRAFT + 1, 2**32 - 1, -1],
         "temperature": [-1, -1e-30, "nan", 1e39, 3.4e38, 1e308, 0, 0.0, 1e-45, 0.5, 2.0, 1e400],
         "top_p": [0, 0.0, 1e-46, 1e-30, 0.5, 1, 1.0000001, 2, -0.1, "1"],
         "top_k": [0, 1, 7, 2**32 - 1, 2**32, 2**40, -1],
         "seed": [-1, 0, 1, 2**63, 2**64 - 1, 2**64, 2**70],
-        "ngram": [[0, 0], [65, 1], [1, 2], [64, 1], [64, 64], [1, 1], [4, 3], [3, 3], [2**64, 1], [3], [1, 2, 3],
-                  None, [-1, 1]],
+        "ngram": [
+            [0, 0],
+            [65, 1],
+            [1, 2],
+            [64, 1],
+            [64, 64],
+            [1, 1],
+            [4, 3],
+            [3, 3],
+            [2**64, 1],
+            [3],
+            [1, 2, 3],
+            None,
+            [-1, 1],
+        ],
         "mode": ["unknown", "", "NONE", "none", "ngram", "draft", "mtp", "eagle3", "none\u0000"],
     }[key]
 
 
 def mutate_meta_bound(ctx: Context) -> Mutation:
-    key = ctx.pick(["n_ctx", "n_ctx", "n_batch", "n_batch", "n_draft", "temperature", "top_p", "top_k", "seed",
-                    "ngram", "mode"])
+    key = ctx.pick(
+        ["n_ctx", "n_ctx", "n_batch", "n_batch", "n_draft", "temperature", "top_p", "top_k", "seed", "ngram", "mode"]
+    )
     value = ctx.pick(_bound_values(ctx, key))
     meta = dict(ctx.base.meta)
     if key == "mode" and value == "ngram" and meta["ngram"] is None:
@@ -744,7 +849,7 @@ def mutate_meta_type(ctx: Context) -> Mutation:
         value = ctx.pick([-(2**63) - 1, 2**64, 2**100, -1])
         what = f"integer {value}"
     elif choice == 10:
-        value = [] if not isinstance(original, dict) else []
+        value = []
         what = "empty list"
     else:
         # For the fingerprints: a wrong type of one field inside them.
@@ -796,13 +901,27 @@ def mutate_meta_keys(ctx: Context) -> Mutation:
         # The whole meta as an array of its fields in order (serde reads structs from arrays).
         values = [meta[key] for key in META_KEYS]
         if ctx.rng.random() < 0.5:
-            values = values[:-1] if ctx.rng.random() < 0.5 else values + [None]
-        return (f"meta as an array of {len(values)}", _with_meta(ctx, json.dumps(values).encode()),
-                _meta_label(ctx.base.meta, values))
+            values = values[:-1] if ctx.rng.random() < 0.5 else [*values, None]
+        return (
+            f"meta as an array of {len(values)}",
+            _with_meta(ctx, json.dumps(values).encode()),
+            _meta_label(ctx.base.meta, values),
+        )
     elif choice == 6:
-        payload = ctx.pick([b"", b"{}", b"[]", b"null", b"{", b"\xff\xfe", json.dumps(meta).encode()[:-1],
-                            json.dumps(meta).encode() + b" x", json.dumps(meta).encode() + b"\n\t ",
-                            b"\xef\xbb\xbf" + json.dumps(meta).encode()])
+        payload = ctx.pick(
+            [
+                b"",
+                b"{}",
+                b"[]",
+                b"null",
+                b"{",
+                b"\xff\xfe",
+                json.dumps(meta).encode()[:-1],
+                json.dumps(meta).encode() + b" x",
+                json.dumps(meta).encode() + b"\n\t ",
+                b"\xef\xbb\xbf" + json.dumps(meta).encode(),
+            ]
+        )
         label: Expect = "noop" if payload.strip() == json.dumps(meta).encode() else "any"
         return f"meta payload {_short(payload.decode('latin-1'), 30)}", _with_meta(ctx, payload), label
     else:
@@ -823,11 +942,31 @@ def mutate_meta_stale(ctx: Context) -> Mutation:
 def _state_values(ctx: Context, name: str) -> list[int]:
     state = ctx.base.state
     value, history, n_prompt = state[name], state["history"], state["n_prompt"]
-    values = [0, 1, 2, value - 1, value + 1, history - 1, history, history + 1, n_prompt, state["n_past"],
-              2**31, 2**32, 2**63, U64, U64 - 1]
+    values = [
+        0,
+        1,
+        2,
+        value - 1,
+        value + 1,
+        history - 1,
+        history,
+        history + 1,
+        n_prompt,
+        state["n_past"],
+        2**31,
+        2**32,
+        2**63,
+        U64,
+        U64 - 1,
+    ]
     if name == "delivered":
-        values += [2**64 - n_prompt, 2**64 - n_prompt + 1, 2**64 - n_prompt + history, history - n_prompt,
-                   history - n_prompt + 1]
+        values += [
+            2**64 - n_prompt,
+            2**64 - n_prompt + 1,
+            2**64 - n_prompt + history,
+            history - n_prompt,
+            history - n_prompt + 1,
+        ]
     if name == "n_prompt":
         values += [2**64 - state["delivered"], state["n_past"] + 1]
     return [v for v in values if 0 <= v <= U64]
@@ -836,8 +975,9 @@ def _state_values(ctx: Context, name: str) -> list[int]:
 def mutate_state(ctx: Context) -> Mutation:
     state = dict(ctx.base.state)
     state["rng"] = list(state["rng"])
-    name = ctx.pick(["n_prompt", "n_past", "n_past", "draft_past", "history", "delivered", "delivered",
-                     "finished", "rng", "rng"])
+    name = ctx.pick(
+        ["n_prompt", "n_past", "n_past", "draft_past", "history", "delivered", "delivered", "finished", "rng", "rng"]
+    )
     if name == "finished":
         state["finished"] = ctx.pick([ctx.rng.randrange(2, 256), 255, 2, 1 - state["finished"]])
         detail = f"state finished={state['finished']}"
@@ -902,8 +1042,11 @@ def mutate_binding(ctx: Context) -> Mutation:
     state["bindings"] = bindings
     payload = encode_state(state, _state_payload(ctx))
     data = assemble(replaced(ctx.layout, "state", payload))
-    return f"binding {name}={bindings[name]:#010x} (was {ctx.base.state['bindings'][name]:#010x})", data, \
-        "noop" if bindings == ctx.base.state["bindings"] else "any"
+    return (
+        f"binding {name}={bindings[name]:#010x} (was {ctx.base.state['bindings'][name]:#010x})",
+        data,
+        "noop" if bindings == ctx.base.state["bindings"] else "any",
+    )
 
 
 SPLICEABLE = ("target_state", "draft_state", "speculative_state", "tokens")
@@ -920,16 +1063,20 @@ def _splice(ctx: Context, donor: Base, same_run: bool) -> Mutation:
     detail = f"{kind} splice of {name} from {donor.id}"
     if ctx.layout.payload(name) is None:
         # A section the recipient's mode does not have.
-        sections = sorted(ctx.layout.sections + [(KINDS[name], 0, payload)], key=lambda s: s[0])
+        sections = sorted([*ctx.layout.sections, (KINDS[name], 0, payload)], key=lambda s: s[0])
         layout = Layout(ctx.layout.version, sections)
         return detail + " (added)", assemble(rebind(layout, [name]) if deep else layout), "any"
     if payload == ctx.layout.payload(name):
         label: Expect = "noop"
-    elif same_run and name == "target_state" and donor.state["n_past"] != ctx.base.state["n_past"]:
-        label = "refuse-positions"
-    elif same_run and name == "draft_state" and (
-            donor.state["draft_past"] != ctx.base.state["draft_past"] if ctx.base.mode == "draft"
-            else donor.state["n_past"] != ctx.base.state["n_past"]):
+    elif (same_run and name == "target_state" and donor.state["n_past"] != ctx.base.state["n_past"]) or (
+        same_run
+        and name == "draft_state"
+        and (
+            donor.state["draft_past"] != ctx.base.state["draft_past"]
+            if ctx.base.mode == "draft"
+            else donor.state["n_past"] != ctx.base.state["n_past"]
+        )
+    ):
         label = "refuse-positions"
     else:
         label = "any"
@@ -957,15 +1104,16 @@ def mutate_state_bytes(ctx: Context) -> Mutation:
     if choice < 8 and payload:
         offset = ctx.rng.randrange(min(256, len(payload)))
         old = payload[offset]
-        new = ctx.pick([old ^ (1 << ctx.rng.randrange(8)), 0, 0xFF, (old + 1) % 256, (old - 1) % 256,
-                        ctx.rng.randrange(256)])
+        new = ctx.pick(
+            [old ^ (1 << ctx.rng.randrange(8)), 0, 0xFF, (old + 1) % 256, (old - 1) % 256, ctx.rng.randrange(256)]
+        )
         if new == old:
             new = old ^ 0x80
         payload[offset] = new
         detail = f"{name}[{offset}] {old:#04x}->{new:#04x}"
     elif choice == 8:
         cut = ctx.pick([1, 4, len(payload) // 2, len(payload)])
-        del payload[len(payload) - cut:]
+        del payload[len(payload) - cut :]
         detail = f"{name} cut by {cut} bytes"
     else:
         extra = ctx.pick([1, 4, 64])
@@ -990,7 +1138,7 @@ def mutate_tokens(ctx: Context) -> Mutation:
         detail = f"tokens[{position}]={tokens[position]}"
     elif choice in (2, 3):
         cut = ctx.pick([1, 2, len(tokens) - state["n_past"], len(tokens)])
-        tokens = tokens[:len(tokens) - cut]
+        tokens = tokens[: len(tokens) - cut]
         update = ctx.rng.random() < 0.6
         detail = f"tokens cut by {cut}" + ("" if update else ", history length kept")
     elif choice == 4:
@@ -1007,8 +1155,7 @@ def mutate_tokens(ctx: Context) -> Mutation:
         state["history"] = len(tokens)
         changes["state"] = encode_state(state, _state_payload(ctx))
     deep = ctx.rng.random() < 0.85
-    return (f"{'deep' if deep else 'shallow'} {detail}",
-            reseal(ctx.base.data, changes, bind=deep), "any")
+    return (f"{'deep' if deep else 'shallow'} {detail}", reseal(ctx.base.data, changes, bind=deep), "any")
 
 
 def _tokens(ctx: Context) -> bytes:
@@ -1166,8 +1313,9 @@ class Runner:
 
         target, draft = self.models_for(case.base)
         phase("restore")
-        result = self._attempt(case, lambda: Generator.restore(case.data, target, draft_model=draft, n_threads=1),
-                               phase, "")
+        result = self._attempt(
+            case, lambda: Generator.restore(case.data, target, draft_model=draft, n_threads=1), phase, ""
+        )
         if case.load:
             phase("load")
             holder: list[Any] = [self.fresh_generator(case.base)]
@@ -1190,8 +1338,9 @@ class Runner:
                 result.update(ok=False, load_detail=loaded.get("detail"))
         return result
 
-    def _attempt(self, case: Case, restore: Callable[[], Any], phase: Callable[[str], None],
-                 prefix: str) -> dict[str, Any]:
+    def _attempt(
+        self, case: Case, restore: Callable[[], Any], phase: Callable[[str], None], prefix: str
+    ) -> dict[str, Any]:
         from specstate.errors import CheckpointError
 
         expect = case.expect
@@ -1251,12 +1400,12 @@ def worker_main(args: argparse.Namespace) -> int:
     emit({"ready": os.getpid(), "build": native_build_id()})
     for index in range(args.start, args.stop):
         try:
-            case = make_case(args.seed, index, runner.bases, smollm2_share=args.smollm2_share,
-                             load_share=args.load_share)
+            case = make_case(
+                args.seed, index, runner.bases, smollm2_share=args.smollm2_share, load_share=args.load_share
+            )
         except Exception as error:  # a bug of the harness: report it, do not stop
             emit({"start": index, "case": {"case": index, "class": "harness"}})
-            emit({"done": index, "outcome": "harness-error", "ok": False,
-                  "detail": f"{_error_name(error)}: {error}"})
+            emit({"done": index, "outcome": "harness-error", "ok": False, "detail": f"{_error_name(error)}: {error}"})
             continue
         emit({"start": index, "case": case.describe()})
         injection = injected.get(str(index))
@@ -1266,9 +1415,13 @@ def worker_main(args: argparse.Namespace) -> int:
             time.sleep(1e6)
         elif injection == "exit":
             os._exit(3)
+
+        def phase(name: str, index: int = index) -> None:
+            emit({"phase": name, "case": index})
+
         began = time.perf_counter()
         try:
-            result = runner.run(case, lambda name: emit({"phase": name, "case": index}))
+            result = runner.run(case, phase)
         except Exception:  # outside the attempts themselves: a bug of the harness
             result = {"outcome": "harness-error", "ok": False, "detail": traceback.format_exc()[-1500:]}
         del case
@@ -1321,8 +1474,7 @@ def _signal_name(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
-_CRASH_MARKS = ("GGML_ASSERT", "panicked", "Assertion", "terminate called", "Fatal Python error", "Sanitizer",
-                "error")
+_CRASH_MARKS = ("GGML_ASSERT", "panicked", "Assertion", "terminate called", "Fatal Python error", "Sanitizer", "error")
 
 
 def _crash_line(stderr: str) -> str:
@@ -1346,8 +1498,9 @@ def _stderr_since(path: Path, offset: int, head: int = 1200, tail: int = 400) ->
     return data.decode("utf-8", "replace")
 
 
-def run_cases(config: FuzzConfig, bases_dir: Path, build: str,
-              log: Callable[[str], None] = print) -> dict[int, dict[str, Any]]:
+def run_cases(
+    config: FuzzConfig, bases_dir: Path, build: str, log: Callable[[str], None] = print
+) -> dict[int, dict[str, Any]]:
     """Run cases ``0..config.cases`` in worker subprocesses; the record of each case by index.
 
     Records of failures that belong to no case (a worker that died between
@@ -1371,10 +1524,25 @@ def run_cases(config: FuzzConfig, bases_dir: Path, build: str,
         spawned += 1
         stderr = logdir / f"worker-{spawned}.err"
         handle = stderr.open("wb")
-        command = [sys.executable, str(Path(__file__).resolve()), "worker", "--bases", str(bases_dir),
-                   "--seed", str(config.seed), "--start", str(start), "--stop", str(stop),
-                   "--smollm2-share", str(config.smollm2_share), "--load-share", str(config.load_share),
-                   "--memory-limit-mb", str(config.memory_limit_mb)]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "worker",
+            "--bases",
+            str(bases_dir),
+            "--seed",
+            str(config.seed),
+            "--start",
+            str(start),
+            "--stop",
+            str(stop),
+            "--smollm2-share",
+            str(config.smollm2_share),
+            "--load-share",
+            str(config.load_share),
+            "--memory-limit-mb",
+            str(config.memory_limit_mb),
+        ]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=handle, stdin=subprocess.DEVNULL)
         assert process.stdout is not None
         os.set_blocking(process.stdout.fileno(), False)
@@ -1398,24 +1566,36 @@ def run_cases(config: FuzzConfig, bases_dir: Path, build: str,
             outcome = "hang" if hang else "crash"
             stderr = _stderr_since(worker.stderr, worker.stderr_offset)
             why = _crash_line(stderr)
-            results[index] = {"outcome": outcome, "ok": False, "case": worker.description,
-                              "phase": worker.phase,
-                              "detail": (f"no result after {config.timeout:.0f} s" if hang
-                                         else _signal_name(returncode)),
-                              "stderr": stderr, **({"why": why} if why and not hang else {})}
+            results[index] = {
+                "outcome": outcome,
+                "ok": False,
+                "case": worker.description,
+                "phase": worker.phase,
+                "detail": (f"no result after {config.timeout:.0f} s" if hang else _signal_name(returncode)),
+                "stderr": stderr,
+                **({"why": why} if why and not hang else {}),
+            }
             resume = index + 1
         elif returncode != 0 and not hang:
             if not worker.ready:
                 startup_failures += 1
                 if startup_failures >= 3:
-                    raise RuntimeError(f"workers fail to start ({_signal_name(returncode)}):\n"
-                                       f"{_stderr_since(worker.stderr, 0)}")
-            extra_failures.append({"outcome": "worker-exit", "ok": False, "case": None,
-                                   "detail": f"{_signal_name(returncode)} after case {resume - 1}",
-                                   "stderr": _stderr_since(worker.stderr, 0)})
+                    raise RuntimeError(
+                        f"workers fail to start ({_signal_name(returncode)}):\n{_stderr_since(worker.stderr, 0)}"
+                    )
+            extra_failures.append(
+                {
+                    "outcome": "worker-exit",
+                    "ok": False,
+                    "case": None,
+                    "detail": f"{_signal_name(returncode)} after case {resume - 1}",
+                    "stderr": _stderr_since(worker.stderr, 0),
+                }
+            )
         elif hang:
-            raise RuntimeError(f"a worker did not start within {config.startup_timeout:.0f} s:\n"
-                               f"{_stderr_since(worker.stderr, 0)}")
+            raise RuntimeError(
+                f"a worker did not start within {config.startup_timeout:.0f} s:\n{_stderr_since(worker.stderr, 0)}"
+            )
         if worker.ready:
             startup_failures = 0
         if resume < worker.stop:
@@ -1445,9 +1625,12 @@ def run_cases(config: FuzzConfig, bases_dir: Path, build: str,
             while pending and len(active) < config.workers:
                 spawn(*pending.pop(0))
             now = time.monotonic()
-            deadlines = [w.started_at + config.timeout if w.current is not None
-                         else (w.spawned_at + config.startup_timeout if not w.ready else math.inf)
-                         for w in active]
+            deadlines = [
+                w.started_at + config.timeout
+                if w.current is not None
+                else (w.spawned_at + config.startup_timeout if not w.ready else math.inf)
+                for w in active
+            ]
             wait = max(0.0, min(deadlines, default=1.0) - now)
             for key, _ in selector.select(timeout=min(wait, 5.0)):
                 worker = cast(Worker, key.data)
@@ -1462,9 +1645,9 @@ def run_cases(config: FuzzConfig, bases_dir: Path, build: str,
                     handle(worker, line)
             now = time.monotonic()
             for worker in list(active):
-                if worker.current is not None and now - worker.started_at > config.timeout:
-                    finish(worker, hang=True)
-                elif not worker.ready and now - worker.spawned_at > config.startup_timeout:
+                if (worker.current is not None and now - worker.started_at > config.timeout) or (
+                    not worker.ready and now - worker.spawned_at > config.startup_timeout
+                ):
                     finish(worker, hang=True)
             if now - last_report > 30:
                 last_report = now
@@ -1479,14 +1662,18 @@ def run_cases(config: FuzzConfig, bases_dir: Path, build: str,
         results[-1 - number] = failure
     if builds - {build}:
         results[-1 - len(extra_failures)] = {
-            "outcome": "build-changed", "ok": False, "case": None,
+            "outcome": "build-changed",
+            "ok": False,
+            "case": None,
             "detail": f"workers ran native builds {sorted(builds)}, the bases were made by {build}: "
-                      "the extension was rebuilt during the run; run again"}
+            "the extension was rebuilt during the run; run again",
+        }
     return results
 
 
-def summarize(results: dict[int, dict[str, Any]], config: FuzzConfig, elapsed: float,
-              manifest: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    results: dict[int, dict[str, Any]], config: FuzzConfig, elapsed: float, manifest: dict[str, Any]
+) -> dict[str, Any]:
     outcomes = Counter(r["outcome"] for index, r in results.items() if index >= 0)
     loads = Counter(r["load"] for r in results.values() if "load" in r)
     failing = sorted((index, r) for index, r in results.items() if not r["ok"])
@@ -1524,20 +1711,25 @@ def summarize(results: dict[int, dict[str, Any]], config: FuzzConfig, elapsed: f
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"checkpoint fuzz: {summary['cases']} cases, seed {summary['seed']}, "
-             f"format v{'/v'.join(map(str, summary['format_versions']))}, {len(summary['bases'])} bases, "
-             f"{summary['elapsed_s']} s"]
+    lines = [
+        f"checkpoint fuzz: {summary['cases']} cases, seed {summary['seed']}, "
+        f"format v{'/v'.join(map(str, summary['format_versions']))}, {len(summary['bases'])} bases, "
+        f"{summary['elapsed_s']} s"
+    ]
     lines += [f"  base warning: {w}" for w in summary["base_warnings"]]
-    lines += [f"  BASE REFUSED (run left out): {r['run']}-b{r['boundary']}: {r['error']}"
-              for r in summary["refused_bases"]]
+    lines += [
+        f"  BASE REFUSED (run left out): {r['run']}-b{r['boundary']}: {r['error']}" for r in summary["refused_bases"]
+    ]
     lines.append("  outcomes:")
     lines += [f"    {count:7d}  {outcome}" for outcome, count in summary["outcomes"].items()]
     if summary["load_outcomes"]:
         lines.append("  Generator.load outcomes (sampled cases):")
         lines += [f"    {count:7d}  {outcome}" for outcome, count in summary["load_outcomes"].items()]
     lines.append("  mean ms per case: " + ", ".join(f"{k} {v}" for k, v in summary["mean_ms_by_family"].items()))
-    lines.append(f"  crashes {summary['crashes']}, hangs {summary['hangs']}, untyped errors {summary['untyped']}, "
-                 f"unexpected accepts {summary['unexpected_accepts']}, failing cases {summary['failed']}")
+    lines.append(
+        f"  crashes {summary['crashes']}, hangs {summary['hangs']}, untyped errors {summary['untyped']}, "
+        f"unexpected accepts {summary['unexpected_accepts']}, failing cases {summary['failed']}"
+    )
     if summary["failures"]:
         lines.append("  failing by class:")
         lines += [f"    {count:7d}  {failure}" for failure, count in summary["failures"].items()]
@@ -1549,23 +1741,29 @@ def format_summary(summary: dict[str, Any]) -> str:
                 continue
             seen.add(key)
             description = case.get("case") or {}
-            lines.append(f"    #{case['index']} {key}: {description.get('base')} {description.get('class')} "
-                         f"[{description.get('detail')}] expect {description.get('expect')}"
-                         f"{' (' + str(description.get('why')) + ')' if description.get('why') else ''}"
-                         f"{' phase ' + case['phase'] if case.get('phase') else ''}: "
-                         f"{_short(case.get('detail') or case.get('load_detail') or '', 160)}"
-                         f"{' -- ' + case['why'] if case.get('why') else ''}")
+            lines.append(
+                f"    #{case['index']} {key}: {description.get('base')} {description.get('class')} "
+                f"[{description.get('detail')}] expect {description.get('expect')}"
+                f"{' (' + str(description.get('why')) + ')' if description.get('why') else ''}"
+                f"{' phase ' + case['phase'] if case.get('phase') else ''}: "
+                f"{_short(case.get('detail') or case.get('load_detail') or '', 160)}"
+                f"{' -- ' + case['why'] if case.get('why') else ''}"
+            )
     return "\n".join(lines)
 
 
-def prepare_bases(directory: Path, tiny: dict[str, Path] | None, smollm2: Path | None,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+def prepare_bases(
+    directory: Path, tiny: dict[str, Path] | None, smollm2: Path | None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """The bases in ``directory``: reused when built by this native build, else built."""
     manifest_path = directory / "manifest.json"
     if manifest_path.exists():
         manifest = cast(dict[str, Any], json.loads(manifest_path.read_text()))
-        if manifest.get("build") == native_build_id() and bool(manifest.get("smollm2")) == bool(smollm2) and \
-                all(Path(p).exists() for p in manifest["models"].values()):
+        if (
+            manifest.get("build") == native_build_id()
+            and bool(manifest.get("smollm2")) == bool(smollm2)
+            and all(Path(p).exists() for p in manifest["models"].values())
+        ):
             log(f"reusing the base checkpoints in {directory}")
             return manifest
         shutil.rmtree(directory)  # ours (it has our manifest), built by another native build
@@ -1576,9 +1774,15 @@ def prepare_bases(directory: Path, tiny: dict[str, Path] | None, smollm2: Path |
     return build_bases(directory, tiny, smollm2, log)
 
 
-def fuzz(config: FuzzConfig, *, tiny: dict[str, Path] | None = None, smollm2: Path | None = None,
-         bases_dir: Path | None = None, cases_log: Path | None = None,
-         log: Callable[[str], None] = print) -> dict[str, Any]:
+def fuzz(
+    config: FuzzConfig,
+    *,
+    tiny: dict[str, Path] | None = None,
+    smollm2: Path | None = None,
+    bases_dir: Path | None = None,
+    cases_log: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Build (or reuse) the bases, run the cases, and summarize."""
     started = time.monotonic()
     scratch = None
@@ -1608,10 +1812,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smollm2-share", type=float, default=0.2,
-                        help="share of the cases over SmolLM2 bases (0: no SmolLM2)")
-    parser.add_argument("--load-share", type=float, default=0.15,
-                        help="share of the cases also loaded into a fresh generator")
+    parser.add_argument(
+        "--smollm2-share", type=float, default=0.2, help="share of the cases over SmolLM2 bases (0: no SmolLM2)"
+    )
+    parser.add_argument(
+        "--load-share", type=float, default=0.15, help="share of the cases also loaded into a fresh generator"
+    )
     parser.add_argument("--memory-limit-mb", type=int, default=4096, help="address-space limit per worker")
     if argv and argv[0] == "worker":
         parser.add_argument("worker")
@@ -1626,16 +1832,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bases", type=Path, help="keep (and reuse) the base checkpoints here")
     parser.add_argument("--cases-log", type=Path, help="write every case's record here (JSON lines)")
     args = parser.parse_args(argv)
-    config = FuzzConfig(cases=args.cases, seed=args.seed, workers=args.workers, timeout=args.timeout,
-                        smollm2_share=args.smollm2_share, load_share=args.load_share,
-                        memory_limit_mb=args.memory_limit_mb)
+    config = FuzzConfig(
+        cases=args.cases,
+        seed=args.seed,
+        workers=args.workers,
+        timeout=args.timeout,
+        smollm2_share=args.smollm2_share,
+        load_share=args.load_share,
+        memory_limit_mb=args.memory_limit_mb,
+    )
     smollm2 = None
     if args.smollm2_share > 0:
         from specstate.smollm2 import smollm2_path
 
         smollm2 = smollm2_path()
-    summary = fuzz(config, smollm2=smollm2, bases_dir=args.bases.resolve() if args.bases else None,
-                   cases_log=args.cases_log)
+    summary = fuzz(
+        config, smollm2=smollm2, bases_dir=args.bases.resolve() if args.bases else None, cases_log=args.cases_log
+    )
     print(format_summary(summary))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,16 @@ def tiny_generator(mode: str, paths: dict[str, Path], *, sampled: bool = False, 
         draft = Model(paths["llama"])
     elif mode == "eagle3":
         draft = Model(paths["eagle3_draft"])
-    return Generator(target, mode=cast(Mode, mode), draft_model=draft, n_ctx=TINY_CTX, n_batch=64,
-                     n_draft=n_draft, n_threads=1, **sampling(sampled))
+    return Generator(
+        target,
+        mode=cast(Mode, mode),
+        draft_model=draft,
+        n_ctx=TINY_CTX,
+        n_batch=64,
+        n_draft=n_draft,
+        n_threads=1,
+        **sampling(sampled),
+    )
 
 
 def sampling(sampled: bool) -> dict[str, Any]:

@@ -66,8 +66,6 @@ share the embedding, head and successor map.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -76,6 +74,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import numpy.typing as npt
+
+from gguf_files import gguf_writer
 
 __all__ = [
     "BOS_ID",
@@ -338,25 +338,11 @@ class _Tensors:
 def _write(path: Path, arch: str, fill_metadata: _MetadataFill, tensors: _Tensors) -> Path:
     """Write one GGUF file atomically (temp file in the same folder, then rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
+    with gguf_writer(path, arch) as writer:
         fill_metadata(writer)
         VOCAB.write_to(writer)
         for name, array in tensors.items:
             writer.add_tensor(name, array)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 
@@ -395,16 +381,28 @@ class _MetadataFill:
             writer.add_array(key, values)
 
 
-def _common_metadata(
-    arch: str, *, n_layer_all: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int, rope_dims: int
-) -> _MetadataFill:
+@dataclass(frozen=True)
+class _Sizes:
+    """The widths of a model's blocks (checked by :func:`_check_sizes`)."""
+
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def _common_metadata(arch: str, sizes: _Sizes, *, n_layer_all: int, rope_dims: int) -> _MetadataFill:
     meta = _MetadataFill(arch)
     meta.uint32("context_length", _CONTEXT_LENGTH)
-    meta.uint32("embedding_length", n_embd)
+    meta.uint32("embedding_length", sizes.n_embd)
     meta.uint32("block_count", n_layer_all)
-    meta.uint32("feed_forward_length", n_ff)
-    meta.uint32("attention.head_count", n_head)
-    meta.uint32("attention.head_count_kv", n_head_kv)
+    meta.uint32("feed_forward_length", sizes.n_ff)
+    meta.uint32("attention.head_count", sizes.n_head)
+    meta.uint32("attention.head_count_kv", sizes.n_head_kv)
     meta.float32("attention.layer_norm_rms_epsilon", _RMS_EPS)
     meta.float32("rope.freq_base", 10000.0)
     meta.uint32("rope.dimension_count", rope_dims)
@@ -426,17 +424,16 @@ def _ones(n: int, value: float = 1.0) -> F32:
     return np.full((n,), value, dtype=np.float32)
 
 
-def _check_sizes(n_embd: int, n_head: int, n_head_kv: int) -> int:
+def _check_sizes(n_embd: int, n_head: int, n_head_kv: int, n_ff: int) -> _Sizes:
     if n_embd <= 0 or n_head <= 0 or n_head_kv <= 0:
         raise ValueError("sizes must be positive")
     if n_embd % n_head != 0:
         raise ValueError("n_embd must be a multiple of n_head")
     if n_head % n_head_kv != 0:
         raise ValueError("n_head must be a multiple of n_head_kv")
-    head_dim = n_embd // n_head
-    if head_dim % 2 != 0:
+    if (n_embd // n_head) % 2 != 0:
         raise ValueError("head width must be even for RoPE")
-    return head_dim
+    return _Sizes(n_embd, n_head, n_head_kv, n_ff)
 
 
 def _check_seed(seed: int) -> int:
@@ -458,6 +455,27 @@ def _check_noise(noise: float, n_embd: int) -> float:
     return noise * math.sqrt(n_embd / 64)
 
 
+def _embedding_and_head(t: _Tensors, structure: _Structure) -> None:
+    """The shared token embedding, the output norm and the shared output head."""
+    t.add("token_embd.weight", structure.embedding)
+    t.add("output_norm.weight", _ones(structure.embedding.shape[1], _LOGIT_SCALE))
+    t.add("output.weight", structure.head)
+
+
+def _attention(
+    t: _Tensors, rng: np.random.Generator, il: int, sizes: _Sizes, noise: float, *, gated: bool = False
+) -> None:
+    """A block's attention tensors; ``gated`` (Qwen3.5): Q carries the output gate, Q and K are normalised."""
+    n_q = (2 if gated else 1) * sizes.n_head * sizes.head_dim
+    t.add(f"blk.{il}.attn_q.weight", _dense(rng, n_q, sizes.n_embd))
+    t.add(f"blk.{il}.attn_k.weight", _dense(rng, sizes.n_head_kv * sizes.head_dim, sizes.n_embd))
+    t.add(f"blk.{il}.attn_v.weight", _dense(rng, sizes.n_head_kv * sizes.head_dim, sizes.n_embd))
+    t.add(f"blk.{il}.attn_output.weight", _dense(rng, sizes.n_embd, sizes.n_head * sizes.head_dim, noise))
+    if gated:
+        t.add(f"blk.{il}.attn_q_norm.weight", _ones(sizes.head_dim))
+        t.add(f"blk.{il}.attn_k_norm.weight", _ones(sizes.head_dim))
+
+
 def _ffn(tensors: _Tensors, rng: np.random.Generator, il: int, n_embd: int, n_ff: int, down_scale: float) -> None:
     """SwiGLU FFN tensors; ``down_scale`` is the output's rms for a unit-rms input."""
     tensors.add(f"blk.{il}.ffn_gate.weight", _dense(rng, n_ff, n_embd))
@@ -470,24 +488,15 @@ def _ffn(tensors: _Tensors, rng: np.random.Generator, il: int, n_embd: int, n_ff
 # --------------------------------------------------------------------------
 
 
-def _llama_tensors(
-    seed: int, *, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, noise: float
-) -> _Tensors:
-    head_dim = _check_sizes(n_embd, n_head, n_head_kv)
-    structure = _structure(seed, n_embd)
+def _llama_tensors(seed: int, n_layer: int, sizes: _Sizes, noise: float) -> _Tensors:
     rng = np.random.default_rng([seed, _STREAM_LLAMA])
     t = _Tensors()
-    t.add("token_embd.weight", structure.embedding)
-    t.add("output_norm.weight", _ones(n_embd, _LOGIT_SCALE))
-    t.add("output.weight", structure.head)
+    _embedding_and_head(t, _structure(seed, sizes.n_embd))
     for il in range(n_layer):
-        t.add(f"blk.{il}.attn_norm.weight", _ones(n_embd))
-        t.add(f"blk.{il}.attn_q.weight", _dense(rng, n_head * head_dim, n_embd))
-        t.add(f"blk.{il}.attn_k.weight", _dense(rng, n_head_kv * head_dim, n_embd))
-        t.add(f"blk.{il}.attn_v.weight", _dense(rng, n_head_kv * head_dim, n_embd))
-        t.add(f"blk.{il}.attn_output.weight", _dense(rng, n_embd, n_head * head_dim, noise))
-        t.add(f"blk.{il}.ffn_norm.weight", _ones(n_embd))
-        _ffn(t, rng, il, n_embd, n_ff, _FFN_SHARE * noise)
+        t.add(f"blk.{il}.attn_norm.weight", _ones(sizes.n_embd))
+        _attention(t, rng, il, sizes, noise)
+        t.add(f"blk.{il}.ffn_norm.weight", _ones(sizes.n_embd))
+        _ffn(t, rng, il, sizes.n_embd, sizes.n_ff, _FFN_SHARE * noise)
     return t
 
 
@@ -510,23 +519,12 @@ def build_llama(
     scales every block's attention-output and FFN-down projections.
     """
     seed = _check_seed(seed)
-    head_dim = _check_sizes(n_embd, n_head, n_head_kv)
+    sizes = _check_sizes(n_embd, n_head, n_head_kv, n_ff)
     noise = _check_noise(noise, n_embd)
     if n_layer <= 0 or n_ff <= 0:
         raise ValueError("n_layer and n_ff must be positive")
-    tensors = _llama_tensors(
-        seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, noise=noise
-    )
-    meta = _common_metadata(
-        "llama",
-        n_layer_all=n_layer,
-        n_embd=n_embd,
-        n_ff=n_ff,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        rope_dims=head_dim,
-    )
-    return _write(path, "llama", meta, tensors)
+    meta = _common_metadata("llama", sizes, n_layer_all=n_layer, rope_dims=sizes.head_dim)
+    return _write(path, "llama", meta, _llama_tensors(seed, n_layer, sizes, noise))
 
 
 # --------------------------------------------------------------------------
@@ -534,24 +532,95 @@ def build_llama(
 # --------------------------------------------------------------------------
 
 
-def _qwen35_attention(
-    t: _Tensors,
-    rng: np.random.Generator,
-    il: int,
-    *,
-    n_embd: int,
-    n_head: int,
-    n_head_kv: int,
-    head_dim: int,
-    noise: float,
-) -> None:
-    """A full-attention Qwen3.5 block's attention tensors (Q carries the output gate)."""
-    t.add(f"blk.{il}.attn_q.weight", _dense(rng, 2 * n_head * head_dim, n_embd))
-    t.add(f"blk.{il}.attn_k.weight", _dense(rng, n_head_kv * head_dim, n_embd))
-    t.add(f"blk.{il}.attn_v.weight", _dense(rng, n_head_kv * head_dim, n_embd))
-    t.add(f"blk.{il}.attn_output.weight", _dense(rng, n_embd, n_head * head_dim, noise))
-    t.add(f"blk.{il}.attn_q_norm.weight", _ones(head_dim))
-    t.add(f"blk.{il}.attn_k_norm.weight", _ones(head_dim))
+@dataclass(frozen=True)
+class _Ssm:
+    """The gated-delta-net sizes of a Qwen3.5 model."""
+
+    state_size: int
+    group_count: int  # key heads
+    time_step_rank: int  # value heads
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.state_size * self.group_count
+
+    @property
+    def value_dim(self) -> int:  # == ssm.inner_size
+        return self.state_size * self.time_step_rank
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+def _gated_delta_net(t: _Tensors, rng: np.random.Generator, il: int, n_embd: int, ssm: _Ssm, noise: float) -> None:
+    """A recurrent Qwen3.5 block's gated-delta-net tensors."""
+    t.add(f"blk.{il}.attn_qkv.weight", _dense(rng, ssm.conv_dim, n_embd))
+    t.add(f"blk.{il}.attn_gate.weight", _dense(rng, ssm.value_dim, n_embd))
+    t.add(f"blk.{il}.ssm_conv1d.weight", _dense(rng, ssm.conv_dim, ssm.conv_kernel))
+    t.add(f"blk.{il}.ssm_dt.bias", (rng.standard_normal(ssm.time_step_rank) * 0.5).astype(np.float32))
+    t.add(f"blk.{il}.ssm_a", (-rng.uniform(0.5, 1.5, ssm.time_step_rank)).astype(np.float32))
+    t.add(f"blk.{il}.ssm_beta.weight", _dense(rng, ssm.time_step_rank, n_embd))
+    t.add(f"blk.{il}.ssm_alpha.weight", _dense(rng, ssm.time_step_rank, n_embd))
+    t.add(f"blk.{il}.ssm_norm.weight", _ones(ssm.state_size))
+    t.add(f"blk.{il}.ssm_out.weight", _dense(rng, n_embd, ssm.value_dim, noise))
+
+
+def _qwen35_mtp_block(t: _Tensors, rng: np.random.Generator, il: int, sizes: _Sizes, mtp_noise: float) -> None:
+    """The MTP block: a full-attention block behind eh_proj.
+
+    It shares the trunk's token embedding, output norm and output head (no
+    nextn.embed_tokens / nextn.shared_head_* tensors).
+    """
+    n_embd = sizes.n_embd
+    t.add(f"blk.{il}.attn_norm.weight", _ones(n_embd))
+    t.add(f"blk.{il}.post_attention_norm.weight", _ones(n_embd))
+    _attention(t, rng, il, sizes, mtp_noise, gated=True)
+    _ffn(t, rng, il, n_embd, sizes.n_ff, _FFN_SHARE * mtp_noise)
+    # eh_proj @ concat(enorm(embedding), hnorm(hidden)): identity on the
+    # embedding half, a noise-scaled random map on the hidden half.
+    eh_proj = np.concatenate([np.eye(n_embd, dtype=np.float32), _dense(rng, n_embd, n_embd, mtp_noise)], axis=1)
+    t.add(f"blk.{il}.nextn.eh_proj.weight", eh_proj)
+    t.add(f"blk.{il}.nextn.enorm.weight", _ones(n_embd))
+    t.add(f"blk.{il}.nextn.hnorm.weight", _ones(n_embd))
+
+
+def _qwen35_tensors(
+    seed: int, n_layer: int, sizes: _Sizes, ssm: _Ssm, full_attention_interval: int, noise: float, mtp_noise: float
+) -> _Tensors:
+    """The trunk (gated delta net, full attention every ``full_attention_interval``-th block) and the MTP block."""
+    rng = np.random.default_rng([seed, _STREAM_QWEN35])
+    t = _Tensors()
+    _embedding_and_head(t, _structure(seed, sizes.n_embd))
+    for il in range(n_layer):
+        t.add(f"blk.{il}.attn_norm.weight", _ones(sizes.n_embd))
+        t.add(f"blk.{il}.post_attention_norm.weight", _ones(sizes.n_embd))
+        if (il + 1) % full_attention_interval == 0:
+            _attention(t, rng, il, sizes, noise, gated=True)
+        else:
+            _gated_delta_net(t, rng, il, sizes.n_embd, ssm, noise)
+        _ffn(t, rng, il, sizes.n_embd, sizes.n_ff, _FFN_SHARE * noise)
+    _qwen35_mtp_block(t, rng, n_layer, sizes, mtp_noise)
+    return t
+
+
+def _qwen35_metadata(n_layer: int, sizes: _Sizes, ssm: _Ssm, full_attention_interval: int) -> _MetadataFill:
+    # RoPE over half of each head (as Qwen3.5 does); the M-RoPE sections count
+    # rotated pairs, split about 2:1:1:0 (text positions are equal in all four).
+    rope_dims = sizes.head_dim // 2
+    pairs = rope_dims // 2
+    sections = [pairs - 2 * (pairs // 4), pairs // 4, pairs // 4, 0]
+    meta = _common_metadata("qwen35", sizes, n_layer_all=n_layer + 1, rope_dims=rope_dims)
+    meta.uint32("nextn_predict_layers", 1)
+    meta.uint32("full_attention_interval", full_attention_interval)
+    meta.int32_array("rope.dimension_sections", sections)
+    meta.uint32("ssm.conv_kernel", ssm.conv_kernel)
+    meta.uint32("ssm.state_size", ssm.state_size)
+    meta.uint32("ssm.group_count", ssm.group_count)
+    meta.uint32("ssm.time_step_rank", ssm.time_step_rank)
+    meta.uint32("ssm.inner_size", ssm.value_dim)
+    return meta
 
 
 def build_qwen35_mtp(
@@ -586,90 +655,18 @@ def build_qwen35_mtp(
     aborts the process in a ``GGML_ASSERT`` (qwen35.cpp, missing eh_proj).
     """
     seed = _check_seed(seed)
-    head_dim = _check_sizes(n_embd, n_head, n_head_kv)
+    sizes = _check_sizes(n_embd, n_head, n_head_kv, n_ff)
     noise = _check_noise(noise, n_embd)
     mtp_noise = _MTP_GAIN * _check_noise(draft_noise, n_embd)
     if n_layer <= 0 or n_ff <= 0 or full_attention_interval <= 0:
         raise ValueError("n_layer, n_ff and full_attention_interval must be positive")
     if ssm_time_step_rank % ssm_group_count != 0:
         raise ValueError("ssm_time_step_rank must be a multiple of ssm_group_count")
-    if head_dim % 4 != 0:
+    if sizes.head_dim % 4 != 0:
         raise ValueError("head width must be a multiple of 4 (RoPE over half of it)")
-
-    d_state = ssm_state_size
-    n_k_heads = ssm_group_count
-    n_v_heads = ssm_time_step_rank
-    key_dim = d_state * n_k_heads
-    value_dim = d_state * n_v_heads  # == ssm.inner_size
-    conv_dim = 2 * key_dim + value_dim
-
-    # RoPE over half of each head (as Qwen3.5 does); the M-RoPE sections count
-    # rotated pairs, split about 2:1:1:0 (text positions are equal in all four).
-    rope_dims = head_dim // 2
-    pairs = rope_dims // 2
-    sections = [pairs - 2 * (pairs // 4), pairs // 4, pairs // 4, 0]
-
-    structure = _structure(seed, n_embd)
-    rng = np.random.default_rng([seed, _STREAM_QWEN35])
-    t = _Tensors()
-    t.add("token_embd.weight", structure.embedding)
-    t.add("output_norm.weight", _ones(n_embd, _LOGIT_SCALE))
-    t.add("output.weight", structure.head)
-
-    for il in range(n_layer):
-        t.add(f"blk.{il}.attn_norm.weight", _ones(n_embd))
-        t.add(f"blk.{il}.post_attention_norm.weight", _ones(n_embd))
-        if (il + 1) % full_attention_interval == 0:
-            _qwen35_attention(
-                t, rng, il, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, noise=noise
-            )
-        else:
-            t.add(f"blk.{il}.attn_qkv.weight", _dense(rng, conv_dim, n_embd))
-            t.add(f"blk.{il}.attn_gate.weight", _dense(rng, value_dim, n_embd))
-            t.add(f"blk.{il}.ssm_conv1d.weight", _dense(rng, conv_dim, ssm_conv_kernel))
-            t.add(f"blk.{il}.ssm_dt.bias", (rng.standard_normal(n_v_heads) * 0.5).astype(np.float32))
-            t.add(f"blk.{il}.ssm_a", (-rng.uniform(0.5, 1.5, n_v_heads)).astype(np.float32))
-            t.add(f"blk.{il}.ssm_beta.weight", _dense(rng, n_v_heads, n_embd))
-            t.add(f"blk.{il}.ssm_alpha.weight", _dense(rng, n_v_heads, n_embd))
-            t.add(f"blk.{il}.ssm_norm.weight", _ones(d_state))
-            t.add(f"blk.{il}.ssm_out.weight", _dense(rng, n_embd, value_dim, noise))
-        _ffn(t, rng, il, n_embd, n_ff, _FFN_SHARE * noise)
-
-    # The MTP block: a full-attention block behind eh_proj, sharing the trunk's
-    # token embedding, output norm and output head (no nextn.embed_tokens /
-    # nextn.shared_head_* tensors).
-    il = n_layer
-    t.add(f"blk.{il}.attn_norm.weight", _ones(n_embd))
-    t.add(f"blk.{il}.post_attention_norm.weight", _ones(n_embd))
-    _qwen35_attention(
-        t, rng, il, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, noise=mtp_noise
-    )
-    _ffn(t, rng, il, n_embd, n_ff, _FFN_SHARE * mtp_noise)
-    # eh_proj @ concat(enorm(embedding), hnorm(hidden)): identity on the
-    # embedding half, a noise-scaled random map on the hidden half.
-    eh_proj = np.concatenate([np.eye(n_embd, dtype=np.float32), _dense(rng, n_embd, n_embd, mtp_noise)], axis=1)
-    t.add(f"blk.{il}.nextn.eh_proj.weight", eh_proj)
-    t.add(f"blk.{il}.nextn.enorm.weight", _ones(n_embd))
-    t.add(f"blk.{il}.nextn.hnorm.weight", _ones(n_embd))
-
-    meta = _common_metadata(
-        "qwen35",
-        n_layer_all=n_layer + 1,
-        n_embd=n_embd,
-        n_ff=n_ff,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        rope_dims=rope_dims,
-    )
-    meta.uint32("nextn_predict_layers", 1)
-    meta.uint32("full_attention_interval", full_attention_interval)
-    meta.int32_array("rope.dimension_sections", sections)
-    meta.uint32("ssm.conv_kernel", ssm_conv_kernel)
-    meta.uint32("ssm.state_size", d_state)
-    meta.uint32("ssm.group_count", n_k_heads)
-    meta.uint32("ssm.time_step_rank", n_v_heads)
-    meta.uint32("ssm.inner_size", value_dim)
-    return _write(path, "qwen35", meta, t)
+    ssm = _Ssm(ssm_state_size, ssm_group_count, ssm_time_step_rank, ssm_conv_kernel)
+    tensors = _qwen35_tensors(seed, n_layer, sizes, ssm, full_attention_interval, noise, mtp_noise)
+    return _write(path, "qwen35", _qwen35_metadata(n_layer, sizes, ssm, full_attention_interval), tensors)
 
 
 # --------------------------------------------------------------------------
@@ -691,6 +688,36 @@ _EAGLE3_G_MAX = 0.9
 # Random parts of the draft's Q and attention output, per unit of scaled noise.
 _EAGLE3_Q_SHARE = 0.5
 _EAGLE3_O_SHARE = 0.5
+
+
+def _eagle3_tensors(seed: int, sizes: _Sizes, draft_noise: float, own_head: bool) -> _Tensors:
+    """The draft's fused-feature projection and its one decoder block (``draft_noise`` scaled)."""
+    n_embd, dn = sizes.n_embd, draft_noise
+    structure = _structure(seed, n_embd)
+    rng = np.random.default_rng([seed, _STREAM_EAGLE3])
+    eye = np.eye(n_embd, dtype=np.float32)
+    zero = np.zeros((n_embd, n_embd), dtype=np.float32)
+    t = _Tensors()
+    # fc: concat(3 target layer inputs) -> draft width. Its output only enters
+    # through attn_norm_2 (an RMS norm), so its scale is irrelevant.
+    t.add("fc.weight", _dense(rng, n_embd, 3 * n_embd))
+    t.add("output_norm.weight", _ones(n_embd, _LOGIT_SCALE))
+    if own_head:
+        t.add("output.weight", structure.head)
+        t.add("token_embd.weight", structure.embedding)
+    t.add("blk.0.attn_norm.weight", _ones(n_embd))
+    t.add("blk.0.attn_norm_2.weight", _ones(n_embd, min(_EAGLE3_G_MAX, _EAGLE3_G_SHARE * dn)))
+    # Attention input is concat(attn_norm(embedding), attn_norm_2(g)); Q, K and
+    # V read the embedding half only, so each position attends to itself (or
+    # to earlier copies of its token) and V carries its embedding.
+    qk = np.concatenate([eye * _EAGLE3_QK_GAIN, zero], axis=1)
+    t.add("blk.0.attn_q.weight", qk + _dense(rng, n_embd, 2 * n_embd, _EAGLE3_Q_SHARE * dn))
+    t.add("blk.0.attn_k.weight", qk.copy())
+    t.add("blk.0.attn_v.weight", np.concatenate([eye, zero], axis=1))
+    t.add("blk.0.attn_output.weight", eye + _dense(rng, n_embd, n_embd, _EAGLE3_O_SHARE * dn))
+    t.add("blk.0.ffn_norm.weight", _ones(n_embd))
+    _ffn(t, rng, 0, n_embd, sizes.n_ff, dn)
+    return t
 
 
 def build_eagle3_pair(
@@ -739,7 +766,7 @@ def build_eagle3_pair(
     layers = [int(x) for x in target_layers]
     if len(layers) != 3 or any(not 0 <= x < n_layer for x in layers):
         raise ValueError("target_layers must be three layer ids in [0, n_layer)")
-    draft_head_dim = _check_sizes(n_embd, draft_n_head, draft_n_head)
+    draft_sizes = _check_sizes(n_embd, draft_n_head, draft_n_head, draft_n_ff)
 
     build_llama(
         target_path,
@@ -751,43 +778,9 @@ def build_eagle3_pair(
         n_ff=n_ff,
         noise=noise,
     )
-
-    structure = _structure(seed, n_embd)
-    rng = np.random.default_rng([seed, _STREAM_EAGLE3])
-    eye = np.eye(n_embd, dtype=np.float32)
-    zero = np.zeros((n_embd, n_embd), dtype=np.float32)
-    t = _Tensors()
-    # fc: concat(3 target layer inputs) -> draft width. Its output only enters
-    # through attn_norm_2 (an RMS norm), so its scale is irrelevant.
-    t.add("fc.weight", _dense(rng, n_embd, 3 * n_embd))
-    t.add("output_norm.weight", _ones(n_embd, _LOGIT_SCALE))
-    if draft_own_head:
-        t.add("output.weight", structure.head)
-        t.add("token_embd.weight", structure.embedding)
-    t.add("blk.0.attn_norm.weight", _ones(n_embd))
-    t.add("blk.0.attn_norm_2.weight", _ones(n_embd, min(_EAGLE3_G_MAX, _EAGLE3_G_SHARE * dn)))
-    # Attention input is concat(attn_norm(embedding), attn_norm_2(g)); Q, K and
-    # V read the embedding half only, so each position attends to itself (or
-    # to earlier copies of its token) and V carries its embedding.
-    qk = np.concatenate([eye * _EAGLE3_QK_GAIN, zero], axis=1)
-    t.add("blk.0.attn_q.weight", qk + _dense(rng, n_embd, 2 * n_embd, _EAGLE3_Q_SHARE * dn))
-    t.add("blk.0.attn_k.weight", qk.copy())
-    t.add("blk.0.attn_v.weight", np.concatenate([eye, zero], axis=1))
-    t.add("blk.0.attn_output.weight", eye + _dense(rng, n_embd, n_embd, _EAGLE3_O_SHARE * dn))
-    t.add("blk.0.ffn_norm.weight", _ones(n_embd))
-    _ffn(t, rng, 0, n_embd, draft_n_ff, dn)
-
-    meta = _common_metadata(
-        "eagle3",
-        n_layer_all=1,
-        n_embd=n_embd,
-        n_ff=draft_n_ff,
-        n_head=draft_n_head,
-        n_head_kv=draft_n_head,
-        rope_dims=draft_head_dim,
-    )
+    meta = _common_metadata("eagle3", draft_sizes, n_layer_all=1, rope_dims=draft_sizes.head_dim)
     meta.int32_array("target_layers", layers)
     meta.uint32("target_hidden_size", n_embd)
     meta.bool_("norm_before_residual", True)
-    _write(draft_path, "eagle3", meta, t)
+    _write(draft_path, "eagle3", meta, _eagle3_tensors(seed, draft_sizes, dn, draft_own_head))
     return Path(target_path), Path(draft_path)

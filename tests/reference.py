@@ -50,7 +50,7 @@ def error_from_another_thread(call: Callable[[], object]) -> BaseException | Non
     def run() -> None:
         try:
             call()
-        except BaseException as error:  # noqa: BLE001 - returned to the caller
+        except BaseException as error:
             errors.append(error)
 
     worker = threading.Thread(target=run)

@@ -24,13 +24,13 @@ Run ``python tests/smollm2_draft.py OUT.gguf [--n-layers N]`` to build one.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import gguf
+
+from gguf_files import gguf_writer
 
 __all__ = ["DEFAULT_N_LAYERS", "build_smollm2_draft", "draft_tensor_names"]
 
@@ -70,6 +70,61 @@ def _field_value(field: gguf.ReaderField) -> tuple[Any, gguf.GGUFValueType, gguf
     return field.contents(), value_type, None
 
 
+def _architecture(reader: gguf.GGUFReader, source: Path) -> tuple[str, str, int]:
+    """``(architecture, its block-count key, block count)`` of the source model."""
+    arch_field = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    if arch_field is None:
+        raise ValueError(f"{source}: no {gguf.Keys.General.ARCHITECTURE}")
+    arch = str(arch_field.contents())
+    block_count_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
+    block_count_field = reader.get_field(block_count_key)
+    if block_count_field is None:
+        raise ValueError(f"{source}: no {block_count_key}")
+    return arch, block_count_key, int(block_count_field.contents())
+
+
+def _copy_metadata(
+    reader: gguf.GGUFReader, writer: gguf.GGUFWriter, *, block_count_key: str, n_layers: int, name: str, note: str
+) -> None:
+    """Every metadata field of the source but the block count (``n_layers``) and the name, which gets ``note``.
+
+    A source without a name gets ``name`` and the note.
+    """
+    alignment_field = reader.get_field(gguf.Keys.General.ALIGNMENT)
+    if alignment_field is not None:
+        writer.data_alignment = int(alignment_field.contents())
+    for field in reader.fields.values():
+        # Virtual fields (GGUF.*) and the architecture are written by GGUFWriter itself.
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value, value_type, sub_type = _field_value(field)
+        if field.name == block_count_key:
+            value = n_layers
+        elif field.name == gguf.Keys.General.NAME:
+            value = f"{bytes(value).decode('utf-8', 'replace')} {note}"
+        writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
+    if reader.get_field(gguf.Keys.General.NAME) is None:
+        writer.add_name(f"{name} {note}")
+
+
+def _copy_tensors(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, source: Path, n_layers: int) -> None:
+    """The source's tensors a draft of ``n_layers`` blocks keeps, byte for byte in their own types."""
+    kept = 0
+    for tensor in reader.tensors:
+        if not _keep_tensor(tensor.name, n_layers):
+            continue
+        writer.add_tensor(
+            tensor.name,
+            tensor.data,
+            raw_shape=tensor.data.shape,
+            raw_dtype=tensor.tensor_type,
+            tensor_endianess=reader.endianess,
+        )
+        kept += 1
+    if kept == 0:
+        raise ValueError(f"{source}: no tensors to keep")
+
+
 def build_smollm2_draft(source: Path, target: Path, *, n_layers: int = DEFAULT_N_LAYERS) -> Path:
     """Write to ``target`` a copy of ``source`` that keeps only its first ``n_layers`` blocks.
 
@@ -79,61 +134,13 @@ def build_smollm2_draft(source: Path, target: Path, *, n_layers: int = DEFAULT_N
     source = Path(source)
     target = Path(target)
     reader = gguf.GGUFReader(source, "r")
-
-    arch_field = reader.get_field(gguf.Keys.General.ARCHITECTURE)
-    if arch_field is None:
-        raise ValueError(f"{source}: no {gguf.Keys.General.ARCHITECTURE}")
-    arch = str(arch_field.contents())
-    block_count_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
-    block_count_field = reader.get_field(block_count_key)
-    if block_count_field is None:
-        raise ValueError(f"{source}: no {block_count_key}")
-    block_count = int(block_count_field.contents())
+    arch, block_count_key, block_count = _architecture(reader, source)
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= block_count:
         raise ValueError(f"n_layers must be an integer in 1..{block_count}, got {n_layers!r}")
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer = gguf.GGUFWriter(tmp, arch, endianess=reader.endianess)
-        alignment_field = reader.get_field(gguf.Keys.General.ALIGNMENT)
-        if alignment_field is not None:
-            writer.data_alignment = int(alignment_field.contents())
-
-        for field in reader.fields.values():
-            # Virtual fields (GGUF.*) and the architecture are written by GGUFWriter itself.
-            if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-                continue
-            value, value_type, sub_type = _field_value(field)
-            if field.name == block_count_key:
-                value = n_layers
-            elif field.name == gguf.Keys.General.NAME:
-                value = f"{bytes(value).decode('utf-8', 'replace')} (draft: first {n_layers} of {block_count} layers)"
-            writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
-        if reader.get_field(gguf.Keys.General.NAME) is None:
-            writer.add_name(f"{source.stem} (draft: first {n_layers} of {block_count} layers)")
-
-        kept = 0
-        for tensor in reader.tensors:
-            if not _keep_tensor(tensor.name, n_layers):
-                continue
-            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape,
-                              raw_dtype=tensor.tensor_type, tensor_endianess=reader.endianess)
-            kept += 1
-        if kept == 0:
-            raise ValueError(f"{source}: no tensors to keep")
-
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with gguf_writer(target, arch, endianess=reader.endianess) as writer:
+        note = f"(draft: first {n_layers} of {block_count} layers)"
+        _copy_metadata(reader, writer, block_count_key=block_count_key, n_layers=n_layers, name=source.stem, note=note)
+        _copy_tensors(reader, writer, source, n_layers)
     return target
 
 
@@ -142,8 +149,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="Build a layer-truncated SmolLM2-135M-Instruct draft model.")
     parser.add_argument("output", type=Path, help="path of the draft GGUF file to write")
-    parser.add_argument("--n-layers", type=int, default=DEFAULT_N_LAYERS,
-                        help=f"number of leading blocks to keep (default {DEFAULT_N_LAYERS})")
+    parser.add_argument(
+        "--n-layers",
+        type=int,
+        default=DEFAULT_N_LAYERS,
+        help=f"number of leading blocks to keep (default {DEFAULT_N_LAYERS})",
+    )
     args = parser.parse_args(argv)
     path = build_smollm2_draft(smollm2_path(), args.output, n_layers=args.n_layers)
     print(f"{path}: {path.stat().st_size} bytes, {args.n_layers} layers")

@@ -30,21 +30,49 @@ def test_report_renders_every_target_row(tmp_path: Path) -> None:
     from report import markdown, targets, write_report
 
     results = {
-        "threads": 2, "runs": 5, "date": "today", "machine": "x86_64, 2 CPUs", "llama_cpp_python_version": "0.3.36",
+        "threads": 2,
+        "runs": 5,
+        "date": "today",
+        "machine": "x86_64, 2 CPUs",
+        "llama_cpp_python_version": "0.3.36",
         "decode": {"specstate": 100.0, "native_loop": 101.0, "llama_bench": 98.0, "llama_cpp_python": 88.0},
-        "speculation": {"code": {
-            "none": {"tokens_per_s": 100.0, "acceptance": 0.0},
-            "ngram": {"tokens_per_s": 210.0, "acceptance": 0.6, "agreement_with_none": 160},
-            "llama_cpp_python_prompt_lookup": {"tokens_per_s": 70.0, "agreement_with_plain": 40}}},
-        "checkpoints": {"512": {"size": 11_800_000, "state_in_use": 11_790_000, "size_ratio": 1.0008,
-                                "capture_seconds": 0.01, "restore_seconds": 0.01, "prefill_seconds": 2.0,
-                                "llama_cpp_python": {"size": 112_000_000, "save_load_seconds": 0.11}},
-                        "2048": {"size": 47_000_000, "state_in_use": 46_990_000, "size_ratio": 1.0002,
-                                 "capture_seconds": 0.02, "restore_seconds": 0.03, "prefill_seconds": 9.0,
-                                 "llama_cpp_python": {"size": 148_000_000, "save_load_seconds": 0.21}}},
-        "memory": {"generation_peak_rss": 200 * 2**20, "model_file": 98_362_432, "kv_cache": 47_185_920,
-                   "n_ctx": 2048, "over_model_and_kv": 40 * 2**20, "checkpoint_size": 47_000_000,
-                   "capture_extra": 47_500_000, "capture_extra_ratio": 1.01},
+        "speculation": {
+            "code": {
+                "none": {"tokens_per_s": 100.0, "acceptance": 0.0},
+                "ngram": {"tokens_per_s": 210.0, "acceptance": 0.6, "agreement_with_none": 160},
+                "llama_cpp_python_prompt_lookup": {"tokens_per_s": 70.0, "agreement_with_plain": 40},
+            }
+        },
+        "checkpoints": {
+            "512": {
+                "size": 11_800_000,
+                "state_in_use": 11_790_000,
+                "size_ratio": 1.0008,
+                "capture_seconds": 0.01,
+                "restore_seconds": 0.01,
+                "prefill_seconds": 2.0,
+                "llama_cpp_python": {"size": 112_000_000, "save_load_seconds": 0.11},
+            },
+            "2048": {
+                "size": 47_000_000,
+                "state_in_use": 46_990_000,
+                "size_ratio": 1.0002,
+                "capture_seconds": 0.02,
+                "restore_seconds": 0.03,
+                "prefill_seconds": 9.0,
+                "llama_cpp_python": {"size": 148_000_000, "save_load_seconds": 0.21},
+            },
+        },
+        "memory": {
+            "generation_peak_rss": 200 * 2**20,
+            "model_file": 98_362_432,
+            "kv_cache": 47_185_920,
+            "n_ctx": 2048,
+            "over_model_and_kv": 40 * 2**20,
+            "checkpoint_size": 47_000_000,
+            "capture_extra": 47_500_000,
+            "capture_extra_ratio": 1.01,
+        },
         "validators": {"validate_config": 6e6},
     }
     rows = targets(results)

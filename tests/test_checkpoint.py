@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 
 import checkpoint_codec as codec
-
 import specstate
 from generator_support import assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import (
-    CheckpointError,
     ChecksumMismatchError,
     ConfigMismatchError,
     CorruptCheckpointError,
@@ -62,15 +60,15 @@ def checkpoint(mtp_generator: Generator) -> bytes:
 
 def test_a_checkpoint_has_every_section(checkpoint: bytes, tiny_map: dict[str, Path]) -> None:
     info = inspect_checkpoint(checkpoint)
-    names = [name for name, _ in info["sections"]]  # type: ignore[attr-defined]
+    names = [name for name, _ in info["sections"]]
     assert names == ["meta", "state", "tokens", "target_state", "draft_state", "speculative_state"]
     assert checkpoint[:8] == b"SPECSTAT"
     assert info["format_version"] == 2 and info["size"] == len(checkpoint)
-    assert info["config"]["mode"] == "mtp"  # type: ignore[index]
+    assert info["config"]["mode"] == "mtp"
     assert info["llama_cpp_sys_version"] == specstate.native_info()["llama_cpp_sys_version"]
     target = info["target_model"]
     sha, size = specstate.model_fingerprint(Model(tiny_map["qwen35"]))
-    assert (target["file"], target["sha256"], target["size"]) == ("qwen35.gguf", sha, size)  # type: ignore[index]
+    assert (target["file"], target["sha256"], target["size"]) == ("qwen35.gguf", sha, size)
 
 
 def test_every_header_and_table_bit_flip_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
@@ -136,10 +134,12 @@ def test_a_section_too_large_is_refused_before_anything_is_read(mtp_generator: G
 
 def test_corrupt_content_with_a_valid_checksum_is_refused(mtp_generator: Generator, checkpoint: bytes) -> None:
     _, offset, length = table(checkpoint)[0]
-    meta = checkpoint[offset:offset + length]
+    meta = checkpoint[offset : offset + length]
     broken = meta.replace(b'"mode":"mtp"', b'"mode":"xyz"')
     assert broken != meta
-    error = assert_refused_and_unchanged(mtp_generator, reseal(checkpoint[:offset] + broken + checkpoint[offset + length:-4]))
+    error = assert_refused_and_unchanged(
+        mtp_generator, reseal(checkpoint[:offset] + broken + checkpoint[offset + length : -4])
+    )
     assert isinstance(error, CorruptCheckpointError)
 
 
@@ -230,8 +230,18 @@ def test_a_state_llama_cpp_refuses_is_rolled_back(mtp_generator: Generator, chec
 
 def tiny_generator_from(generator: Generator) -> Generator:
     """Another generator with the same mode, configuration and models, in another state."""
-    other = Generator(generator.model, mode="mtp", n_ctx=256, n_batch=64, n_draft=4, n_threads=1,
-                      temperature=1.5, top_k=40, top_p=0.95, seed=1234)
+    other = Generator(
+        generator.model,
+        mode="mtp",
+        n_ctx=256,
+        n_batch=64,
+        n_draft=4,
+        n_threads=1,
+        temperature=1.5,
+        top_k=40,
+        top_p=0.95,
+        seed=1234,
+    )
     other.generate("a different prompt", max_tokens=9)
     return other
 

@@ -17,8 +17,9 @@ from specstate import cli, errors
 
 
 def specstate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specstate", *args], capture_output=True, text=True, timeout=600,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "specstate", *args], capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -36,8 +37,19 @@ def test_generate_save_resume_matches_an_uninterrupted_run(tiny_map: dict[str, P
     full = specstate("generate", "--model", model, *common, "--max-tokens", "60", "--quiet", "hello cli")
     assert full.returncode == 0, full.stderr
     ckpt = tmp_path / "half.ckpt"
-    half = specstate("generate", "--model", model, *common, "--max-tokens", "25", "--save", str(ckpt),
-                     "--checkpoint-every", "10", "hello cli")
+    half = specstate(
+        "generate",
+        "--model",
+        model,
+        *common,
+        "--max-tokens",
+        "25",
+        "--save",
+        str(ckpt),
+        "--checkpoint-every",
+        "10",
+        "hello cli",
+    )
     assert half.returncode == 0, half.stderr
     assert "acceptance" in half.stderr and ckpt.is_file()
     rest = specstate("resume", str(ckpt), "--model", model, "--max-tokens", "35", "--threads", "1", "--quiet")
@@ -49,8 +61,21 @@ def test_resume_finds_the_model_next_to_the_checkpoint(tiny_map: dict[str, Path]
     local = tmp_path / "qwen35.gguf"
     local.write_bytes(tiny_map["qwen35"].read_bytes())
     ckpt = tmp_path / "run.ckpt"
-    made = specstate("generate", "--model", str(local), "--mode", "ngram", "--n-ctx", "256", "--max-tokens", "5",
-                     "--save", str(ckpt), "--quiet", "x")
+    made = specstate(
+        "generate",
+        "--model",
+        str(local),
+        "--mode",
+        "ngram",
+        "--n-ctx",
+        "256",
+        "--max-tokens",
+        "5",
+        "--save",
+        str(ckpt),
+        "--quiet",
+        "x",
+    )
     assert made.returncode == 0, made.stderr
     again = specstate("resume", str(ckpt), "--max-tokens", "5", "--quiet")
     assert again.returncode == 0, again.stderr
@@ -86,7 +111,9 @@ def test_inspect_describes_and_checks_models(tiny_map: dict[str, Path], tmp_path
         (["resume", "{other-model}", "--model", "{tiny}"], "model"),
     ],
 )
-def test_bad_input_gives_one_clear_line(tiny_map: dict[str, Path], tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_gives_one_clear_line(
+    tiny_map: dict[str, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"not a model, not a checkpoint")
     generator = tiny_generator("ngram", tiny_map)
@@ -96,8 +123,12 @@ def test_bad_input_gives_one_clear_line(tiny_map: dict[str, Path], tmp_path: Pat
     truncated.write_bytes(data[: len(data) // 2])
     other = tmp_path / "other.ckpt"
     other.write_bytes(data)
-    values = {"{tiny}": str(tiny_map["llama"]), "{garbage}": str(garbage), "{truncated}": str(truncated),
-              "{other-model}": str(other)}
+    values = {
+        "{tiny}": str(tiny_map["llama"]),
+        "{garbage}": str(garbage),
+        "{truncated}": str(truncated),
+        "{other-model}": str(other),
+    }
     line = one_error_line(specstate(*[values.get(a, a) for a in args]))
     assert line.startswith("specstate: error:") and message in line, line
 
@@ -108,28 +139,28 @@ TINY = ["generate", "--model", "{tiny}"]
 @pytest.mark.parametrize(
     "args,option",
     [
-        (TINY + ["--n-ctx", "-1", "hi"], "--n-ctx"),
-        (TINY + ["--n-ctx", "1", "hi"], "--n-ctx"),
-        (TINY + ["--n-ctx", str(2**32), "hi"], "--n-ctx"),
-        (TINY + ["--n-ctx", "many", "hi"], "--n-ctx"),
-        (TINY + ["--seed", "-1", "hi"], "--seed"),
-        (TINY + ["--seed", str(2**64), "hi"], "--seed"),
-        (TINY + ["--threads", "-1", "hi"], "--threads"),
-        (TINY + ["--threads", str(2**31), "hi"], "--threads"),
-        (TINY + ["--max-tokens", "-5", "hi"], "--max-tokens"),
-        (TINY + ["--checkpoint-every", "0", "--save", "{tmp}/x.ckpt", "hi"], "--checkpoint-every"),
-        (TINY + ["--top-k", "-1", "hi"], "--top-k"),
-        (TINY + ["--top-k", str(2**32), "hi"], "--top-k"),
-        (TINY + ["--temperature", "-0.5", "hi"], "--temperature"),
-        (TINY + ["--temperature", "nan", "hi"], "--temperature"),
-        (TINY + ["--temperature", "inf", "hi"], "--temperature"),
-        (TINY + ["--top-p", "0", "hi"], "--top-p"),
-        (TINY + ["--top-p", "1.5", "hi"], "--top-p"),
-        (TINY + ["--top-p", "nan", "hi"], "--top-p"),
-        (TINY + ["--mode", "ngram", "--n-draft", "0", "hi"], "--n-draft"),
-        (TINY + ["--n-draft", "-1", "hi"], "--n-draft"),
+        ([*TINY, "--n-ctx", "-1", "hi"], "--n-ctx"),
+        ([*TINY, "--n-ctx", "1", "hi"], "--n-ctx"),
+        ([*TINY, "--n-ctx", str(2**32), "hi"], "--n-ctx"),
+        ([*TINY, "--n-ctx", "many", "hi"], "--n-ctx"),
+        ([*TINY, "--seed", "-1", "hi"], "--seed"),
+        ([*TINY, "--seed", str(2**64), "hi"], "--seed"),
+        ([*TINY, "--threads", "-1", "hi"], "--threads"),
+        ([*TINY, "--threads", str(2**31), "hi"], "--threads"),
+        ([*TINY, "--max-tokens", "-5", "hi"], "--max-tokens"),
+        ([*TINY, "--checkpoint-every", "0", "--save", "{tmp}/x.ckpt", "hi"], "--checkpoint-every"),
+        ([*TINY, "--top-k", "-1", "hi"], "--top-k"),
+        ([*TINY, "--top-k", str(2**32), "hi"], "--top-k"),
+        ([*TINY, "--temperature", "-0.5", "hi"], "--temperature"),
+        ([*TINY, "--temperature", "nan", "hi"], "--temperature"),
+        ([*TINY, "--temperature", "inf", "hi"], "--temperature"),
+        ([*TINY, "--top-p", "0", "hi"], "--top-p"),
+        ([*TINY, "--top-p", "1.5", "hi"], "--top-p"),
+        ([*TINY, "--top-p", "nan", "hi"], "--top-p"),
+        ([*TINY, "--mode", "ngram", "--n-draft", "0", "hi"], "--n-draft"),
+        ([*TINY, "--n-draft", "-1", "hi"], "--n-draft"),
         (["resume", "/no/such.ckpt", "--threads", "-1"], "--threads"),
-        (["resume", "/no/such.ckpt", "--max-tokens", str(-2**70)], "--max-tokens"),
+        (["resume", "/no/such.ckpt", "--max-tokens", str(-(2**70))], "--max-tokens"),
         (["bench", "--threads", "0"], "--threads"),
         (["bench", "--runs", "0"], "--runs"),
     ],
@@ -142,32 +173,56 @@ def test_bad_numbers_give_one_line_naming_the_option(
     assert line.startswith("specstate") and option in line, line
 
 
-def test_main_reports_every_failure_as_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_reports_every_failure_as_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert {getattr(errors, name) for name in errors.__all__} <= set(cli.EXPECTED_ERRORS)
     failures = [OverflowError("can't convert negative int to unsigned"), MemoryError(), RuntimeError("boom\x1b[2J")]
     lines = []
     for failure in failures:
+
         def fail(args: object, failure: BaseException = failure) -> None:
             raise failure
+
         monkeypatch.setitem(cli.COMMANDS, "demo", fail)
         assert cli.main(["demo"]) == 2
         lines.append(capsys.readouterr().err)
-    assert lines == ["specstate: error: can't convert negative int to unsigned\n", "specstate: error: MemoryError\n",
-                     "specstate: internal error: RuntimeError: boom\\x1b[2J\n"]
+    assert lines == [
+        "specstate: error: can't convert negative int to unsigned\n",
+        "specstate: error: MemoryError\n",
+        "specstate: internal error: RuntimeError: boom\\x1b[2J\n",
+    ]
     monkeypatch.setenv("SPECSTATE_DEBUG", "1")
     assert cli.main(["demo"]) == 2
     assert "Traceback" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("save,message", [
-    ("missing/run.ckpt", "does not exist"), ("file/run.ckpt", "is not a directory"), (".", "is a directory"),
-])
+@pytest.mark.parametrize(
+    "save,message",
+    [
+        ("missing/run.ckpt", "does not exist"),
+        ("file/run.ckpt", "is not a directory"),
+        (".", "is a directory"),
+    ],
+)
 def test_a_bad_save_path_fails_before_generating(
     tiny_map: dict[str, Path], tmp_path: Path, save: str, message: str
 ) -> None:
     (tmp_path / "file").write_bytes(b"")
-    result = specstate("generate", "--model", str(tiny_map["llama"]), "--max-tokens", "20", "--n-ctx", "256",
-                       "--threads", "1", "--save", str(tmp_path / save), "hi")
+    result = specstate(
+        "generate",
+        "--model",
+        str(tiny_map["llama"]),
+        "--max-tokens",
+        "20",
+        "--n-ctx",
+        "256",
+        "--threads",
+        "1",
+        "--save",
+        str(tmp_path / save),
+        "hi",
+    )
     line = one_error_line(result)
     assert "--save" in line and message in line, line
     assert sorted(os.listdir(tmp_path)) == ["file"]
@@ -195,7 +250,9 @@ NAMES = ["../outside/qwen35.gguf", "{outside}", "..\\outside\\qwen35.gguf"]
 
 
 @pytest.mark.parametrize("file_name", NAMES)
-def test_resume_looks_for_the_model_by_base_name_only(tiny_map: dict[str, Path], tmp_path: Path, file_name: str) -> None:
+def test_resume_looks_for_the_model_by_base_name_only(
+    tiny_map: dict[str, Path], tmp_path: Path, file_name: str
+) -> None:
     checkpoint, neighbour, outside = crafted_run(tiny_map, tmp_path, file_name)
     env = {**os.environ, "SPECSTATE_CACHE": str(tmp_path / "cache")}
     outside.write_bytes(b"not a model: loading it would fail")
@@ -208,11 +265,22 @@ def test_resume_looks_for_the_model_by_base_name_only(tiny_map: dict[str, Path],
     assert "was not found" in line, line
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("qwen35.gguf", "qwen35.gguf"), ("../a/qwen35.gguf", "qwen35.gguf"), ("/abs/qwen35.gguf", "qwen35.gguf"),
-    ("..\\a\\qwen35.gguf", "qwen35.gguf"), ("C:\\models\\qwen35.gguf", "qwen35.gguf"),
-    ("", None), (".", None), ("..", None), ("a/..", None), ("a\\..", None), ("/", None),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("qwen35.gguf", "qwen35.gguf"),
+        ("../a/qwen35.gguf", "qwen35.gguf"),
+        ("/abs/qwen35.gguf", "qwen35.gguf"),
+        ("..\\a\\qwen35.gguf", "qwen35.gguf"),
+        ("C:\\models\\qwen35.gguf", "qwen35.gguf"),
+        ("", None),
+        (".", None),
+        ("..", None),
+        ("a/..", None),
+        ("a\\..", None),
+        ("/", None),
+    ],
+)
 def test_base_name(name: str, expected: str | None) -> None:
     assert cli._base_name(name) == expected
 

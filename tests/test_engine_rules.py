@@ -8,16 +8,21 @@ no error; a round never drafts past what the context can still hold.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from specstate import Context, Eagle3Session, Generator, GreedyGeneration, Model, MtpSession
 
 N_CTX = 256
+SESSION_MODES: list[Literal["mtp", "eagle3"]] = ["mtp", "eagle3"]
 N_DRAFT = 3
 N_BATCH = 8
 
 
-def greedy_generation(kind: str, target_model: Model, draft_model: Model | None, n_ctx: int = N_CTX) -> GreedyGeneration:
+def greedy_generation(
+    kind: str, target_model: Model, draft_model: Model | None, n_ctx: int = N_CTX
+) -> GreedyGeneration:
     """A session built with the contexts ``Generator`` builds for the same settings."""
     rows = dict(n_ctx=n_ctx, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=1)
     slots = dict(n_rs_seq=N_DRAFT) if target_model.is_hybrid else {}
@@ -34,19 +39,31 @@ def models(kind: str, qwen35_model: Model, eagle3_draft_model: Model) -> tuple[M
     return (qwen35_model, None) if kind == "mtp" else (qwen35_model, eagle3_draft_model)
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
-def test_both_entry_points_commit_the_same_tokens(qwen35_model: Model, eagle3_draft_model: Model, kind: str) -> None:
+@pytest.mark.parametrize("kind", SESSION_MODES)
+def test_both_entry_points_commit_the_same_tokens(
+    qwen35_model: Model, eagle3_draft_model: Model, kind: Literal["mtp", "eagle3"]
+) -> None:
     target, draft = models(kind, qwen35_model, eagle3_draft_model)
     prompt = target.tokenize("one engine, two entry points")
     generation = greedy_generation(kind, target, draft)
     generation.prefill(prompt)
     generation.generate(60)
-    generator = Generator(target, mode=kind, draft_model=draft, n_draft=N_DRAFT, n_ctx=N_CTX, n_batch=N_BATCH,  # type: ignore[arg-type]
-                          n_threads=1)
+    generator = Generator(
+        target,
+        mode=kind,
+        draft_model=draft,
+        n_draft=N_DRAFT,
+        n_ctx=N_CTX,
+        n_batch=N_BATCH,
+        n_threads=1,
+    )
     generator.generate(prompt, max_tokens=len(generation.tokens))
     assert generator.tokens == generation.tokens
     assert (generator.rounds, generator.drafted, generator.accepted) == (
-        generation.rounds, generation.n_drafted, generation.n_accepted)
+        generation.rounds,
+        generation.n_drafted,
+        generation.n_accepted,
+    )
 
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
@@ -66,7 +83,9 @@ def test_a_full_context_ends_a_greedy_generation_without_an_error(
 
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
-def test_a_generation_that_ended_commits_nothing_more(qwen35_model: Model, eagle3_draft_model: Model, kind: str) -> None:
+def test_a_generation_that_ended_commits_nothing_more(
+    qwen35_model: Model, eagle3_draft_model: Model, kind: str
+) -> None:
     target, draft = models(kind, qwen35_model, eagle3_draft_model)
     prompt = target.tokenize("an ending")
     generation = greedy_generation(kind, target, draft)
@@ -92,4 +111,6 @@ def test_a_bad_prompt_is_a_value_error_for_both(qwen35_model: Model, prompt: lis
     with pytest.raises(ValueError):
         greedy_generation("mtp", qwen35_model, None).prefill(prompt)
     with pytest.raises(ValueError):
-        Generator(qwen35_model, mode="mtp", n_draft=N_DRAFT, n_ctx=N_CTX, n_batch=N_BATCH).generate(prompt, max_tokens=1)
+        Generator(qwen35_model, mode="mtp", n_draft=N_DRAFT, n_ctx=N_CTX, n_batch=N_BATCH).generate(
+            prompt, max_tokens=1
+        )

@@ -31,8 +31,9 @@ def test_mutated_checkpoints_are_refused_with_typed_errors_or_continue_exactly(
     assert not summary["refused_bases"], report
     assert summary["format_versions"], report
     assert sum(summary["outcomes"].values()) == CI_CASES, report
-    assert (summary["crashes"], summary["hangs"], summary["untyped"], summary["unexpected_accepts"]) == (0, 0, 0, 0), \
+    assert (summary["crashes"], summary["hangs"], summary["untyped"], summary["unexpected_accepts"]) == (0, 0, 0, 0), (
         report
+    )
     assert summary["failed"] == 0, report
 
 

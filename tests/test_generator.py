@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from reference import agreement, plain_greedy
 from generator_support import MODES, TINY_CTX, draft_for, sampling, tiny_generator
+from reference import agreement, plain_greedy
 from specstate import GenerationError, Generator, Model, inspect_checkpoint
 
 TESTS = Path(__file__).resolve().parent
@@ -54,9 +54,7 @@ def smollm2_draft_path(smollm2_file: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
-def test_speculation_on_smollm2_matches_plain_greedy(
-    smollm2: Model, smollm2_draft_path: Path, mode: str
-) -> None:
+def test_speculation_on_smollm2_matches_plain_greedy(smollm2: Model, smollm2_draft_path: Path, mode: str) -> None:
     draft = Model(smollm2_draft_path) if mode == "draft" else None
     prompt = smollm2.tokenize(REPEATING)
     none = Generator(smollm2, n_ctx=1024)
@@ -65,8 +63,10 @@ def test_speculation_on_smollm2_matches_plain_greedy(
     speculative.generate(prompt, max_tokens=128)
     _, gaps = plain_greedy(smollm2, prompt, 128, n_ctx=1024)
     agreed = agreement(speculative.tokens, none.tokens, gaps)
-    print(f"SmolLM2 {mode}: {agreed}/128 tokens agree with none; "
-          f"acceptance {speculative.accepted}/{speculative.drafted} = {speculative.acceptance_rate:.2f}")
+    print(
+        f"SmolLM2 {mode}: {agreed}/128 tokens agree with none; "
+        f"acceptance {speculative.accepted}/{speculative.drafted} = {speculative.acceptance_rate:.2f}"
+    )
     assert speculative.accepted > 0
     assert speculative.rounds < 127
 
@@ -74,8 +74,9 @@ def test_speculation_on_smollm2_matches_plain_greedy(
 # --- exact resume -----------------------------------------------------------------------------------
 
 
-def resume_matches(make: object, prompt: list[int], rounds: int, n_tokens: int,
-                   restore: object) -> tuple[list[int], list[int]]:
+def resume_matches(
+    make: object, prompt: list[int], rounds: int, n_tokens: int, restore: object
+) -> tuple[list[int], list[int]]:
     """Tokens of a run checkpointed after `rounds` rounds and resumed, and of an uninterrupted run."""
     first = make()  # type: ignore[operator]
     first.generate(prompt, max_tokens=1)
@@ -93,8 +94,11 @@ def resume_matches(make: object, prompt: list[int], rounds: int, n_tokens: int,
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("mode", MODES)
-@given(rounds=st.integers(0, 12), n_draft=st.integers(1, 6),
-       text=st.text(alphabet="abcdefgh ij.,", min_size=1, max_size=30))
+@given(
+    rounds=st.integers(0, 12),
+    n_draft=st.integers(1, 6),
+    text=st.text(alphabet="abcdefgh ij.,", min_size=1, max_size=30),
+)
 @settings(max_examples=examples(ci=12, dev=4), deadline=None)
 def test_resume_is_exact_in_every_mode(
     tiny_map: dict[str, Path], mode: str, sampled: bool, rounds: int, n_draft: int, text: str
@@ -104,7 +108,10 @@ def test_resume_is_exact_in_every_mode(
 
     target = Model(tiny_map["qwen35"])
     resumed, uninterrupted = resume_matches(
-        make, target.tokenize(text), rounds, 60,
+        make,
+        target.tokenize(text),
+        rounds,
+        60,
         lambda data: Generator.restore(data, target, draft_model=draft_for(mode, tiny_map), n_threads=1),
     )
     assert resumed == uninterrupted
@@ -121,9 +128,20 @@ def test_resume_in_another_process(tiny_map: dict[str, Path], mode: str, tmp_pat
     path = tmp_path / "generation.ckpt"
     generator.save(path)
     result = subprocess.run(
-        [sys.executable, str(TESTS / "generator_worker.py"), mode, str(tiny_map["qwen35"]), str(tiny_map["llama"]),
-         str(tiny_map["eagle3_draft"]), str(path), "80"],
-        capture_output=True, text=True, check=True, cwd=TESTS,
+        [
+            sys.executable,
+            str(TESTS / "generator_worker.py"),
+            mode,
+            str(tiny_map["qwen35"]),
+            str(tiny_map["llama"]),
+            str(tiny_map["eagle3_draft"]),
+            str(path),
+            "80",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=TESTS,
     )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == reference.tokens
 
@@ -139,14 +157,18 @@ def test_resume_on_smollm2(smollm2: Model, smollm2_draft_path: Path, mode: str, 
         return Generator(smollm2, mode=mode, draft_model=draft, n_ctx=512, **sampling(sampled))  # type: ignore[arg-type]
 
     resumed, uninterrupted = resume_matches(
-        make, smollm2.tokenize(REPEATING), rounds, 48,
+        make,
+        smollm2.tokenize(REPEATING),
+        rounds,
+        48,
         lambda data: Generator.restore(data, smollm2, draft_model=draft),
     )
     assert resumed == uninterrupted
 
 
-def test_smollm2_resume_in_another_process(smollm2: Model, smollm2_file: Path, tmp_path: Path,
-                                           tiny_map: dict[str, Path]) -> None:
+def test_smollm2_resume_in_another_process(
+    smollm2: Model, smollm2_file: Path, tmp_path: Path, tiny_map: dict[str, Path]
+) -> None:
     reference = Generator(smollm2, mode="ngram", n_ctx=512, **sampling(True))
     reference.generate(REPEATING, max_tokens=64)
     generator = Generator(smollm2, mode="ngram", n_ctx=512, **sampling(True))
@@ -154,9 +176,21 @@ def test_smollm2_resume_in_another_process(smollm2: Model, smollm2_file: Path, t
     path = tmp_path / "smollm2.ckpt"
     generator.save(path)
     result = subprocess.run(
-        [sys.executable, str(TESTS / "generator_worker.py"), "ngram", str(tiny_map["qwen35"]), str(tiny_map["llama"]),
-         str(tiny_map["eagle3_draft"]), str(path), "64", str(smollm2_file)],
-        capture_output=True, text=True, check=True, cwd=TESTS,
+        [
+            sys.executable,
+            str(TESTS / "generator_worker.py"),
+            "ngram",
+            str(tiny_map["qwen35"]),
+            str(tiny_map["llama"]),
+            str(tiny_map["eagle3_draft"]),
+            str(path),
+            "64",
+            str(smollm2_file),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=TESTS,
     )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == reference.tokens
 
@@ -261,10 +295,10 @@ def test_checkpoint_size_is_the_state_in_use(smollm2: Model) -> None:
     generator.generate(REPEATING * 6, max_tokens=40)
     data = generator.checkpoint()
     info = inspect_checkpoint(data)
-    sections = dict(info["sections"])  # type: ignore[call-overload]
+    sections = dict(info["sections"])
     in_use = sections["target_state"] + sections["tokens"]
     ratio = len(data) / in_use
     print(f"checkpoint {len(data)} bytes for {info['n_tokens']} tokens; ratio to the state in use {ratio:.4f}")
     assert ratio <= 1.05
     # No logits and no empty cells: about 23,040 bytes of f16 K and V per token.
-    assert sections["target_state"] < 23_100 * int(info["n_tokens"])  # type: ignore[call-overload]
+    assert sections["target_state"] < 23_100 * info["n_tokens"]

@@ -31,8 +31,13 @@ from specstate.errors import (
 
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run `code` in a fresh interpreter (a crash fails the test, not the run)."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, cwd=Path(__file__).parent)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).parent,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +66,9 @@ def with_state_field(data: bytes, index: int, value: int) -> bytes:
 # --- the table ------------------------------------------------------------------------------------
 
 
-def test_a_huge_n_batch_in_meta_is_a_checkpoint_error(runs: dict[str, tuple[Generator, bytes, bytes]],
-                                                      tiny_map: dict[str, Path]) -> None:
+def test_a_huge_n_batch_in_meta_is_a_checkpoint_error(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path]
+) -> None:
     data = codec.rewrite_meta(runs["none"][2], n_batch=2**31 - 1)
     with pytest.raises(CorruptCheckpointError, match="n_batch"):
         restore(data, "none", tiny_map)
@@ -74,8 +80,9 @@ def test_a_batch_capacity_out_of_range_is_a_value_error(capacity: int) -> None:
         Batch(capacity)
 
 
-def test_delivered_that_wraps_around_is_refused(runs: dict[str, tuple[Generator, bytes, bytes]],
-                                               tiny_map: dict[str, Path]) -> None:
+def test_delivered_that_wraps_around_is_refused(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path]
+) -> None:
     generator, _, data = runs["none"]
     n_prompt = len(generator.prompt_tokens)
     hostile = with_state_field(data, 7, 2**64 - n_prompt)
@@ -101,8 +108,20 @@ def test_a_target_state_from_an_earlier_checkpoint_is_refused(
 
 @pytest.mark.parametrize(
     "changes",
-    [{"temperature": -1.0}, {"top_p": 2.0}, {"top_p": 0.0}, {"n_draft": 0}, {"n_draft": 4097}, {"n_batch": 0},
-     {"n_batch": 1}, {"n_ctx": 1}, {"ngram": [0, 0]}, {"mode": "warp"}, {"seed": -1}, {"n_ctx": -1}],
+    [
+        {"temperature": -1.0},
+        {"top_p": 2.0},
+        {"top_p": 0.0},
+        {"n_draft": 0},
+        {"n_draft": 4097},
+        {"n_batch": 0},
+        {"n_batch": 1},
+        {"n_ctx": 1},
+        {"ngram": [0, 0]},
+        {"mode": "warp"},
+        {"seed": -1},
+        {"n_ctx": -1},
+    ],
     ids=str,
 )
 def test_settings_out_of_range_are_checkpoint_errors_naming_the_field(
@@ -139,8 +158,9 @@ def test_a_context_larger_than_the_model_was_trained_for_is_refused(
         restore(data, "none", tiny_map)
 
 
-def test_the_caller_can_cap_the_context_of_a_restore(runs: dict[str, tuple[Generator, bytes, bytes]],
-                                                     tiny_map: dict[str, Path]) -> None:
+def test_the_caller_can_cap_the_context_of_a_restore(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path]
+) -> None:
     data = runs["none"][2]
     with pytest.raises(ConfigMismatchError, match="at most 128"):
         Generator.restore(data, Model(tiny_map["qwen35"]), n_threads=1, max_n_ctx=128)
@@ -149,8 +169,18 @@ def test_the_caller_can_cap_the_context_of_a_restore(runs: dict[str, tuple[Gener
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("n_threads", 5000), ("n_threads", -1), ("n_ctx", -1), ("n_ctx", 10**6), ("n_ctx", 2**40), ("seed", -1),
-     ("n_batch", -5), ("top_k", 2**32), ("n_draft", 2**33), ("ngram_max", -1)],
+    [
+        ("n_threads", 5000),
+        ("n_threads", -1),
+        ("n_ctx", -1),
+        ("n_ctx", 10**6),
+        ("n_ctx", 2**40),
+        ("seed", -1),
+        ("n_batch", -5),
+        ("top_k", 2**32),
+        ("n_draft", 2**33),
+        ("ngram_max", -1),
+    ],
 )
 def test_generator_arguments_out_of_range_are_value_errors_naming_them(
     llama_model: Model, argument: str, value: int
@@ -161,8 +191,15 @@ def test_generator_arguments_out_of_range_are_value_errors_naming_them(
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("n_threads", 513), ("n_ctx", 10**6), ("n_ctx", -3), ("n_batch", 0), ("n_batch", 2**21), ("n_seq_max", 257),
-     ("n_ubatch", -1)],
+    [
+        ("n_threads", 513),
+        ("n_ctx", 10**6),
+        ("n_ctx", -3),
+        ("n_batch", 0),
+        ("n_batch", 2**21),
+        ("n_seq_max", 257),
+        ("n_ubatch", -1),
+    ],
 )
 def test_context_arguments_out_of_range_are_value_errors_naming_them(
     llama_model: Model, argument: str, value: int
@@ -188,14 +225,17 @@ def test_a_hybrid_generator_with_a_tiny_batch_is_not_an_abort(qwen35_model: Mode
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
-    result = run_isolated(f"""
+    result = run_isolated(
+        f"""
         from specstate import Model
         from specstate.errors import ModelLoadError
         try:
             Model({str(fifo)!r})
         except ModelLoadError as error:
             print("refused:", error)
-        """, timeout=60)
+        """,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "not a regular file" in result.stdout
 
@@ -249,9 +289,12 @@ def test_method_integers_out_of_range_are_value_errors_naming_them(llama_model: 
     context.decode([1, 2, 3], 0)
     batch = Batch(4)
     calls: dict[str, Callable[[int], object]] = {
-        "start_pos": lambda v: context.decode([1], v), "row": lambda v: context.logits(v),
-        "k": lambda v: context.top_logits(-1, v), "seq_id": lambda v: context.seq_state(v),
-        "p0": lambda v: context.seq_rm(0, v), "pos": lambda v: batch.add(1, v),
+        "start_pos": lambda v: context.decode([1], v),
+        "row": lambda v: context.logits(v),
+        "k": lambda v: context.top_logits(-1, v),
+        "seq_id": lambda v: context.seq_state(v),
+        "p0": lambda v: context.seq_rm(0, v),
+        "pos": lambda v: batch.add(1, v),
         "token": lambda v: llama_model.token_to_piece(v),
         "n_gpu_layers": lambda v: Model(llama_model.path, n_gpu_layers=v),
     }

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import models
-from reference import error_from_another_thread
 import specstate
+from reference import error_from_another_thread
 from specstate import Batch, Context, Model, ModelLoadError, SequenceStateError, ThreadAffinityError
 
 
@@ -86,7 +86,7 @@ def test_missing_model_names_the_path(tmp_path: Path) -> None:
 def test_non_gguf_files_are_refused(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "bad.gguf"
     path.write_bytes(content)
-    with pytest.raises(ModelLoadError, match="bad.gguf"):
+    with pytest.raises(ModelLoadError, match=r"bad\.gguf"):
         Model(path)
 
 
@@ -101,7 +101,7 @@ def test_truncated_models_are_refused(tmp_path: Path, tiny_paths: object, fracti
     data = source.read_bytes()
     path = tmp_path / "truncated.gguf"
     path.write_bytes(data[: max(5, int(len(data) * fraction))])
-    with pytest.raises(ModelLoadError, match="truncated.gguf"):
+    with pytest.raises(ModelLoadError, match=r"truncated\.gguf"):
         Model(path)
 
 
@@ -248,8 +248,12 @@ def test_sequence_ids_outside_the_context_are_refused(llama_model: Model, seq_id
     context = Context(llama_model, n_ctx=64)
     context.decode([1, 2, 3], 0)
     state = context.seq_state()
-    for call in (lambda: context.seq_state(seq_id), lambda: context.set_seq_state(seq_id, state),
-                 lambda: context.seq_pos_max(seq_id), lambda: context.seq_clear(seq_id)):
+    for call in (
+        lambda: context.seq_state(seq_id),
+        lambda: context.set_seq_state(seq_id, state),
+        lambda: context.seq_pos_max(seq_id),
+        lambda: context.seq_clear(seq_id),
+    ):
         with pytest.raises(ValueError, match="outside this context"):
             call()
     assert context.seq_rm(seq_id) is False

@@ -90,8 +90,11 @@ def test_a_bad_destination_is_refused_before_the_checkpoint_is_taken(
     monkeypatch.setattr(generator, "checkpoint", lambda: pytest.fail("the checkpoint was taken"))
     with pytest.raises(OSError) as caught:
         generator.save(tmp_path / where)
-    expected = {"missing/run.ckpt": (FileNotFoundError, tmp_path / "missing"),
-                "file/run.ckpt": (NotADirectoryError, tmp_path / "file"), ".": (IsADirectoryError, tmp_path)}
+    expected = {
+        "missing/run.ckpt": (FileNotFoundError, tmp_path / "missing"),
+        "file/run.ckpt": (NotADirectoryError, tmp_path / "file"),
+        ".": (IsADirectoryError, tmp_path),
+    }
     kind, named = expected[where]
     assert type(caught.value) is kind and caught.value.filename == os.path.realpath(named)
     assert sorted(os.listdir(tmp_path)) == ["file"]

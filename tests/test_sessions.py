@@ -96,9 +96,7 @@ def test_drafts_are_sometimes_accepted_and_sometimes_rejected(
     assert generation.rounds < len(generation.tokens)  # fewer target passes than tokens
 
 
-def test_eagle3_over_a_transformer_target_matches_plain_greedy(
-    llama_model: Model, eagle3_draft_model: Model
-) -> None:
+def test_eagle3_over_a_transformer_target_matches_plain_greedy(llama_model: Model, eagle3_draft_model: Model) -> None:
     setup = build("eagle3", llama_model, eagle3_draft_model)
     prompt = llama_model.tokenize("transformer target")
     generation = generate(setup, prompt, 80)
@@ -107,9 +105,7 @@ def test_eagle3_over_a_transformer_target_matches_plain_greedy(
     assert generation.n_accepted > 0
 
 
-def test_eagle3_state_over_a_transformer_target_is_unavailable(
-    llama_model: Model, eagle3_draft_model: Model
-) -> None:
+def test_eagle3_state_over_a_transformer_target_is_unavailable(llama_model: Model, eagle3_draft_model: Model) -> None:
     setup = build("eagle3", llama_model, eagle3_draft_model)
     generate(setup, llama_model.tokenize("x"), 10)
     with pytest.raises(StateUnavailableError, match="did not expose complete state"):
@@ -185,9 +181,20 @@ def test_resume_in_a_new_process_is_exact(
     (tmp_path / "speculative.bin").write_bytes(speculative_state)
     (tmp_path / "cursor.json").write_text(json.dumps({"n_past": n_past, "id_last": id_last, "tokens": tokens}))
     result = subprocess.run(
-        [sys.executable, str(TESTS / "resume_worker.py"), kind, str(tiny_paths.qwen35), str(tiny_paths.eagle3_draft),
-         str(tmp_path), "4", "90"],
-        capture_output=True, text=True, check=True, cwd=TESTS,
+        [
+            sys.executable,
+            str(TESTS / "resume_worker.py"),
+            kind,
+            str(tiny_paths.qwen35),
+            str(tiny_paths.eagle3_draft),
+            str(tmp_path),
+            "4",
+            "90",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=TESTS,
     )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == uninterrupted
 
@@ -196,8 +203,9 @@ def test_resume_in_a_new_process_is_exact(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("corrupt", ["garbage", "truncated", "extended", "empty", "other-config", "other-seq",
-                                     "flipped-header", "too-large"])
+@pytest.mark.parametrize(
+    "corrupt", ["garbage", "truncated", "extended", "empty", "other-config", "other-seq", "flipped-header", "too-large"]
+)
 def test_invalid_speculative_state_leaves_the_session_unchanged(
     models_by_kind: dict[str, tuple[Model, Model | None]], kind: str, corrupt: str
 ) -> None:
@@ -318,13 +326,13 @@ def test_configuration_is_validated_before_allocation(
 ) -> None:
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
     draft = Context(qwen35_model, n_ctx=N_CTX, kind="mtp", n_rs_seq=3, n_ubatch=8)
-    with pytest.raises(ConfigError, match="^n_draft_max is outside the supported bound$"):
+    with pytest.raises(ConfigError, match=r"^n_draft_max is outside the supported bound$"):
         MtpSession(target, draft, n_draft_max=0)
-    with pytest.raises(ConfigError, match="^p_min must be finite"):
+    with pytest.raises(ConfigError, match=r"^p_min must be finite"):
         MtpSession(target, draft, p_min=float("nan"))
-    with pytest.raises(ConfigError, match="^n_seq"):
+    with pytest.raises(ConfigError, match=r"^n_seq"):
         MtpSession(target, draft, n_seq=0)
-    with pytest.raises(CapacityError, match="^recurrent context capacity is smaller than n_draft_max$"):
+    with pytest.raises(CapacityError, match=r"^recurrent context capacity is smaller than n_draft_max$"):
         MtpSession(target, draft, n_draft_max=4)
     # A hybrid context this narrow is refused when it is made (llama.cpp would abort on its
     # first decode: every compute pass must exceed n_rs_seq + 1 rows) ...
@@ -332,13 +340,11 @@ def test_configuration_is_validated_before_allocation(
         Context(qwen35_model, n_ctx=N_CTX, n_batch=3, n_rs_seq=3, n_ubatch=8)
     # ... so the seed's batch check is met with a transformer target.
     small = Context(llama_model, n_ctx=N_CTX, n_batch=3)
-    with pytest.raises(CapacityError, match="^target or draft batch capacity"):
+    with pytest.raises(CapacityError, match=r"^target or draft batch capacity"):
         Eagle3Session(small, Context(eagle3_draft_model, n_ctx=N_CTX, other=small))
 
 
-def test_incompatible_contexts_are_refused(
-    qwen35_model: Model, llama_model: Model, eagle3_draft_model: Model
-) -> None:
+def test_incompatible_contexts_are_refused(qwen35_model: Model, llama_model: Model, eagle3_draft_model: Model) -> None:
     recurrent = dict(n_rs_seq=3, n_ubatch=8)
     target = Context(qwen35_model, n_ctx=N_CTX, **recurrent)  # type: ignore[arg-type]
     mtp_draft = Context(qwen35_model, n_ctx=N_CTX, kind="mtp", **recurrent)  # type: ignore[arg-type]
@@ -372,7 +378,12 @@ def test_session_properties(models_by_kind: dict[str, tuple[Model, Model | None]
     setup = setup_for(models_by_kind, "mtp", n_draft_max=2)
     session = setup.session
     assert (session.spec_type, session.n_seq, session.n_draft_max, session.n_min, session.p_min) == (
-        "mtp", 1, 2, 0, 0.0)
+        "mtp",
+        1,
+        2,
+        0,
+        0.0,
+    )
     assert session.target is setup.target and session.draft_context is setup.draft
     assert session.need_embd_pre_norm and not session.need_embd
     assert isinstance(session, MtpSession) and isinstance(session, specstate.DraftSession)
@@ -381,8 +392,9 @@ def test_session_properties(models_by_kind: dict[str, tuple[Model, Model | None]
 def test_eagle3_draft_without_its_own_head_reads_the_targets(qwen35_model: Model, tmp_path: Path) -> None:
     import models
 
-    _, headless = models.build_eagle3_pair(tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0,
-                                           draft_own_head=False)
+    _, headless = models.build_eagle3_pair(
+        tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0, draft_own_head=False
+    )
     draft_model = Model(headless)
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
     with pytest.raises(ContextError):
@@ -400,8 +412,9 @@ def test_a_linked_context_keeps_its_source_alive(qwen35_model: Model, tmp_path: 
 
     import models
 
-    _, headless = models.build_eagle3_pair(tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0,
-                                           draft_own_head=False)
+    _, headless = models.build_eagle3_pair(
+        tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0, draft_own_head=False
+    )
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
     draft = Context(Model(headless), n_ctx=N_CTX, other=target)
     session = Eagle3Session(target, draft)

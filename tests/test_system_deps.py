@@ -88,7 +88,7 @@ def makefile_recipe(target: str) -> list[str]:
     lines = (ROOT / "Makefile").read_text().splitlines()
     start = lines.index(next(line for line in lines if line.startswith(f"{target}:")))
     recipe = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("\t"):
             break
         recipe.append(line.strip().lstrip("@-+"))

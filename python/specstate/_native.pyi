@@ -9,22 +9,22 @@ from collections.abc import Sequence
 from os import PathLike
 from typing import Final, Literal, Self, SupportsIndex, final
 
-from typing_extensions import disjoint_base
+from typing_extensions import Unpack, disjoint_base
 
-from specstate._typing import NativeInfo
+from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo
 
 __all__ = [
-    "Batch",
-    "Context",
-    "DraftSession",
-    "Generator",
-    "GreedyGeneration",
-    "Model",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
+    "Batch",
+    "Context",
     "ContextCapacity",
+    "DraftSession",
+    "Generator",
+    "GreedyGeneration",
+    "Model",
     "_raise_for_status",
     "_seed_error_display",
     "inspect_checkpoint",
@@ -399,23 +399,9 @@ class Generator:
     Rounds run with the GIL released; use from the creating thread only.
     """
 
-    def __new__(
-        cls,
-        target: Model,
-        *,
-        mode: Literal["none", "ngram", "draft", "mtp", "eagle3"] = "none",
-        draft_model: Model | None = None,
-        n_draft: int = 8,
-        n_ctx: int = 2048,
-        n_batch: int = 512,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        ngram_max: int = 4,
-        ngram_min: int = 3,
-        n_threads: int = 0,
-    ) -> Generator: ...
+    # Keyword arguments: GeneratorSettings, which documents the defaults (stubtest checks its keys against the
+    # runtime signature).
+    def __new__(cls, target: Model, **settings: Unpack[GeneratorSettings]) -> Generator: ...
     def prefill(self, prompt: Sequence[int]) -> None:
         """Decode the prompt and commit the first generated token."""
     def take(self, max_n: int = ...) -> list[int]:
@@ -487,16 +473,13 @@ class Generator:
     def draft_model(self) -> Model | None:
         """The draft model, if the mode has one."""
     @property
-    def config(self) -> dict[str, object]:
+    def config(self) -> GeneratorConfig:
         """Mode, draft length, context, batch and sampling parameters."""
 
-def inspect_checkpoint(data: bytes) -> dict[str, object]:
+def inspect_checkpoint(data: bytes) -> CheckpointInfo:
     """Validate a checkpoint and describe it (no model needed).
 
-    Keys: ``format_version``, versions, ``config``, ``target_model`` and
-    ``draft_model`` (file, size, sha256), ``n_prompt``, ``n_tokens``,
-    ``n_generated`` (committed), ``n_delivered`` (handed out), ``n_past``, ``finished``, counters, ``sections``
-    (name, bytes), ``checksum``, ``size``. Raises ``CheckpointError``
+    Keys: see :class:`specstate.CheckpointInfo`. Raises ``CheckpointError``
     subclasses like a restore.
     """
 

@@ -1,10 +1,19 @@
-"""Typed shapes of values the native module returns."""
+"""Typed shapes of values the native module takes and returns.
+
+Every key of these dictionaries is a string literal; at runtime they are plain
+``dict``\\ s (``TypedDict``), so ``json.dumps`` takes them as they are.
+"""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
 
-__all__ = ["NativeInfo"]
+from specstate._native import Model
+
+__all__ = ["CheckpointInfo", "GeneratorConfig", "GeneratorSettings", "Mode", "ModelFingerprint", "NativeInfo"]
+
+#: The five generation modes.
+Mode = Literal["none", "ngram", "draft", "mtp", "eagle3"]
 
 
 class NativeInfo(TypedDict):
@@ -25,3 +34,105 @@ class NativeInfo(TypedDict):
     cpu_baseline: str
     simd_features: list[str]
     system_info: str
+
+
+class _NgramLengths(TypedDict, total=False):
+    """The n-gram lengths of ``ngram`` mode."""
+
+    #: Longest n-gram looked up (default 4).
+    ngram_max: int
+    #: Shortest n-gram looked up (default 3: a match of at least 3 tokens, which measured best on SmolLM2).
+    ngram_min: int
+
+
+class GeneratorSettings(_NgramLengths, total=False):
+    """The keyword arguments of :class:`specstate.Generator`, every one optional.
+
+    The one statement of them in Python: the wrapper and the command line take
+    them as they are, and ``stubtest`` checks that the native constructor has
+    exactly these keyword arguments. The defaults are the native constructor's.
+    """
+
+    #: ``none`` (the default), ``ngram``, ``draft``, ``mtp`` or ``eagle3``.
+    mode: Mode
+    #: The draft model (``draft`` and ``eagle3`` modes; default None).
+    draft_model: Model | None
+    #: Most tokens drafted per round (default 8).
+    n_draft: int
+    #: Context length in tokens (default 2048).
+    n_ctx: int
+    #: Rows per decode (default 512).
+    n_batch: int
+    #: Softmax temperature (default 0.0: greedy).
+    temperature: float
+    #: Keep the k most likely tokens (default 0: all).
+    top_k: int
+    #: Nucleus mass (default 1.0: all).
+    top_p: float
+    #: RNG seed (default 0).
+    seed: int
+    #: Threads per context (default 0: the CPUs available).
+    n_threads: int
+
+
+class GeneratorConfig(_NgramLengths):
+    """What :attr:`specstate.Generator.config` returns and a checkpoint records.
+
+    The settings a generation runs with: ``mode``, ``n_draft``, ``n_ctx``,
+    ``n_batch``, the sampling parameters ``temperature``, ``top_k``,
+    ``top_p`` and ``seed``, and only in ``ngram`` mode ``ngram_max`` and
+    ``ngram_min``.
+    """
+
+    mode: Mode
+    n_draft: int
+    n_ctx: int
+    n_batch: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+
+
+class ModelFingerprint(TypedDict):
+    """A model file as a checkpoint records it: its ``file`` name, ``size`` in bytes and ``sha256`` (hex)."""
+
+    file: str
+    size: int
+    sha256: str
+
+
+class CheckpointInfo(TypedDict):
+    """What :func:`specstate.inspect_checkpoint` returns.
+
+    Keys: ``format_version``; the writer's ``specstate_version``,
+    ``llama_cpp_sys_version``, ``llama_cpp_build`` and ``llama_cpp_commit``;
+    the generation's ``config``; ``target_model`` and ``draft_model`` (None
+    when the mode has none); ``n_prompt`` (prompt tokens), ``n_tokens``
+    (prompt and committed), ``n_generated`` (committed), ``n_delivered``
+    (handed out), ``n_past`` (in the target's memory), ``finished``; the
+    counters ``rounds``, ``drafted`` and ``accepted``; ``sections`` as
+    ``(name, bytes)`` pairs in file order; ``checksum`` (the CRC-32 over the
+    file, 8 hex digits) and ``size`` (bytes of the file).
+    """
+
+    format_version: int
+    specstate_version: str
+    llama_cpp_sys_version: str
+    llama_cpp_build: str
+    llama_cpp_commit: str
+    config: GeneratorConfig
+    target_model: ModelFingerprint
+    draft_model: ModelFingerprint | None
+    n_prompt: int
+    n_tokens: int
+    n_generated: int
+    n_delivered: int
+    n_past: int
+    finished: bool
+    rounds: int
+    drafted: int
+    accepted: int
+    sections: list[tuple[str, int]]
+    checksum: str
+    size: int

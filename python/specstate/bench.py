@@ -12,8 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specstate import ContextCapacity, Generator, Model, validate_config, validate_context_capacities
-from specstate import validate_state_size
+from specstate import (
+    ContextCapacity,
+    Generator,
+    Model,
+    validate_config,
+    validate_context_capacities,
+    validate_state_size,
+)
 from specstate.generator import Mode
 
 __all__ = [
@@ -115,14 +121,21 @@ class SpeculationFigures:
     tokens: list[int]
 
 
-def speculation_figures(model: Model, mode: Mode, prompt: str, n_tokens: int = 160, threads: int = 2,
-                        runs: int = 5, draft_model: Model | None = None, n_draft: int = 8) -> SpeculationFigures:
+def speculation_figures(
+    model: Model,
+    mode: Mode,
+    prompt: str,
+    n_tokens: int = 160,
+    threads: int = 2,
+    runs: int = 5,
+    draft_model: Model | None = None,
+    n_draft: int = 8,
+) -> SpeculationFigures:
     """Generation speed (prefill excluded) and acceptance of `mode` on `prompt`."""
     last: list[Generator] = []
 
     def once() -> float:
-        generator = Generator(model, mode=mode, draft_model=draft_model, n_ctx=1024, n_threads=threads,
-                              n_draft=n_draft)
+        generator = Generator(model, mode=mode, draft_model=draft_model, n_ctx=1024, n_threads=threads, n_draft=n_draft)
         generator.generate(_tokens(model, prompt), max_tokens=1)
         started = time.perf_counter()
         generator.generate(max_tokens=n_tokens - 1)
@@ -177,10 +190,17 @@ def checkpoint_figures(model: Model, context_tokens: int, threads: int = 2, runs
         Generator.restore(data, model, n_threads=threads)
         return time.perf_counter() - started
 
-    sections = dict(inspect_checkpoint(data)["sections"])  # type: ignore[call-overload]
+    sections = dict(inspect_checkpoint(data)["sections"])
     in_use = sections["target_state"] + sections["tokens"]
-    return CheckpointFigures(context_tokens, len(data), in_use, median_of(runs, capture),
-                             median_of(runs, restore), median_of(runs, restore_new), prefill)
+    return CheckpointFigures(
+        context_tokens,
+        len(data),
+        in_use,
+        median_of(runs, capture),
+        median_of(runs, restore),
+        median_of(runs, restore_new),
+        prefill,
+    )
 
 
 def validator_rates(seconds: float = 0.3) -> dict[str, float]:
@@ -212,8 +232,9 @@ def quick_suite(threads: int = 2, runs: int = 3) -> None:
 
     console = Console()
     model = Model(smollm2_path())
-    table = Table(title=f"specstate quick benchmark: SmolLM2-135M-Instruct Q4_1, {threads} threads, "
-                        f"median of {runs} runs")
+    table = Table(
+        title=f"specstate quick benchmark: SmolLM2-135M-Instruct Q4_1, {threads} threads, median of {runs} runs"
+    )
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("plain greedy decode, 128 tokens", f"{decode_speed(model, threads=threads, runs=runs):.1f} tok/s")
@@ -222,16 +243,21 @@ def quick_suite(threads: int = 2, runs: int = 3) -> None:
         ngram = speculation_figures(model, "ngram", prompt, threads=threads, runs=runs)
         agree = sum(1 for a, b in zip(none.tokens, ngram.tokens) if a == b)
         table.add_row(f"{name}: none", f"{none.tokens_per_second:.1f} tok/s")
-        table.add_row(f"{name}: ngram", f"{ngram.tokens_per_second:.1f} tok/s "
-                      f"(x{ngram.tokens_per_second / none.tokens_per_second:.2f}, "
-                      f"acceptance {ngram.acceptance_rate:.0%}, {agree}/{len(none.tokens)} equal)")
+        table.add_row(
+            f"{name}: ngram",
+            f"{ngram.tokens_per_second:.1f} tok/s "
+            f"(x{ngram.tokens_per_second / none.tokens_per_second:.2f}, "
+            f"acceptance {ngram.acceptance_rate:.0%}, {agree}/{len(none.tokens)} equal)",
+        )
     for tokens in (512, 2048):
         figures = checkpoint_figures(model, tokens, threads=threads, runs=runs)
-        table.add_row(f"checkpoint at {tokens} tokens",
-                      f"{figures.size / 1e6:.1f} MB (x{figures.size / figures.state_in_use:.4f} of the state), "
-                      f"capture {figures.capture_seconds * 1e3:.0f} ms, restore {figures.restore_seconds * 1e3:.0f} ms "
-                      f"({figures.restore_new_seconds * 1e3:.0f} ms into new contexts), "
-                      f"prefill {figures.prefill_seconds:.2f} s")
+        table.add_row(
+            f"checkpoint at {tokens} tokens",
+            f"{figures.size / 1e6:.1f} MB (x{figures.size / figures.state_in_use:.4f} of the state), "
+            f"capture {figures.capture_seconds * 1e3:.0f} ms, restore {figures.restore_seconds * 1e3:.0f} ms "
+            f"({figures.restore_new_seconds * 1e3:.0f} ms into new contexts), "
+            f"prefill {figures.prefill_seconds:.2f} s",
+        )
     for name, rate in validator_rates().items():
         table.add_row(name, f"{rate / 1e6:.2f} M calls/s")
     console.print(table)

@@ -19,13 +19,21 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import NamedTuple, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specstate import Generator, Model, errors, inspect_checkpoint, model_fingerprint
-from specstate.generator import Mode
+from specstate import (
+    CheckpointInfo,
+    Generator,
+    GeneratorSettings,
+    Model,
+    ModelFingerprint,
+    errors,
+    inspect_checkpoint,
+    model_fingerprint,
+)
 from specstate.smollm2 import cache_dir
 
 __all__ = ["main"]
@@ -90,8 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = commands.add_parser("resume", help="continue a saved generation exactly")
     resume.add_argument("checkpoint", type=Path)
-    resume.add_argument("--model", type=Path, help="target model (default: the file named in the checkpoint, "
-                        "next to the checkpoint or in the specstate cache)")
+    resume.add_argument(
+        "--model",
+        type=Path,
+        help="target model (default: the file named in the checkpoint, "
+        "next to the checkpoint or in the specstate cache)",
+    )
     resume.add_argument("--draft-model", type=Path, help="draft model (draft and eagle3 modes)")
     _add_output(resume)
 
@@ -150,7 +162,8 @@ class _Range(NamedTuple):
 
 _OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_open=True), _Range("threads", 0, I32_MAX))
 RANGES: dict[str, tuple[_Range, ...]] = {
-    "generate": _OUTPUT_RANGES + (
+    "generate": (
+        *_OUTPUT_RANGES,
         _Range("n_ctx", 2, U32_MAX),
         _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
         _Range("n_draft", 0, U32_MAX),
@@ -181,8 +194,11 @@ def _check_save_path(path: Path | None) -> None:
         return
     directory = Path(os.path.realpath(path)).parent
     if not directory.is_dir():
-        raise UsageError(f"--save: the directory {directory} does not exist" if not directory.exists()
-                         else f"--save: {directory} is not a directory")
+        raise UsageError(
+            f"--save: the directory {directory} does not exist"
+            if not directory.exists()
+            else f"--save: {directory} is not a directory"
+        )
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"--save: the directory {directory} is not writable")
     if path.is_dir():
@@ -198,9 +214,14 @@ def _check_output_options(args: argparse.Namespace) -> None:
 def run_generation(generator: Generator, prompt: list[int] | None, args: argparse.Namespace) -> None:
     """Stream text to stdout with a progress bar on stderr; checkpoint as asked."""
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
         TextColumn("{task.fields[speed]:>6.1f} tok/s  acceptance {task.fields[rate]:>4.0%}"),
-        TimeElapsedColumn(), console=err, transient=True, disable=args.quiet,
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=args.quiet,
     )
     budget, done, next_save = args.max_tokens, 0, args.checkpoint_every
     started = time.perf_counter()
@@ -214,8 +235,9 @@ def run_generation(generator: Generator, prompt: list[int] | None, args: argpars
                 sys.stdout.flush()
                 elapsed = time.perf_counter() - started
                 made = len(generator.tokens) - before + done
-                progress.update(task, completed=made, speed=made / elapsed if elapsed else 0.0,
-                                rate=generator.acceptance_rate)
+                progress.update(
+                    task, completed=made, speed=made / elapsed if elapsed else 0.0, rate=generator.acceptance_rate
+                )
             prompt = None
             done += len(generator.tokens) - before
             if next_save is not None and done >= next_save:
@@ -229,18 +251,35 @@ def run_generation(generator: Generator, prompt: list[int] | None, args: argpars
         generator.save(args.save)
     if not args.quiet:
         saved = f"; saved {args.save}" if args.save else ""
-        err.print(f"[dim]{done} tokens in {elapsed:.2f} s ({done / elapsed if elapsed else 0:.1f} tok/s), "
-                  f"mode {generator.mode}, acceptance {generator.accepted}/{generator.drafted} "
-                  f"({generator.acceptance_rate:.0%}), stopped by {generator.stopped_by}{saved}[/dim]")
+        err.print(
+            f"[dim]{done} tokens in {elapsed:.2f} s ({done / elapsed if elapsed else 0:.1f} tok/s), "
+            f"mode {generator.mode}, acceptance {generator.accepted}/{generator.drafted} "
+            f"({generator.acceptance_rate:.0%}), stopped by {generator.stopped_by}{saved}[/dim]"
+        )
+
+
+#: The options named otherwise than the generator setting they give.
+_SETTING_OPTIONS = {"n_threads": "threads"}
+
+
+def _generator_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The generator settings given as options named after them (``--threads``: ``n_threads``).
+
+    ``--draft-model`` is a path, loaded apart.
+    """
+    options = {setting: _SETTING_OPTIONS.get(setting, setting) for setting in GeneratorSettings.__optional_keys__}
+    return {
+        setting: getattr(args, option)
+        for setting, option in options.items()
+        if setting != "draft_model" and hasattr(args, option)
+    }
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     _check_output_options(args)
     model = _load(args.model, "model")
     draft = _load(args.draft_model, "draft model") if args.draft_model else None
-    generator = Generator(model, mode=cast(Mode, args.mode), draft_model=draft, n_draft=args.n_draft,
-                          n_ctx=args.n_ctx, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, n_threads=args.threads)
+    generator = Generator(model, draft_model=draft, **_generator_settings(args))
     run_generation(generator, _prompt_tokens(model, args.prompt, args.raw), args)
 
 
@@ -250,19 +289,21 @@ def _base_name(file_name: str) -> str | None:
     return None if name in ("", ".", "..") else name
 
 
-def _find_model(checkpoint: Path, named: Path | None, entry: object, role: str) -> Path | None:
+def _find_model(checkpoint: Path, named: Path | None, entry: ModelFingerprint | None, role: str) -> Path | None:
     """The model given, else the checkpoint's by base name next to it or in the cache (never elsewhere)."""
     if named is not None:
         return named
-    if not isinstance(entry, dict):
+    if entry is None:
         return None
-    file_name = str(entry.get("file", ""))
+    file_name = entry["file"]
     name = _base_name(file_name)
     for directory in (checkpoint.parent, cache_dir()):
         if name is not None and (directory / name).is_file():
             return directory / name
-    raise UsageError(f"the checkpoint's {role} model {file_name!r} was not found next to it or in {cache_dir()}; "
-                     f"pass --{'model' if role == 'target' else 'draft-model'}")
+    raise UsageError(
+        f"the checkpoint's {role} model {file_name!r} was not found next to it or in {cache_dir()}; "
+        f"pass --{'model' if role == 'target' else 'draft-model'}"
+    )
 
 
 def cmd_resume(args: argparse.Namespace) -> None:
@@ -290,39 +331,48 @@ def _verdict(match: bool | None) -> str:
     return "not checked" if match is None else "matches" if match else "DOES NOT MATCH"
 
 
-def _describe(path: Path, info: dict[str, object], matches: dict[str, bool]) -> list[str]:
+def _model_entries(info: CheckpointInfo) -> tuple[tuple[str, ModelFingerprint | None], ...]:
+    """The checkpoint's model fingerprints by role: ``target``, ``draft``."""
+    return ("target", info["target_model"]), ("draft", info["draft_model"])
+
+
+def _describe(path: Path, info: CheckpointInfo, matches: dict[str, bool]) -> list[str]:
     """The human-readable description of a checkpoint, line by line (not yet escaped)."""
-    lines = [f"checkpoint     {path} ({info['size']:,} bytes, format {info['format_version']}, "
-             f"CRC-32 {info['checksum']}: ok)",
-             f"written by     specstate {info['specstate_version']}, llama-cpp-sys-4 {info['llama_cpp_sys_version']}, "
-             f"llama.cpp {info['llama_cpp_build']} ({info['llama_cpp_commit']})"]
-    for role in ("target", "draft"):
-        entry = info[f"{role}_model"]
-        if isinstance(entry, dict):
-            lines.append(f"{role + ' model':<14} {entry['file']} ({entry['size']:,} bytes, "
-                         f"sha256 {str(entry['sha256'])[:16]}…): {_verdict(matches.get(role))}")
-    config = cast(dict[str, object], info["config"])
-    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in config.items()))
-    lines.append(f"tokens         {info['n_prompt']} prompt + {info['n_delivered']} generated and handed out "
-                 f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"
-                 f"{', finished' if info['finished'] else ''}")
-    lines.append(f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted")
-    lines.extend(f"  {name:<18} {size:>12,} bytes" for name, size in cast(list[tuple[str, int]], info["sections"]))
+    lines = [
+        f"checkpoint     {path} ({info['size']:,} bytes, format {info['format_version']}, "
+        f"CRC-32 {info['checksum']}: ok)",
+        f"written by     specstate {info['specstate_version']}, llama-cpp-sys-4 {info['llama_cpp_sys_version']}, "
+        f"llama.cpp {info['llama_cpp_build']} ({info['llama_cpp_commit']})",
+    ]
+    for role, entry in _model_entries(info):
+        if entry is not None:
+            lines.append(
+                f"{role + ' model':<14} {entry['file']} ({entry['size']:,} bytes, "
+                f"sha256 {entry['sha256'][:16]}…): {_verdict(matches.get(role))}"
+            )
+    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in info["config"].items()))
+    lines.append(
+        f"tokens         {info['n_prompt']} prompt + {info['n_delivered']} generated and handed out "
+        f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"
+        f"{', finished' if info['finished'] else ''}"
+    )
+    lines.append(
+        f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted"
+    )
+    lines.extend(f"  {name:<18} {size:>12,} bytes" for name, size in info["sections"])
     return lines
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
     info = inspect_checkpoint(_read_checkpoint(args.checkpoint))
+    given = {"target": args.model, "draft": args.draft_model}
     matches: dict[str, bool] = {}
-    for role, given in (("target", args.model), ("draft", args.draft_model)):
-        entry = info[f"{role}_model"]
-        if given is not None:
-            sha, size = model_fingerprint(_load(given, f"{role} model"))
-            matches[role] = isinstance(entry, dict) and entry["sha256"] == sha and entry["size"] == size
-    info["checksum_ok"] = True
-    info["models_match"] = matches
-    if args.json:
-        print(json.dumps(info, indent=2))  # JSON escapes control characters itself
+    for role, entry in _model_entries(info):
+        if given[role] is not None:
+            sha, size = model_fingerprint(_load(given[role], f"{role} model"))
+            matches[role] = entry is not None and entry["sha256"] == sha and entry["size"] == size
+    if args.json:  # JSON escapes control characters itself
+        print(json.dumps({**info, "checksum_ok": True, "models_match": matches}, indent=2))
         return
     for line in _describe(args.checkpoint, info, matches):
         print(_printable(line))  # every string from the file is escaped for the terminal
@@ -341,14 +391,23 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "generate": cmd_generate, "resume": cmd_resume, "inspect": cmd_inspect, "bench": cmd_bench, "demo": cmd_demo,
+    "generate": cmd_generate,
+    "resume": cmd_resume,
+    "inspect": cmd_inspect,
+    "bench": cmd_bench,
+    "demo": cmd_demo,
 }
 
 
 #: Every failure reported as one line: usage errors, every class of specstate.errors, and the
 #: standard ones bad input or the system can cause.
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
-    UsageError, *(getattr(errors, name) for name in errors.__all__), ValueError, ArithmeticError, OSError, MemoryError,
+    UsageError,
+    *(getattr(errors, name) for name in errors.__all__),
+    ValueError,
+    ArithmeticError,
+    OSError,
+    MemoryError,
 )
 
 

@@ -77,46 +77,64 @@ def run_demo(threads: int = 0) -> None:
     prompt = model.tokenize(DEMO_PROMPT, add_special=False, parse_special=True)
     out.print(f"model  {path} ({model.n_layer} layers, {model.n_vocab} tokens)")
     out.print(f"prompt {len(prompt)} tokens: copy a notice word for word\n")
+    fast, fast_text = _compare_speculation(out, model, prompt, threads)
+    out.print()
+    _checkpoint_and_resume(out, path, model, prompt, fast, fast_text, threads)
 
+
+def _compare_speculation(out: Console, model: Model, prompt: list[int], threads: int) -> tuple[Generator, str]:
+    """Generate with plain decoding and with prompt lookup, print the comparison; the ngram run and its text."""
     plain = Generator(model, mode="none", n_ctx=1024, n_threads=threads)
-    plain_text, plain_time = _timed(plain, prompt, TOKENS)
+    _, plain_time = _timed(plain, prompt, TOKENS)
     fast = Generator(model, mode="ngram", n_ctx=1024, n_threads=threads)
     fast_text, fast_time = _timed(fast, prompt, TOKENS)
-    agree = next((i for i, (a, b) in enumerate(zip(plain.tokens, fast.tokens)) if a != b),
-                 min(len(plain.tokens), len(fast.tokens)))
+    agree = next(
+        (i for i, (a, b) in enumerate(zip(plain.tokens, fast.tokens)) if a != b),
+        min(len(plain.tokens), len(fast.tokens)),
+    )
     out.print(fast_text.rstrip() + "\n", markup=False)
     plain_speed = len(plain.tokens) / plain_time
     fast_speed = len(fast.tokens) / fast_time
     out.print(f"plain decoding (none): {len(plain.tokens)} tokens in {plain_time:.2f} s = {plain_speed:.1f} tok/s")
-    out.print(f"prompt lookup (ngram): {len(fast.tokens)} tokens in {fast_time:.2f} s = {fast_speed:.1f} tok/s, "
-              f"[bold]x{fast_speed / plain_speed:.2f}[/bold]; acceptance {fast.accepted}/{fast.drafted} "
-              f"= {fast.acceptance_rate:.0%}; {agree}/{len(plain.tokens)} tokens equal to plain greedy")
+    out.print(
+        f"prompt lookup (ngram): {len(fast.tokens)} tokens in {fast_time:.2f} s = {fast_speed:.1f} tok/s, "
+        f"[bold]x{fast_speed / plain_speed:.2f}[/bold]; acceptance {fast.accepted}/{fast.drafted} "
+        f"= {fast.acceptance_rate:.0%}; {agree}/{len(plain.tokens)} tokens equal to plain greedy"
+    )
     if agree < len(plain.tokens):
         gap = _top_two_gap(model, prompt + plain.tokens[:agree], threads)
-        out.print(f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: "
-                  "a near-tie that batched and single-token kernels may break differently)")
-    out.print()
+        out.print(
+            f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: "
+            "a near-tie that batched and single-token kernels may break differently)"
+        )
+    return fast, fast_text
 
+
+def _checkpoint_and_resume(
+    out: Console, path: Path, model: Model, prompt: list[int], fast: Generator, fast_text: str, threads: int
+) -> None:
+    """Generate half of ``fast``'s run, save it, resume it with ``specstate resume`` in a new process, compare."""
     with tempfile.TemporaryDirectory() as scratch:
         half_path, final_path = Path(scratch) / "half.ckpt", Path(scratch) / "final.ckpt"
         first = Generator(model, mode="ngram", n_ctx=1024, n_threads=threads)
         first_text = first.generate(prompt, max_tokens=HALF)
         first.save(half_path)
         out.print(f"checkpointed after {len(first.tokens)} tokens: {half_path.stat().st_size:,} bytes")
+        remaining = len(fast.tokens) - len(first.tokens)
+        command = ["resume", str(half_path), "--model", str(path), "--max-tokens", str(remaining)]
+        command += ["--save", str(final_path), "--quiet", "--threads", str(threads)]
         resumed = subprocess.run(
-            [sys.executable, "-m", "specstate", "resume", str(half_path), "--model", str(path),
-             "--max-tokens", str(len(fast.tokens) - len(first.tokens)), "--save", str(final_path), "--quiet",
-             "--threads", str(threads)],
-            capture_output=True, text=True, check=True,
+            [sys.executable, "-m", "specstate", *command], capture_output=True, text=True, check=True
         )
         resumed_text = resumed.stdout[:-1] if resumed.stdout.endswith("\n") else resumed.stdout
-        out.print(f"resumed in a new process (pid != {__import__('os').getpid()}): "
-                  f"{len(resumed_text)} more characters")
+        out.print(f"resumed in a new process (pid != {__import__('os').getpid()}): {len(resumed_text)} more characters")
         same_text = first_text + resumed_text == fast_text
         uninterrupted = hashlib.sha256(fast.checkpoint()).hexdigest()
         continued = hashlib.sha256(final_path.read_bytes()).hexdigest()
         out.print(f"text identical to the uninterrupted run: [bold]{same_text}[/bold]")
-        out.print(f"final checkpoints identical: [bold]{uninterrupted == continued}[/bold] "
-                  f"(sha256 {uninterrupted[:16]}… / {continued[:16]}…)")
+        out.print(
+            f"final checkpoints identical: [bold]{uninterrupted == continued}[/bold] "
+            f"(sha256 {uninterrupted[:16]}… / {continued[:16]}…)"
+        )
         if not (same_text and uninterrupted == continued):
             raise RuntimeError("the resumed generation differs from the uninterrupted one")

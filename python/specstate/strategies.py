@@ -53,9 +53,7 @@ def valid_configs(draw: st.DrawFn) -> Config:
 
 
 _bad_n_seq = st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_SPECULATIVE_SEQUENCES + 1))
-_bad_n_draft_max = st.one_of(
-    st.integers(max_value=0), st.integers(min_value=MAX_SPECULATIVE_DRAFT_TOKENS + 1)
-)
+_bad_n_draft_max = st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_SPECULATIVE_DRAFT_TOKENS + 1))
 _bad_p_min = st.one_of(
     st.just(float("nan")),
     st.just(float("inf")),

@@ -1,0 +1,179 @@
+"""The dictionaries the native module returns have exactly the keys and value types of their TypedDicts."""
+
+from __future__ import annotations
+
+import inspect
+import types
+from pathlib import Path
+from typing import Literal, Union, get_args, get_origin, get_type_hints
+
+import pytest
+
+import specstate
+from generator_support import MODES, tiny_generator
+from specstate import (
+    CheckpointInfo,
+    GeneratorConfig,
+    GeneratorSettings,
+    ModelFingerprint,
+    NativeInfo,
+    inspect_checkpoint,
+    native_info,
+)
+from specstate.cli import _generator_settings, build_parser
+
+
+def assert_keys(value: dict[str, object], shape: type) -> None:
+    """``value`` has every required key of the TypedDict ``shape`` and no key it does not declare."""
+    required: frozenset[str] = shape.__required_keys__  # type: ignore[attr-defined]
+    optional: frozenset[str] = shape.__optional_keys__  # type: ignore[attr-defined]
+    assert required <= set(value), f"{shape.__name__}: missing {sorted(required - set(value))}"
+    assert set(value) <= required | optional, f"{shape.__name__}: undeclared {sorted(set(value) - required - optional)}"
+
+
+def assert_conforms(value: object, hint: object, where: str) -> None:
+    """``value`` is of the type ``hint`` (the subset of typing these TypedDicts use), recursively."""
+    origin, args = get_origin(hint), get_args(hint)
+    if isinstance(hint, type) and hasattr(hint, "__required_keys__"):  # a TypedDict
+        assert isinstance(value, dict), where
+        assert_keys(value, hint)
+        for key, key_hint in get_type_hints(hint).items():
+            if key in value:
+                assert_conforms(value[key], key_hint, f"{where}.{key}")
+    elif origin in (Union, types.UnionType):
+        failures = []
+        for option in args:
+            try:
+                assert_conforms(value, option, where)
+                return
+            except AssertionError as error:
+                failures.append(str(error))
+        raise AssertionError(f"{where}: {value!r} is none of {args}: {failures}")
+    elif origin is Literal:
+        assert value in args, f"{where}: {value!r} not in {args}"
+    elif origin is list:
+        assert isinstance(value, list), f"{where}: {value!r} is not a list"
+        for index, item in enumerate(value):
+            assert_conforms(item, args[0], f"{where}[{index}]")
+    elif origin is tuple:
+        assert isinstance(value, tuple) and len(value) == len(args), f"{where}: {value!r} is not a {hint}"
+        for index, (item, item_hint) in enumerate(zip(value, args)):
+            assert_conforms(item, item_hint, f"{where}[{index}]")
+    elif hint is int:  # bool is an int subclass, but not an int field
+        assert isinstance(value, int) and not isinstance(value, bool), f"{where}: {value!r} is not an int"
+    elif hint is type(None):
+        assert value is None, f"{where}: {value!r} is not None"
+    else:
+        assert isinstance(hint, type) and isinstance(value, hint), f"{where}: {value!r} is not a {hint}"
+
+
+def expected_config_keys(mode: str) -> frozenset[str]:
+    """A configuration's keys: the n-gram lengths only in ``ngram`` mode."""
+    optional = GeneratorConfig.__optional_keys__ if mode == "ngram" else frozenset()
+    return GeneratorConfig.__required_keys__ | optional
+
+
+def test_ngram_lengths_are_the_only_optional_config_keys() -> None:
+    assert GeneratorConfig.__optional_keys__ == {"ngram_max", "ngram_min"}
+    assert ModelFingerprint.__required_keys__ == {"file", "size", "sha256"}
+    assert not CheckpointInfo.__optional_keys__ and not ModelFingerprint.__optional_keys__
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generator_config_has_exactly_the_typed_keys(mode: str, tiny_map: dict[str, Path]) -> None:
+    config = tiny_generator(mode, tiny_map).config
+    assert set(config) == expected_config_keys(mode)
+    assert_conforms(config, GeneratorConfig, "config")
+    assert config["mode"] == mode
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inspect_checkpoint_has_exactly_the_typed_keys(mode: str, tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator(mode, tiny_map)
+    generator.generate("typed", max_tokens=6)
+    data = generator.checkpoint()
+    info = inspect_checkpoint(data)
+    assert set(info) == CheckpointInfo.__required_keys__
+    assert set(info["config"]) == expected_config_keys(mode)
+    assert set(info["target_model"]) == ModelFingerprint.__required_keys__
+    draft = info["draft_model"]
+    assert (draft is not None) == (mode in ("draft", "eagle3"))
+    assert draft is None or set(draft) == ModelFingerprint.__required_keys__
+    assert_conforms(info, CheckpointInfo, "info")
+    assert info["config"] == generator.config and info["size"] == len(data)
+
+
+def test_native_info_has_exactly_the_typed_keys() -> None:
+    info = native_info()
+    assert set(info) == NativeInfo.__required_keys__
+    assert_conforms(info, NativeInfo, "native_info")
+
+
+def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults() -> None:
+    parameters = inspect.signature(specstate._native.Generator).parameters
+    keyword = {name: p.default for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(keyword) == GeneratorSettings.__optional_keys__ and not GeneratorSettings.__required_keys__
+    assert keyword == {
+        "mode": "none",
+        "draft_model": None,
+        "n_draft": 8,
+        "n_ctx": 2048,
+        "n_batch": 512,
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        "ngram_max": 4,
+        "ngram_min": 3,
+        "n_threads": 0,
+    }
+
+
+def test_the_command_line_passes_the_settings_it_has_options_for() -> None:
+    args = build_parser().parse_args(
+        [
+            "generate",
+            "hi",
+            "--model",
+            "m.gguf",
+            "--draft-model",
+            "d.gguf",
+            "--mode",
+            "ngram",
+            "--n-draft",
+            "5",
+            "--n-ctx",
+            "99",
+            "--temperature",
+            "0.5",
+            "--top-k",
+            "7",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "11",
+            "--threads",
+            "3",
+        ]
+    )
+    assert _generator_settings(args) == {
+        "mode": "ngram",
+        "n_draft": 5,
+        "n_ctx": 99,
+        "temperature": 0.5,
+        "top_k": 7,
+        "top_p": 0.9,
+        "seed": 11,
+        "n_threads": 3,
+    }
+    defaults = _generator_settings(build_parser().parse_args(["generate", "hi", "--model", "m.gguf"]))
+    assert defaults == {
+        "mode": "none",
+        "n_draft": 8,
+        "n_ctx": 2048,
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        "n_threads": 0,
+    }
