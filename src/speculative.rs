@@ -236,51 +236,47 @@ mod tests {
         assert!(maximum_prompt_bytes < MAX_SPECULATIVE_STATE_BYTES);
     }
 
+    /// A transformer context that holds a 3-token draft, and a recurrent one.
+    const TRANSFORMER: SpeculativeContextCapacity = SpeculativeContextCapacity {
+        batch: 4,
+        micro_batch: 1,
+        recurrent_slots: 0,
+        recurrent_or_hybrid: false,
+    };
+    const RECURRENT: SpeculativeContextCapacity = SpeculativeContextCapacity {
+        batch: 4,
+        micro_batch: 4,
+        recurrent_slots: 3,
+        recurrent_or_hybrid: true,
+    };
+
     #[test]
     fn speculative_decode_capacity_is_checked_before_native_allocation() {
-        let transformer = SpeculativeContextCapacity {
-            batch: 4,
-            micro_batch: 1,
-            recurrent_slots: 0,
-            recurrent_or_hybrid: false,
+        let (transformer, recurrent) = (TRANSFORMER, RECURRENT);
+        let with = |base: SpeculativeContextCapacity,
+                    change: fn(&mut SpeculativeContextCapacity)| {
+            let mut changed = base;
+            change(&mut changed);
+            changed
         };
-        assert!(validate_context_capacities(transformer, transformer, 3).is_ok());
-        assert!(validate_context_capacities(
-            SpeculativeContextCapacity {
-                batch: 3,
-                ..transformer
-            },
-            transformer,
-            3,
-        )
-        .is_err());
-
-        let recurrent = SpeculativeContextCapacity {
-            batch: 4,
-            micro_batch: 4,
-            recurrent_slots: 3,
-            recurrent_or_hybrid: true,
-        };
-        assert!(validate_context_capacities(recurrent, recurrent, 3).is_ok());
-        assert!(validate_context_capacities(
-            SpeculativeContextCapacity {
-                micro_batch: 3,
-                ..recurrent
-            },
-            recurrent,
-            3,
-        )
-        .is_err());
-        assert!(validate_context_capacities(
-            SpeculativeContextCapacity {
-                recurrent_slots: 2,
-                ..recurrent
-            },
-            recurrent,
-            3,
-        )
-        .is_err());
-        assert!(validate_context_capacities(transformer, transformer, u32::MAX).is_err());
+        // (target, draft, maximum draft tokens, accepted)
+        let cases = [
+            (transformer, transformer, 3, true),
+            (with(transformer, |c| c.batch = 3), transformer, 3, false),
+            (recurrent, recurrent, 3, true),
+            (with(recurrent, |c| c.micro_batch = 3), recurrent, 3, false),
+            (
+                with(recurrent, |c| c.recurrent_slots = 2),
+                recurrent,
+                3,
+                false,
+            ),
+            (transformer, transformer, u32::MAX, false),
+        ];
+        for (target, draft, maximum, accepted) in cases {
+            let result = validate_context_capacities(target, draft, maximum);
+            assert_eq!(result.is_ok(), accepted, "{target:?} {draft:?} {maximum}");
+        }
     }
 
     #[test]
@@ -332,18 +328,7 @@ mod tests {
 
     #[test]
     fn capacity_messages_name_the_failing_rule() {
-        let transformer = SpeculativeContextCapacity {
-            batch: 4,
-            micro_batch: 1,
-            recurrent_slots: 0,
-            recurrent_or_hybrid: false,
-        };
-        let recurrent = SpeculativeContextCapacity {
-            batch: 4,
-            micro_batch: 4,
-            recurrent_slots: 3,
-            recurrent_or_hybrid: true,
-        };
+        let (transformer, recurrent) = (TRANSFORMER, RECURRENT);
         assert_eq!(
             validate_context_capacities(transformer, transformer, u32::MAX),
             Err("n_draft_max plus one exceeds u32")
