@@ -45,7 +45,7 @@ from specstate._typing import (  # noqa: E402
     NativeInfo,
 )
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
-from specstate.generator import Generator  # noqa: E402
+from specstate.generator import Generator, encode_prompt  # noqa: E402
 from specstate.sessions import Eagle3Session, MtpSession  # noqa: E402
 
 __version__: str = native_info()["specstate_version"]
@@ -69,6 +69,7 @@ __all__ = [
     "ModelFingerprint",
     "MtpSession",
     "NativeInfo",
+    "encode_prompt",
     "inspect_checkpoint",
     "model_fingerprint",
     "native_info",

@@ -30,6 +30,7 @@ from specstate import (
     GeneratorSettings,
     Model,
     ModelFingerprint,
+    encode_prompt,
     errors,
     inspect_checkpoint,
     model_fingerprint,
@@ -92,7 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
     generate.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
     generate.add_argument("--n-ctx", type=int, default=2048, help="context length (default 2048)")
-    generate.add_argument("--raw", action="store_true", help="parse special tokens in the prompt, add no BOS")
+    generate.add_argument(
+        "--literal",
+        action="store_true",
+        help="read special-token text in the prompt as plain text (default: parse it, as llama.cpp does)",
+    )
     _add_sampling(generate)
     _add_output(generate)
 
@@ -127,11 +132,11 @@ def _load(path: Path, what: str) -> Model:
     return Model(path)
 
 
-def _prompt_tokens(model: Model, prompt: str, raw: bool) -> list[int]:
+def _prompt_tokens(model: Model, prompt: str, literal: bool) -> list[int]:
     text = sys.stdin.read() if prompt == "-" else prompt
     if not text:
         raise UsageError("the prompt is empty")
-    return model.tokenize(text, add_special=not raw, parse_special=raw)
+    return encode_prompt(model, text, literal=literal)
 
 
 U32_MAX, I32_MAX, U64_MAX = 2**32 - 1, 2**31 - 1, 2**64 - 1
@@ -280,7 +285,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     model = _load(args.model, "model")
     draft = _load(args.draft_model, "draft model") if args.draft_model else None
     generator = Generator(model, draft_model=draft, **_generator_settings(args))
-    run_generation(generator, _prompt_tokens(model, args.prompt, args.raw), args)
+    run_generation(generator, _prompt_tokens(model, args.prompt, args.literal), args)
 
 
 def _base_name(file_name: str) -> str | None:

@@ -52,7 +52,17 @@ from specstate.errors import GenerationError
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Generator", "Mode"]
+__all__ = ["Generator", "Mode", "encode_prompt"]
+
+
+def encode_prompt(model: Model, text: str, *, literal: bool = False) -> list[int]:
+    """The tokens of a text prompt, read as llama.cpp's own tools read it.
+
+    Special-token text (``<|im_start|>``, ``<|im_end|>``, ...) becomes the
+    special token it names, and BOS is added or not as the model's metadata
+    says. With ``literal``, special-token text is read as plain text.
+    """
+    return model.tokenize(text, add_special=True, parse_special=not literal)
 
 
 def _read(source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> bytes:
@@ -159,20 +169,27 @@ class Generator:
         self.stopped_by: str | None = None
         """Why the last call stopped: ``"eos"``, ``"stop"``, ``"max_tokens"``, ``"context"``."""
 
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def _encode(self, prompt: str | Sequence[int], literal: bool) -> list[int]:
         if isinstance(prompt, str):
-            return self._native.target.tokenize(prompt)
+            return encode_prompt(self._native.target, prompt, literal=literal)
         return list(prompt)
 
     def stream(
-        self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        literal: bool = False,
     ) -> Iterator[str]:
         """Yield text pieces as tokens are committed, up to ``max_tokens`` new tokens.
 
         ``prompt`` starts the generation (text or token ids); omit it to
-        continue one (for instance after :meth:`restore`). Stops at an
-        end-of-generation token, at the first of the ``stop`` strings (not
-        included in the text), or after ``max_tokens`` tokens.
+        continue one (for instance after :meth:`restore`). Text is read as
+        llama.cpp's tools read it (see :func:`encode_prompt`); ``literal``
+        reads special-token text as plain text. Stops at an end-of-generation
+        token, at the first of the ``stop`` strings (not included in the
+        text), or after ``max_tokens`` tokens.
         """
         if max_tokens < 0:
             raise ValueError("max_tokens must not be negative")
@@ -187,7 +204,7 @@ class Generator:
             if prompt is not None:
                 if native.history:
                     raise GenerationError("this generator already has a prompt; omit it to continue")
-                native.prefill(self._encode(prompt))
+                native.prefill(self._encode(prompt, literal))
             elif not native.history:
                 raise ValueError("a prompt is needed to start a generation")
             while True:
@@ -222,9 +239,16 @@ class Generator:
             self._elapsed += time.perf_counter() - started
             self._timed_tokens += delivered
 
-    def generate(self, prompt: str | Sequence[int] | None = None, *, max_tokens: int, stop: Sequence[str] = ()) -> str:
+    def generate(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        literal: bool = False,
+    ) -> str:
         """The text of up to ``max_tokens`` new tokens (see :meth:`stream`)."""
-        return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop))
+        return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop, literal=literal))
 
     # --- what it has done ------------------------------------------------------------------------
 
