@@ -169,10 +169,17 @@ class Generator:
         self.stopped_by: str | None = None
         """Why the last call stopped: ``"eos"``, ``"stop"``, ``"max_tokens"``, ``"context"``."""
 
-    def _encode(self, prompt: str | Sequence[int], literal: bool) -> list[int]:
-        if isinstance(prompt, str):
-            return encode_prompt(self._native.target, prompt, literal=literal)
-        return list(prompt)
+    def _start(self, prompt: str | Sequence[int] | None, literal: bool) -> None:
+        """Decode ``prompt`` if given; without one, there must be a generation to continue."""
+        native = self._native
+        if prompt is None:
+            if not native.history:
+                raise ValueError("a prompt is needed to start a generation")
+            return
+        if native.history:
+            raise GenerationError("this generator already has a prompt; omit it to continue")
+        tokens = encode_prompt(native.target, prompt, literal=literal) if isinstance(prompt, str) else list(prompt)
+        native.prefill(tokens)
 
     def stream(
         self,
@@ -201,12 +208,7 @@ class Generator:
         started = time.perf_counter()
         delivered = 0
         try:
-            if prompt is not None:
-                if native.history:
-                    raise GenerationError("this generator already has a prompt; omit it to continue")
-                native.prefill(self._encode(prompt, literal))
-            elif not native.history:
-                raise ValueError("a prompt is needed to start a generation")
+            self._start(prompt, literal)
             while True:
                 if remaining <= 0:
                     self.stopped_by = "max_tokens"
