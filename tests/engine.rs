@@ -110,14 +110,7 @@ fn a_restored_boundary_continues_exactly_in_every_mode() {
             let expected = take(&mut first, 24);
 
             let mut second = generator(mode, temperature);
-            second
-                .restore(
-                    boundary.state,
-                    &boundary.target_state,
-                    boundary.draft_state.as_deref(),
-                    boundary.speculative_state.as_deref(),
-                )
-                .expect("restore");
+            second.put_back(boundary).expect("restore");
             assert_eq!(take(&mut second, 24), expected, "{mode:?} at {temperature}");
         }
     }

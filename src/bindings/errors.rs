@@ -14,7 +14,6 @@ use pyo3::PyTypeInfo;
 
 use crate::checkpoint::{self, CheckpointError};
 use crate::engine::EngineError;
-use crate::generator::RestoreError;
 use crate::native::NativeError;
 use crate::session::SessionError;
 use crate::settings::SettingError;
@@ -134,12 +133,6 @@ impl From<EngineError> for PyErr {
             EngineError::Native(error) => error.into(),
             EngineError::Session(error) => error.into(),
         }
-    }
-}
-
-impl From<RestoreError> for PyErr {
-    fn from(error: RestoreError) -> Self {
-        classes::CorruptCheckpointError::new_err((error.to_string(),))
     }
 }
 

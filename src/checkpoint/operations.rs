@@ -198,12 +198,7 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
         return Ok(());
     };
     generator
-        .restore(
-            kept.state,
-            &kept.target_state,
-            kept.draft_state.as_deref(),
-            kept.speculative_state.as_deref(),
-        )
+        .put_back(kept)
         .map_err(|e| GeneratorError::Usage(format!("could not put the generation back: {e}")))?;
     Err(refused(error).into())
 }

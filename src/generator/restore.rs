@@ -55,13 +55,18 @@ impl Generator {
                 .as_mut()
                 .map(|draft| draft.seq_state(0))
                 .transpose()?,
-            speculative_state: self
-                .session
-                .as_ref()
-                .map(|session| session.state(0))
-                .transpose()
-                .map_err(|error| GeneratorError::Session(SessionError::State(error)))?,
+            speculative_state: self.speculative_state()?,
         })
+    }
+
+    /// Put back a boundary taken with [`Generator::boundary`] (see [`Generator::restore`]).
+    pub fn put_back(&mut self, boundary: Boundary) -> std::result::Result<(), RestoreError> {
+        self.restore(
+            boundary.state,
+            &boundary.target_state,
+            boundary.draft_state.as_deref(),
+            boundary.speculative_state.as_deref(),
+        )
     }
 
     /// Put a captured boundary back: state, contexts and speculative state.
