@@ -139,6 +139,11 @@ impl PyContext {
         self.last_batch = None;
     }
 
+    /// Rows one decode call may hold (llama.cpp's `n_batch`).
+    pub(crate) fn batch_rows(&self) -> usize {
+        self.inner.lock().capacity().batch as usize
+    }
+
     /// Decodes run on this context so far.
     pub(crate) fn decode_count(&self) -> u64 {
         self.decodes

@@ -74,7 +74,7 @@ impl PySession {
                 "process() takes the batch the target decoded last, after the session was created",
             ));
         }
-        let draft_rows = draft.inner.lock().capacity().batch as usize;
+        let draft_rows = draft.batch_rows();
         if batch.len() > draft_rows {
             return Err(session_error(format!(
                 "a batch of {} rows exceeds the draft context's n_batch of {draft_rows}",
@@ -205,7 +205,7 @@ impl PySession {
         all_logits: bool,
     ) -> PyResult<()> {
         self.check_thread()?;
-        let draft_rows = self.draft.bind(py).borrow().inner.lock().capacity().batch as usize;
+        let draft_rows = self.draft.bind(py).borrow().batch_rows();
         if tokens.len() > draft_rows {
             return Err(session_error(format!(
                 "{} tokens exceed the draft context's n_batch of {draft_rows}",
