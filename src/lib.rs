@@ -7,12 +7,15 @@
 //! validating rule for each generation setting; [`engine`] is the one
 //! speculative round engine with a drafter per mode; [`generator`] (five
 //! modes) and [`generation`] (a session over caller-built contexts) drive it;
-//! [`checkpoint`] is the byte format and the capture/restore operations; and
+//! [`chat`] renders conversations with llama.cpp's chat templates and
+//! continues them turn by turn; [`checkpoint`] is the byte format and the
+//! capture/restore operations; and
 //! `bindings` (feature `python`) is the thin PyO3 layer that exposes all of it
 //! to Python as `specstate._native`.
 
 #[cfg(feature = "python")]
 mod bindings;
+pub mod chat;
 pub mod checkpoint;
 pub mod engine;
 pub mod generation;

@@ -25,6 +25,7 @@ from specstate._native import (  # noqa: E402
     MAX_SPECULATIVE_SEQUENCES,
     MAX_SPECULATIVE_STATE_BYTES,
     Batch,
+    ChatTemplate,
     Context,
     ContextCapacity,
     DraftSession,
@@ -41,9 +42,11 @@ from specstate._typing import (  # noqa: E402
     CheckpointInfo,
     GeneratorConfig,
     GeneratorSettings,
+    Message,
     ModelFingerprint,
     NativeInfo,
 )
+from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
 from specstate.generator import Generator, encode_prompt  # noqa: E402
 from specstate.sessions import Eagle3Session, MtpSession  # noqa: E402
@@ -56,6 +59,7 @@ __all__ = [
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
     "Batch",
+    "ChatTemplate",
     "CheckpointInfo",
     "Context",
     "ContextCapacity",
@@ -65,14 +69,17 @@ __all__ = [
     "GeneratorConfig",
     "GeneratorSettings",
     "GreedyGeneration",
+    "Message",
     "Model",
     "ModelFingerprint",
     "MtpSession",
     "NativeInfo",
+    "chat_template",
     "encode_prompt",
     "inspect_checkpoint",
     "model_fingerprint",
     "native_info",
+    "render_chat",
     "validate_config",
     "validate_context_capacities",
     "validate_state_size",

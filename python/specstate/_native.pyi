@@ -179,6 +179,9 @@ class Model:
     def bos(self) -> int:
         """Beginning-of-sequence token id."""
     @property
+    def chat_template(self) -> str | None:
+        """The model's chat template (``tokenizer.chat_template``), or ``None``."""
+    @property
     def metadata(self) -> dict[str, str]:
         """GGUF metadata as text values."""
     def is_eog(self, token: int) -> bool:
@@ -189,6 +192,23 @@ class Model:
         """The bytes of one token (``ValueError`` outside the vocabulary)."""
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         """The text of ``tokens`` (invalid UTF-8 replaced)."""
+
+@final
+class ChatTemplate:
+    """A model's chat template (or ``source`` in its place; ``"chatml"`` for ChatML), rendered by llama.cpp."""
+
+    def __new__(cls, model: Model, source: str | None = None) -> ChatTemplate: ...
+    @property
+    def source(self) -> str:
+        """The Jinja source in use."""
+    def render(self, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """The conversation ``(role, content)`` pairs as text."""
+    def prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """The first turn's prompt: template text with special tokens parsed, message text literally."""
+    def next_turn_tokens(
+        self, before: Sequence[tuple[str, str]], last_token: int, new: Sequence[tuple[str, str]]
+    ) -> list[int]:
+        """The tokens that follow a reply ending with ``last_token``: the end of its turn, ``new``, the next opening."""
 
 @final
 class Batch:
@@ -404,6 +424,14 @@ class Generator:
     def __new__(cls, target: Model, **settings: Unpack[GeneratorSettings]) -> Generator: ...
     def prefill(self, prompt: Sequence[int]) -> None:
         """Decode the prompt and commit the first generated token."""
+    def extend(self, tokens: Sequence[int]) -> int:
+        """Continue with a new turn: drop committed tokens not handed out, decode ``tokens``,
+        commit and return the first token after them (``n_prompt`` moves to the new turn's end)."""
+    @property
+    def conversation(self) -> tuple[list[tuple[str, str]], str] | None:
+        """The messages that led to the current reply and the template's SHA-256, or ``None``."""
+    def set_conversation(self, messages: Sequence[tuple[str, str]] | None, template_sha256: str = "") -> None:
+        """Record the conversation that led to the current reply (``None`` clears it)."""
     def take(self, max_n: int = ...) -> list[int]:
         """Up to ``max_n`` generated tokens, running a round when none are waiting.
 

@@ -10,10 +10,25 @@ from typing import Literal, TypedDict
 
 from specstate._native import Model
 
-__all__ = ["CheckpointInfo", "GeneratorConfig", "GeneratorSettings", "Mode", "ModelFingerprint", "NativeInfo"]
+__all__ = [
+    "CheckpointInfo",
+    "GeneratorConfig",
+    "GeneratorSettings",
+    "Message",
+    "Mode",
+    "ModelFingerprint",
+    "NativeInfo",
+]
 
 #: The five generation modes.
 Mode = Literal["none", "ngram", "draft", "mtp", "eagle3"]
+
+
+class Message(TypedDict):
+    """One message of a conversation: ``role`` (``system``, ``user``, ``assistant``, ...) and ``content``."""
+
+    role: str
+    content: str
 
 
 class NativeInfo(TypedDict):

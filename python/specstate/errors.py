@@ -15,6 +15,7 @@ __all__ = [
     "BadSequenceError",
     "BufferTooSmallError",
     "CapacityError",
+    "ChatTemplateError",
     "CheckpointError",
     "ChecksumMismatchError",
     "ConfigError",
@@ -116,6 +117,10 @@ class ThreadAffinityError(RuntimeError):
 
 class GenerationError(RuntimeError):
     """A generator call that does not fit its state (e.g. stepping before a prompt)."""
+
+
+class ChatTemplateError(ValueError):
+    """A chat template is missing, does not parse or render, or cannot continue a conversation."""
 
 
 class CheckpointError(ValueError):

@@ -40,14 +40,15 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specstate import _native
 from specstate._native import Model
-from specstate._typing import GeneratorConfig, GeneratorSettings, Mode
-from specstate.errors import GenerationError
+from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode
+from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
+from specstate.errors import ChatTemplateError, GenerationError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -200,6 +201,10 @@ class Generator:
         """
         if max_tokens < 0:
             raise ValueError("max_tokens must not be negative")
+        return self._stream(lambda: self._start(prompt, literal), max_tokens, stop)
+
+    def _stream(self, start: Callable[[], None], max_tokens: int, stop: Sequence[str]) -> Iterator[str]:
+        """Run ``start``, then yield text pieces as tokens are committed (see :meth:`stream`)."""
         native, model = self._native, self._native.target
         held = ""  # text held back while it could begin a stop string
         hold = max((len(s) for s in stop), default=1) - 1
@@ -208,7 +213,7 @@ class Generator:
         started = time.perf_counter()
         delivered = 0
         try:
-            self._start(prompt, literal)
+            start()
             while True:
                 if remaining <= 0:
                     self.stopped_by = "max_tokens"
@@ -251,6 +256,62 @@ class Generator:
     ) -> str:
         """The text of up to ``max_tokens`` new tokens (see :meth:`stream`)."""
         return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop, literal=literal))
+
+    # --- conversations ---------------------------------------------------------------------------
+
+    def stream_chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> Iterator[str]:
+        """Yield the assistant's reply to ``messages`` as it is committed.
+
+        On a new generator, ``messages`` is the conversation so far (system,
+        user, ... messages; a string is one user message): it is rendered with
+        the chat template (see :func:`specstate.chat.chat_template`; the
+        model's own unless ``template`` is given) and becomes the prompt. On a
+        generator that already holds a conversation -- after a previous
+        ``chat`` call, or restored from a checkpoint taken after one --
+        ``messages`` are the next turn's new messages: only their tokens (and
+        the template text around them) are decoded after the tokens already
+        held, in every mode. The reply stops at the end-of-generation token or
+        after ``max_tokens`` (at least 1) tokens; a reply cut short is closed
+        as the template closes a turn. :attr:`messages` is the whole
+        conversation, reply included, and travels in checkpoints.
+        """
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1 for a chat reply")
+        new = as_pairs(messages)
+        template_ = chat_template(self._native.target, template)
+        return self._stream(lambda: self._start_turn(template_, new), max_tokens, ())
+
+    def chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> str:
+        """The assistant's reply to ``messages`` (see :meth:`stream_chat`)."""
+        return "".join(self.stream_chat(messages, max_tokens=max_tokens, template=template))
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation: its messages and the current reply (empty if this generation is not a chat)."""
+        conversation = self._native.conversation
+        if conversation is None:
+            return []
+        return as_messages([*conversation[0], ("assistant", self.text)])
+
+    def _start_turn(self, template: _native.ChatTemplate, new: list[tuple[str, str]]) -> None:
+        """Decode the first turn's prompt, or the next turn's tokens, and record the conversation."""
+        native = self._native
+        digest = template_sha256(template)
+        if not native.history:
+            native.prefill(template.prompt_tokens(new))
+            native.set_conversation(new, digest)
+            return
+        conversation = native.conversation
+        if conversation is None:
+            raise GenerationError("this generation is not a conversation: it was started with a prompt, not chat()")
+        before, recorded = conversation
+        if recorded != digest:
+            raise ChatTemplateError("this conversation was rendered with another chat template")
+        kept = self._native.history[: native.n_prompt + max(native.delivered, 1)]
+        before = [*before, ("assistant", self.text)]
+        native.extend(template.next_turn_tokens(before, kept[-1], new))
+        native.set_conversation([*before, *new], digest)
+        self._reset_text()
 
     # --- what it has done ------------------------------------------------------------------------
 

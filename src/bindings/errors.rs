@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::PyTypeInfo;
 
+use crate::chat::ChatError;
 use crate::checkpoint::{self, CheckpointError};
 use crate::engine::EngineError;
 use crate::native::NativeError;
@@ -40,6 +41,7 @@ pub(crate) mod classes {
         BadSequenceError,
         BufferTooSmallError,
         CapacityError,
+        ChatTemplateError,
         ChecksumMismatchError,
         ConfigError,
         ConfigMismatchError,
@@ -115,6 +117,16 @@ impl From<SessionError> for PyErr {
                 classes::SessionError::new_err((message,))
             }
             SessionError::State(state) => state.into(),
+        }
+    }
+}
+
+impl From<ChatError> for PyErr {
+    fn from(error: ChatError) -> Self {
+        match error {
+            ChatError::Messages(message) => PyValueError::new_err(message),
+            ChatError::Template(message) => classes::ChatTemplateError::new_err((message,)),
+            ChatError::Native(error) => error.into(),
         }
     }
 }

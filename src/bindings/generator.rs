@@ -8,9 +8,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::arguments::WideInt;
+use super::chat::{messages as chat_messages, pairs, Pairs};
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use super::model::PyModel;
+use crate::chat::Conversation;
 use crate::checkpoint;
 use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptions};
 use crate::sampling::SamplingParams;
@@ -109,6 +111,36 @@ impl PyGenerator {
         let generator = self.generator()?;
         py.detach(|| generator.prefill(&prompt))?;
         Ok(())
+    }
+
+    /// Continue with a new turn: drop committed tokens not handed out, decode
+    /// `tokens`, commit and return the first token after them.
+    fn extend(&mut self, py: Python<'_>, tokens: Vec<i32>) -> PyResult<i32> {
+        let generator = self.generator()?;
+        Ok(py.detach(|| generator.extend(&tokens))?)
+    }
+
+    /// The conversation that led to the current reply: `(messages, template_sha256)`, or `None`.
+    #[getter]
+    fn conversation(&self) -> Option<(Pairs, String)> {
+        let generator = self.inner.lock();
+        generator
+            .conversation()
+            .map(|c| (pairs(&c.messages), c.template_sha256.clone()))
+    }
+
+    /// Record the conversation that led to the current reply (`None` clears it).
+    #[pyo3(signature = (messages, template_sha256 = String::new()))]
+    fn set_conversation(
+        &mut self,
+        messages: Option<Pairs>,
+        template_sha256: String,
+    ) -> PyResult<()> {
+        let conversation = messages.map(|messages| Conversation {
+            messages: chat_messages(messages),
+            template_sha256,
+        });
+        Ok(self.generator()?.set_conversation(conversation)?)
     }
 
     /// Up to `max_n` generated tokens, running a round when none are waiting

@@ -1,6 +1,7 @@
 //! The Python module `specstate._native`: a thin layer over the Rust core.
 
 mod arguments;
+mod chat;
 mod context;
 mod errors;
 mod generator;
@@ -30,6 +31,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     module.add_class::<validators::ContextCapacity>()?;
     module.add_class::<model::PyModel>()?;
+    module.add_class::<chat::PyChatTemplate>()?;
     module.add_class::<context::PyContext>()?;
     module.add_class::<context::PyBatch>()?;
     module.add_class::<session::PySession>()?;

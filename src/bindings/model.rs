@@ -44,6 +44,9 @@ pub(crate) struct PyModel {
     /// Beginning-of-sequence token id.
     #[pyo3(get)]
     bos: i32,
+    /// The model's chat template (`tokenizer.chat_template`), or `None`.
+    #[pyo3(get)]
+    chat_template: Option<String>,
 }
 
 impl PyModel {
@@ -60,6 +63,7 @@ impl PyModel {
             size: model.size_bytes(),
             eos: model.eos(),
             bos: model.bos(),
+            chat_template: model.chat_template(),
             inner: Arc::new(model),
         }
     }

@@ -5,8 +5,9 @@ use crate::speculative::MAX_SPECULATIVE_STATE_BYTES;
 
 /// First eight bytes of every checkpoint.
 pub const MAGIC: &[u8; 8] = b"SPECSTAT";
-/// The format version this build writes. Version 1 (no section bindings) is still read.
-pub const FORMAT_VERSION: u16 = 2;
+/// The format version this build writes. Versions 1 (no section bindings)
+/// and 2 (no conversation in `meta`) are still read.
+pub const FORMAT_VERSION: u16 = 3;
 /// The oldest format version this build reads.
 pub(super) const OLDEST_READABLE_VERSION: u16 = 1;
 pub(super) const HEADER_SIZE: usize = 32;
@@ -61,7 +62,7 @@ impl SectionKind {
     /// The largest payload accepted.
     pub fn maximum(self) -> u64 {
         match self {
-            Self::Meta => 1 << 20,
+            Self::Meta => 16 << 20,
             Self::State => 1 << 10,
             Self::Tokens => 4 << 24,
             Self::TargetState | Self::DraftState => 1 << 36,

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::format::{corrupt, CheckpointError};
+use crate::chat::Conversation;
 use crate::native_info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
 use crate::sampling::SamplingParams;
 use crate::settings::NgramConfig;
@@ -70,6 +71,10 @@ pub struct Meta {
     pub target_model: ModelFingerprint,
     /// The draft model (`draft` and `eagle3` modes).
     pub draft_model: Option<ModelFingerprint>,
+    /// The conversation that led to the current reply, if the generation is
+    /// a chat (format version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<Conversation>,
 }
 
 impl Meta {
@@ -97,7 +102,24 @@ impl Meta {
             seed: config.sampling.seed,
             target_model,
             draft_model,
+            conversation: None,
         }
+    }
+
+    /// Check the conversation entry: well formed, and only in a file of a
+    /// version that has it.
+    pub fn check_conversation(&self, version: u16) -> Result<(), CheckpointError> {
+        let Some(conversation) = &self.conversation else {
+            return Ok(());
+        };
+        if version < 3 {
+            return Err(corrupt(format!(
+                "meta.conversation: not part of format version {version}"
+            )));
+        }
+        conversation
+            .validate()
+            .map_err(|e| corrupt(format!("meta.conversation: {e}")))
     }
 
     /// The `meta` section's payload.

@@ -47,11 +47,12 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
         )
         .into());
     }
-    let meta = Meta::new(
+    let mut meta = Meta::new(
         generator.config(),
         fingerprint(generator.target_model()),
         generator.draft_model().map(|m| fingerprint(m)),
     );
+    meta.conversation = generator.conversation().cloned();
     let meta = meta
         .to_json()
         .map_err(|e| GeneratorError::Invalid(e.to_string()))?;
@@ -141,6 +142,13 @@ fn refused(error: RestoreError) -> CheckpointError {
     CheckpointError::Corrupt(error.to_string())
 }
 
+/// Give the generator the checkpoint's conversation (or none).
+fn set_conversation(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Result<(), Error> {
+    generator
+        .set_conversation(checkpoint.meta.conversation.clone())
+        .map_err(|e| CheckpointError::Corrupt(format!("meta.conversation: {e}")).into())
+}
+
 /// A new generator continuing `checkpoint` on these models.
 ///
 /// Everything that comes from the file is a [`CheckpointError`]: settings
@@ -170,6 +178,7 @@ pub fn restore(
             checkpoint.speculative_state,
         )
         .map_err(refused)?;
+    set_conversation(&mut generator, checkpoint)?;
     Ok(generator)
 }
 
@@ -195,7 +204,7 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
         checkpoint.speculative_state,
     );
     let Err(error) = applied else {
-        return Ok(());
+        return set_conversation(generator, checkpoint);
     };
     generator
         .put_back(kept)

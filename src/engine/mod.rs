@@ -4,7 +4,8 @@
 //! draft up to a limit, verify the draft in one target batch through
 //! [`Sampler::verify`], commit the accepted draft tokens and the target's own
 //! next token, and roll back what was rejected. [`Engine::prefill`] decodes a
-//! prompt and chooses the first token; [`Engine::round`] runs one round. Both
+//! prompt and chooses the first token, [`Engine::extend`] does the same for a
+//! new turn after a generation; [`Engine::round`] runs one round. Both
 //! `Generator` (five modes) and `SessionGeneration` (a session over contexts
 //! the caller built) drive these two functions.
 //!
@@ -185,15 +186,36 @@ impl Engine<'_> {
     /// begin the drafter, and return the first generated token.
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
         self.check_prompt(prompt)?;
+        self.decode_prompt(prompt, 0)?;
+        self.drafter.begin(prompt)?;
+        Ok(self.sampler.choose(self.target.logits(-1)?))
+    }
+
+    /// Continue the generation at `at` with a new turn: decode the last
+    /// committed token and `tokens` after it, begin the drafter on the whole
+    /// history as its new prompt, and return the first token generated after
+    /// it. The rules of [`Engine::prefill`] apply to that new prompt.
+    pub fn extend(&mut self, at: Cursor<'_>, tokens: &[i32]) -> Result<i32> {
+        if tokens.is_empty() {
+            return Err(EngineError::Invalid("the new turn is empty".into()));
+        }
+        let prompt = [at.history, tokens].concat();
+        self.check_prompt(&prompt)?;
+        self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
+        self.drafter.begin(&prompt)?;
+        Ok(self.sampler.choose(self.target.logits(-1)?))
+    }
+
+    /// Decode `rows` at positions `start..` in batch-sized chunks, the drafter observing each.
+    fn decode_prompt(&mut self, rows: &[i32], start: usize) -> Result<()> {
         let chunk = self.batch.capacity();
-        for (index, piece) in prompt.chunks(chunk).enumerate() {
+        for (index, piece) in rows.chunks(chunk).enumerate() {
             self.batch
-                .fill(piece, position(index * chunk)?, self.seq_id, false)?;
+                .fill(piece, position(start + index * chunk)?, self.seq_id, false)?;
             self.target.decode(self.batch)?;
             self.drafter.observe(self.batch)?;
         }
-        self.drafter.begin(prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?))
+        Ok(())
     }
 
     fn check_prompt(&self, prompt: &[i32]) -> Result<()> {

@@ -150,6 +150,7 @@ impl Generator {
             config,
             state: GeneratorState::empty(sampler.rng.state()),
             sampler,
+            conversation: None,
         })
     }
 }

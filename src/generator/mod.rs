@@ -20,6 +20,7 @@ pub use crate::engine::EngineError as GeneratorError;
 pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, SettingError};
 pub use restore::{Boundary, Positions, RestoreError};
 
+use crate::chat::Conversation;
 use crate::engine::{
     Cursor, DraftModelDrafter, Drafter, Engine, NgramDrafter, NoDrafter, Round, SessionDrafter,
 };
@@ -95,6 +96,7 @@ pub struct Generator {
     config: GeneratorConfig,
     state: GeneratorState,
     sampler: Sampler,
+    conversation: Option<Conversation>,
 }
 
 impl Generator {
@@ -146,6 +148,7 @@ impl Generator {
             config,
             state,
             sampler,
+            ..
         } = self;
         let n_draft = config.n_draft as usize;
         let mut drafter: Box<dyn Drafter + '_> = match (config.mode, session, draft, draft_batch) {
@@ -198,6 +201,85 @@ impl Generator {
         self.state.delivered = 0;
         self.state.rng = self.sampler.rng.state();
         Ok(first)
+    }
+
+    /// Continue with a new turn: `tokens` (a user's next message, say) are
+    /// decoded after the tokens handed out so far, and the first token after
+    /// them is committed and returned.
+    ///
+    /// Committed tokens not yet handed out are dropped first (the contexts
+    /// forget them), so the new turn follows exactly what the caller has
+    /// seen. The history up to the new turn becomes the prompt of what
+    /// follows: `n_prompt` moves to its end, and the rounds, drafted,
+    /// accepted and delivered counters start again from zero.
+    pub fn extend(&mut self, tokens: &[i32]) -> Result<i32> {
+        if !self.started() {
+            return Err(GeneratorError::Usage("call prefill() first".into()));
+        }
+        self.drop_undelivered()?;
+        let (n_past, finished) = (self.state.n_past, self.state.finished);
+        let first = self.with_engine(|engine, history| {
+            let at = Cursor {
+                history,
+                n_past,
+                finished,
+            };
+            engine.extend(at, tokens)
+        })?;
+        let state = &mut self.state;
+        state.history.extend_from_slice(tokens);
+        state.n_prompt = state.history.len();
+        state.n_past = state.n_prompt;
+        state.history.push(first);
+        state.finished = self.target.model().is_eog(first);
+        state.delivered = 0;
+        (state.rounds, state.drafted, state.accepted) = (0, 0, 0);
+        state.rng = self.sampler.rng.state();
+        Ok(first)
+    }
+
+    /// Forget committed tokens not yet handed out (the first generated token
+    /// always stays): the history, the target and the draft context end where
+    /// the caller's view ends.
+    fn drop_undelivered(&mut self) -> Result<()> {
+        let keep = self.state.n_prompt + self.state.delivered.max(1);
+        if keep >= self.state.history.len() {
+            return Ok(());
+        }
+        let n_past = keep - 1;
+        let from = crate::engine::position(n_past)?;
+        if !self.target.seq_rm(0, from, -1) {
+            return Err(GeneratorError::Usage(format!(
+                "the target could not roll back to position {n_past}"
+            )));
+        }
+        if let Some(draft) = self.draft.as_mut() {
+            draft.seq_rm(0, from, -1);
+        }
+        let state = &mut self.state;
+        state.history.truncate(keep);
+        state.n_past = n_past;
+        state.draft_past = state.draft_past.min(n_past);
+        state.finished = self.target.model().is_eog(state.history[n_past]);
+        Ok(())
+    }
+
+    /// The conversation that led to the current reply, if this generation is a chat.
+    pub fn conversation(&self) -> Option<&Conversation> {
+        self.conversation.as_ref()
+    }
+
+    /// Record (or clear) the conversation that led to the current reply; it
+    /// travels in checkpoints.
+    pub fn set_conversation(
+        &mut self,
+        conversation: Option<Conversation>,
+    ) -> std::result::Result<(), crate::chat::ChatError> {
+        if let Some(conversation) = &conversation {
+            conversation.validate()?;
+        }
+        self.conversation = conversation;
+        Ok(())
     }
 
     /// Committed tokens not yet handed out.

@@ -6,11 +6,13 @@
 
 mod backend;
 mod batch;
+mod chat;
 mod context;
 mod model;
 
 pub use backend::ensure_backend;
 pub use batch::{Batch, MAX_BATCH_ROWS};
+pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
 pub use context::{Context, ContextKind, ContextParams, MAX_SEQUENCES, MAX_THREADS};
 pub use model::Model;
 

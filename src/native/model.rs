@@ -265,6 +265,25 @@ impl Model {
         })
     }
 
+    /// The model's own chat template (`tokenizer.chat_template`), if it has one.
+    pub fn chat_template(&self) -> Option<String> {
+        // SAFETY: the model is live; a NULL name asks for the default template.
+        let raw = unsafe { sys::llama_model_chat_template(self.raw.as_ptr(), std::ptr::null()) };
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: llama.cpp returns a NUL-terminated string owned by the model,
+        // which outlives this borrow; it is copied at once.
+        let text = unsafe { std::ffi::CStr::from_ptr(raw) };
+        Some(text.to_string_lossy().into_owned())
+    }
+
+    /// Whether tokenizing with `add_special` adds BOS (the model's metadata says).
+    pub fn add_bos(&self) -> bool {
+        // SAFETY: the vocabulary belongs to the live model.
+        unsafe { sys::llama_vocab_get_add_bos(self.vocab()) }
+    }
+
     /// The architecture name (`general.architecture`).
     pub fn architecture(&self) -> String {
         self.metadata_value("general.architecture")
