@@ -19,6 +19,7 @@ __all__ = [
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
     "Batch",
+    "ChatTemplate",
     "Context",
     "ContextCapacity",
     "DraftSession",
@@ -422,16 +423,18 @@ class Generator:
     # Keyword arguments: GeneratorSettings, which documents the defaults (stubtest checks its keys against the
     # runtime signature).
     def __new__(cls, target: Model, **settings: Unpack[GeneratorSettings]) -> Generator: ...
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Decode the prompt and commit the first generated token."""
-    def extend(self, tokens: Sequence[int]) -> int:
+    def prefill(
+        self, prompt: Sequence[int], conversation: tuple[Sequence[tuple[str, str]], str] | None = None
+    ) -> None:
+        """Decode the prompt and commit the first generated token; ``conversation``
+        (messages, template SHA-256) records the chat the prompt renders."""
+    def extend(self, tokens: Sequence[int], conversation: tuple[Sequence[tuple[str, str]], str] | None = None) -> int:
         """Continue with a new turn: drop committed tokens not handed out, decode ``tokens``,
-        commit and return the first token after them (``n_prompt`` moves to the new turn's end)."""
+        commit and return the first token after them (``n_prompt`` moves to the new turn's end).
+        ``conversation`` (messages, template SHA-256) is recorded in the same call."""
     @property
     def conversation(self) -> tuple[list[tuple[str, str]], str] | None:
         """The messages that led to the current reply and the template's SHA-256, or ``None``."""
-    def set_conversation(self, messages: Sequence[tuple[str, str]] | None, template_sha256: str = "") -> None:
-        """Record the conversation that led to the current reply (``None`` clears it)."""
     def take(self, max_n: int = ...) -> list[int]:
         """Up to ``max_n`` generated tokens, running a round when none are waiting.
 

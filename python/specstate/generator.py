@@ -298,8 +298,7 @@ class Generator:
         native = self._native
         digest = template_sha256(template)
         if not native.history:
-            native.prefill(template.prompt_tokens(new))
-            native.set_conversation(new, digest)
+            native.prefill(template.prompt_tokens(new), (new, digest))
             return
         conversation = native.conversation
         if conversation is None:
@@ -309,8 +308,7 @@ class Generator:
             raise ChatTemplateError("this conversation was rendered with another chat template")
         kept = self._native.history[: native.n_prompt + max(native.delivered, 1)]
         before = [*before, ("assistant", self.text)]
-        native.extend(template.next_turn_tokens(before, kept[-1], new))
-        native.set_conversation([*before, *new], digest)
+        native.extend(template.next_turn_tokens(before, kept[-1], new), ([*before, *new], digest))
         self._reset_text()
 
     # --- what it has done ------------------------------------------------------------------------

@@ -51,6 +51,19 @@ impl PyGenerator {
     }
 }
 
+/// A conversation from Python, checked before anything runs.
+fn checked_conversation(conversation: Option<(Pairs, String)>) -> PyResult<Option<Conversation>> {
+    let Some((messages, template_sha256)) = conversation else {
+        return Ok(None);
+    };
+    let conversation = Conversation {
+        messages: chat_messages(messages),
+        template_sha256,
+    };
+    conversation.validate()?;
+    Ok(Some(conversation))
+}
+
 fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
     model.as_ref().map(|m| Arc::clone(&m.get().inner))
 }
@@ -106,18 +119,37 @@ impl PyGenerator {
         Ok(Self::wrap(inner, target, draft_model))
     }
 
-    /// Decode the prompt and commit the first generated token.
-    fn prefill(&mut self, py: Python<'_>, prompt: Vec<i32>) -> PyResult<()> {
+    /// Decode the prompt and commit the first generated token; `conversation`
+    /// (`(messages, template_sha256)`) records the chat the prompt renders.
+    #[pyo3(signature = (prompt, conversation = None))]
+    fn prefill(
+        &mut self,
+        py: Python<'_>,
+        prompt: Vec<i32>,
+        conversation: Option<(Pairs, String)>,
+    ) -> PyResult<()> {
+        let conversation = checked_conversation(conversation)?;
         let generator = self.generator()?;
         py.detach(|| generator.prefill(&prompt))?;
-        Ok(())
+        Ok(generator.set_conversation(conversation)?)
     }
 
     /// Continue with a new turn: drop committed tokens not handed out, decode
-    /// `tokens`, commit and return the first token after them.
-    fn extend(&mut self, py: Python<'_>, tokens: Vec<i32>) -> PyResult<i32> {
+    /// `tokens`, commit and return the first token after them. `conversation`
+    /// (`(messages, template_sha256)`) becomes the recorded chat, in the same
+    /// call, so the two cannot part.
+    #[pyo3(signature = (tokens, conversation = None))]
+    fn extend(
+        &mut self,
+        py: Python<'_>,
+        tokens: Vec<i32>,
+        conversation: Option<(Pairs, String)>,
+    ) -> PyResult<i32> {
+        let conversation = checked_conversation(conversation)?;
         let generator = self.generator()?;
-        Ok(py.detach(|| generator.extend(&tokens))?)
+        let first = py.detach(|| generator.extend(&tokens))?;
+        generator.set_conversation(conversation)?;
+        Ok(first)
     }
 
     /// The conversation that led to the current reply: `(messages, template_sha256)`, or `None`.
@@ -127,20 +159,6 @@ impl PyGenerator {
         generator
             .conversation()
             .map(|c| (pairs(&c.messages), c.template_sha256.clone()))
-    }
-
-    /// Record the conversation that led to the current reply (`None` clears it).
-    #[pyo3(signature = (messages, template_sha256 = String::new()))]
-    fn set_conversation(
-        &mut self,
-        messages: Option<Pairs>,
-        template_sha256: String,
-    ) -> PyResult<()> {
-        let conversation = messages.map(|messages| Conversation {
-            messages: chat_messages(messages),
-            template_sha256,
-        });
-        Ok(self.generator()?.set_conversation(conversation)?)
     }
 
     /// Up to `max_n` generated tokens, running a round when none are waiting
