@@ -335,12 +335,16 @@ class _Tensors:
         self.items.append((name, array))
 
 
-def _write(path: Path, arch: str, fill_metadata: _MetadataFill, tensors: _Tensors) -> Path:
+def _write(
+    path: Path, arch: str, fill_metadata: _MetadataFill, tensors: _Tensors, chat_template: str | None = None
+) -> Path:
     """Write one GGUF file atomically (temp file in the same folder, then rename)."""
     path = Path(path)
     with gguf_writer(path, arch) as writer:
         fill_metadata(writer)
         VOCAB.write_to(writer)
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
         for name, array in tensors.items:
             writer.add_tensor(name, array)
     return path
@@ -510,6 +514,7 @@ def build_llama(
     n_head_kv: int = 2,
     n_ff: int = 128,
     noise: float = DEFAULT_NOISE,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny ``llama`` model to ``path`` and return ``path``.
 
@@ -517,6 +522,7 @@ def build_llama(
     ``attn_norm``, ``attn_q``/``attn_k``/``attn_v``/``attn_output``,
     ``ffn_norm``, ``ffn_gate``/``ffn_up``/``ffn_down`` (all f32). ``noise``
     scales every block's attention-output and FFN-down projections.
+    ``chat_template`` goes to ``tokenizer.chat_template``.
     """
     seed = _check_seed(seed)
     sizes = _check_sizes(n_embd, n_head, n_head_kv, n_ff)
@@ -524,7 +530,7 @@ def build_llama(
     if n_layer <= 0 or n_ff <= 0:
         raise ValueError("n_layer and n_ff must be positive")
     meta = _common_metadata("llama", sizes, n_layer_all=n_layer, rope_dims=sizes.head_dim)
-    return _write(path, "llama", meta, _llama_tensors(seed, n_layer, sizes, noise))
+    return _write(path, "llama", meta, _llama_tensors(seed, n_layer, sizes, noise), chat_template)
 
 
 # --------------------------------------------------------------------------

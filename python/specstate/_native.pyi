@@ -423,20 +423,22 @@ class Generator:
     # Keyword arguments: GeneratorSettings, which documents the defaults (stubtest checks its keys against the
     # runtime signature).
     def __new__(cls, target: Model, **settings: Unpack[GeneratorSettings]) -> Generator: ...
-    def prefill(
-        self, prompt: Sequence[int], conversation: tuple[Sequence[tuple[str, str]], str] | None = None
-    ) -> None:
+    def prefill(self, prompt: Sequence[int], conversation: tuple[Sequence[tuple[str, str]], str] | None = None) -> None:
         """Decode the prompt and commit the first generated token; ``conversation``
         (messages, template SHA-256) records the chat the prompt renders."""
     def extend(self, tokens: Sequence[int], conversation: tuple[Sequence[tuple[str, str]], str] | None = None) -> int:
-        """Continue with a new turn: drop committed tokens not handed out, decode ``tokens``,
-        commit and return the first token after them (``n_prompt`` moves to the new turn's end).
+        """Continue with a new turn: decode ``tokens`` after every committed token, commit and
+        return the first token after them (``n_prompt`` moves to the new turn's end).
         ``conversation`` (messages, template SHA-256) is recorded in the same call."""
     @property
     def conversation(self) -> tuple[list[tuple[str, str]], str] | None:
         """The messages that led to the current reply and the template's SHA-256, or ``None``."""
-    def take(self, max_n: int = ...) -> list[int]:
+    def take(self, max_n: int = ..., *, within: bool = False) -> list[int]:
         """Up to ``max_n`` generated tokens, running a round when none are waiting.
+
+        With ``within``, a round run for this call commits at most ``max_n``
+        tokens (its draft is shortened), so nothing is left waiting; the
+        rounds then depend on ``max_n``.
 
         Empty once finished (or the context is full) and all are handed out.
         Rounds never depend on ``max_n``, so how a generation is split into

@@ -125,7 +125,9 @@ class CheckpointInfo(TypedDict):
     the generation's ``config``; ``target_model`` and ``draft_model`` (None
     when the mode has none); ``n_prompt`` (prompt tokens), ``n_tokens``
     (prompt and committed), ``n_generated`` (committed), ``n_delivered``
-    (handed out), ``n_past`` (in the target's memory), ``finished``; the
+    (handed out), ``n_past`` (in the target's memory), ``finished``;
+    ``n_messages``, the messages of the conversation that led to the current
+    reply (``None`` when the generation is not a chat); the
     counters ``rounds``, ``drafted`` and ``accepted``; ``sections`` as
     ``(name, bytes)`` pairs in file order; ``checksum`` (the CRC-32 over the
     file, 8 hex digits) and ``size`` (bytes of the file).
@@ -145,6 +147,7 @@ class CheckpointInfo(TypedDict):
     n_delivered: int
     n_past: int
     finished: bool
+    n_messages: int | None
     rounds: int
     drafted: int
     accepted: int

@@ -25,7 +25,7 @@ from specstate.errors import ChatTemplateError
 
 __all__ = ["Message", "Messages", "chat_template", "render_chat"]
 
-Messages = Union[str, Sequence[Mapping[str, str]]]
+Messages = Union[str, Sequence[Union[Message, Mapping[str, str]]]]
 """Messages as ``[{"role": ..., "content": ...}, ...]``; a string is one user message."""
 
 
@@ -60,7 +60,7 @@ def chat_template(model: Model, template: str | None = None) -> _native.ChatTemp
     """
     if template is None and model.chat_template is None:
         raise ChatTemplateError(
-            "the model has no chat template (tokenizer.chat_template); pass template=... (\"chatml\" for ChatML)"
+            'the model has no chat template (tokenizer.chat_template); pass template=... ("chatml" for ChatML)'
         )
     return _native.ChatTemplate(model, template)
 

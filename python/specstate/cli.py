@@ -1,4 +1,4 @@
-"""The ``specstate`` command: generate, resume, inspect, bench, demo.
+"""The ``specstate`` command: generate, resume, chat, inspect, bench, demo.
 
 Text streams to standard output as it is committed; progress (tokens per
 second, acceptance rate) and summaries go to standard error. Every failure
@@ -118,12 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--draft-model", type=Path, help="check the draft model's fingerprint against this file")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
 
+    _add_chat_parser(commands)
+
     bench = commands.add_parser("bench", help="run the quick benchmark suite and print the table")
     bench.add_argument("--threads", type=int, default=2)
     bench.add_argument("--runs", type=int, default=3)
 
     commands.add_parser("demo", help="speculate, checkpoint half-way, resume in a new process, compare")
     return parser
+
+
+def _add_chat_parser(commands: Any) -> None:
+    chat = commands.add_parser("chat", help="chat with a model; the conversation saves and resumes exactly")
+    chat.add_argument("--model", type=Path, help="target GGUF model (with --resume: default the checkpoint's)")
+    chat.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
+    chat.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
+    chat.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
+    chat.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
+    chat.add_argument("--system", help="the system message of a new conversation")
+    chat.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")
+    chat.add_argument(
+        "--resume", type=Path, metavar="CHECKPOINT", help="continue a saved conversation (saved back to it by default)"
+    )
+    chat.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
+    chat.add_argument("--save", type=Path, help="checkpoint file written after every reply")
+    chat.add_argument("--threads", type=int, default=0, help="threads (0: the CPUs available)")
+    chat.add_argument("--quiet", action="store_true", help="no status line")
+    _add_sampling(chat)
 
 
 def _load(path: Path, what: str) -> Model:
@@ -178,6 +199,17 @@ RANGES: dict[str, tuple[_Range, ...]] = {
         _Range("top_p", 0, 1, low_open=True),
     ),
     "resume": _OUTPUT_RANGES,
+    "chat": (
+        _Range("max_tokens", 1),
+        _Range("threads", 0, I32_MAX),
+        _Range("n_ctx", 2, U32_MAX),
+        _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
+        _Range("n_draft", 0, U32_MAX),
+        _Range("seed", 0, U64_MAX),
+        _Range("top_k", 0, U32_MAX),
+        _Range("temperature", 0),
+        _Range("top_p", 0, 1, low_open=True),
+    ),
     "bench": (_Range("threads", 1, I32_MAX), _Range("runs", 1)),
 }
 
@@ -326,6 +358,47 @@ def cmd_resume(args: argparse.Namespace) -> None:
     run_generation(generator, None, args)
 
 
+def _chat_template(option: str | None) -> str | None:
+    """``--template``: ``chatml``, or the text of a Jinja file."""
+    if option is None or option == "chatml":
+        return option
+    path = Path(option)
+    if not path.is_file():
+        raise UsageError(f"--template: {option} is neither 'chatml' nor a file")
+    return path.read_text(encoding="utf-8")
+
+
+def _restore_conversation(args: argparse.Namespace) -> Generator:
+    data = _read_checkpoint(args.resume)
+    info = inspect_checkpoint(data)
+    target_path = _find_model(args.resume, args.model, info["target_model"], "target")
+    draft_path = _find_model(args.resume, args.draft_model, info["draft_model"], "draft")
+    assert target_path is not None
+    model = _load(target_path, "model")
+    draft = _load(draft_path, "draft model") if draft_path else None
+    generator = Generator.restore(data, model, draft_model=draft, n_threads=args.threads)
+    if not generator.messages:
+        raise UsageError(f"{args.resume} is not a conversation (it was saved by 'specstate generate')")
+    return generator
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    from specstate.chat_cli import run_chat
+
+    save = args.save if args.save is not None else args.resume
+    _check_save_path(save)
+    template = _chat_template(args.template)
+    if args.resume is not None:
+        generator = _restore_conversation(args)
+    else:
+        if args.model is None:
+            raise UsageError("--model is needed to start a conversation")
+        model = _load(args.model, "model")
+        draft = _load(args.draft_model, "draft model") if args.draft_model else None
+        generator = Generator(model, draft_model=draft, **_generator_settings(args))
+    run_chat(generator, args, template, save)
+
+
 def _read_checkpoint(path: Path) -> bytes:
     if not path.is_file():
         raise UsageError(f"checkpoint {path} does not exist")
@@ -361,6 +434,8 @@ def _describe(path: Path, info: CheckpointInfo, matches: dict[str, bool]) -> lis
         f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"
         f"{', finished' if info['finished'] else ''}"
     )
+    if info["n_messages"] is not None:
+        lines.append(f"conversation   {info['n_messages']} messages, then the reply")
     lines.append(
         f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted"
     )
@@ -398,6 +473,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "generate": cmd_generate,
     "resume": cmd_resume,
+    "chat": cmd_chat,
     "inspect": cmd_inspect,
     "bench": cmd_bench,
     "demo": cmd_demo,

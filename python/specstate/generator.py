@@ -203,8 +203,11 @@ class Generator:
             raise ValueError("max_tokens must not be negative")
         return self._stream(lambda: self._start(prompt, literal), max_tokens, stop)
 
-    def _stream(self, start: Callable[[], None], max_tokens: int, stop: Sequence[str]) -> Iterator[str]:
-        """Run ``start``, then yield text pieces as tokens are committed (see :meth:`stream`)."""
+    def _stream(
+        self, start: Callable[[], None], max_tokens: int, stop: Sequence[str], within: bool = False
+    ) -> Iterator[str]:
+        """Run ``start``, then yield text pieces as tokens are committed (see :meth:`stream`);
+        ``within``: rounds commit nothing beyond ``max_tokens``."""
         native, model = self._native, self._native.target
         held = ""  # text held back while it could begin a stop string
         hold = max((len(s) for s in stop), default=1) - 1
@@ -218,7 +221,7 @@ class Generator:
                 if remaining <= 0:
                     self.stopped_by = "max_tokens"
                     break
-                committed = native.take(remaining)
+                committed = native.take(remaining, within=within)
                 if not committed:
                     self.stopped_by = "eos" if native.finished else "context"
                     break
@@ -271,15 +274,16 @@ class Generator:
         ``messages`` are the next turn's new messages: only their tokens (and
         the template text around them) are decoded after the tokens already
         held, in every mode. The reply stops at the end-of-generation token or
-        after ``max_tokens`` (at least 1) tokens; a reply cut short is closed
-        as the template closes a turn. :attr:`messages` is the whole
+        after ``max_tokens`` (at least 1) tokens -- the last round drafts no
+        further, so nothing beyond the reply is committed; a reply cut short is
+        closed as the template closes a turn. :attr:`messages` is the whole
         conversation, reply included, and travels in checkpoints.
         """
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1 for a chat reply")
         new = as_pairs(messages)
         template_ = chat_template(self._native.target, template)
-        return self._stream(lambda: self._start_turn(template_, new), max_tokens, ())
+        return self._stream(lambda: self._start_turn(template_, new), max_tokens, (), within=True)
 
     def chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> str:
         """The assistant's reply to ``messages`` (see :meth:`stream_chat`)."""
@@ -306,9 +310,9 @@ class Generator:
         before, recorded = conversation
         if recorded != digest:
             raise ChatTemplateError("this conversation was rendered with another chat template")
-        kept = self._native.history[: native.n_prompt + max(native.delivered, 1)]
-        before = [*before, ("assistant", self.text)]
-        native.extend(template.next_turn_tokens(before, kept[-1], new), ([*before, *new], digest))
+        reply = native.target.detokenize(native.history[native.n_prompt :])
+        before = [*before, ("assistant", reply)]
+        native.extend(template.next_turn_tokens(before, native.history[-1], new), ([*before, *new], digest))
         self._reset_text()
 
     # --- what it has done ------------------------------------------------------------------------

@@ -40,7 +40,8 @@ impl PyChatTemplate {
     #[new]
     #[pyo3(signature = (model, source = None))]
     fn new(model: &PyModel, source: Option<&str>) -> PyResult<Self> {
-        let templates = ChatTemplates::new(&model.inner, source).map_err(chat::ChatError::from)?;
+        let templates = ChatTemplates::new(&model.inner, source)
+            .map_err(|e| chat::ChatError::Template(e.to_string()))?;
         Ok(Self {
             source: templates.source()?,
             templates,

@@ -164,8 +164,9 @@ impl PyGenerator {
     /// Up to `max_n` generated tokens, running a round when none are waiting
     /// (empty once finished or full and all handed out).
     /// A negative `max_n` is a `ValueError`; one beyond every native size means "all".
-    #[pyo3(signature = (max_n = WideInt(i128::MAX)), text_signature = "(self, /, max_n=...)")]
-    fn take(&mut self, py: Python<'_>, max_n: WideInt) -> PyResult<Vec<i32>> {
+    /// With `within`, a round run for this call commits at most `max_n` tokens.
+    #[pyo3(signature = (max_n = WideInt(i128::MAX), *, within = false), text_signature = "(self, /, max_n=..., *, within=False)")]
+    fn take(&mut self, py: Python<'_>, max_n: WideInt, within: bool) -> PyResult<Vec<i32>> {
         if max_n.0 < 0 {
             return Err(PyValueError::new_err(format!(
                 "max_n must not be negative, not {}",
@@ -174,7 +175,10 @@ impl PyGenerator {
         }
         let max_n = usize::try_from(max_n.0).unwrap_or(usize::MAX);
         let generator = self.generator()?;
-        Ok(py.detach(|| generator.take(max_n))?)
+        Ok(py.detach(|| match within {
+            true => generator.take_within(max_n),
+            false => generator.take(max_n),
+        })?)
     }
 
     /// The target context's real length in tokens.
@@ -370,6 +374,10 @@ pub(crate) fn inspect_checkpoint<'py>(
     info.set_item("n_delivered", state.delivered)?;
     info.set_item("n_past", state.n_past)?;
     info.set_item("finished", state.finished)?;
+    info.set_item(
+        "n_messages",
+        meta.conversation.as_ref().map(|c| c.messages.len()),
+    )?;
     info.set_item("rounds", state.rounds)?;
     info.set_item("drafted", state.drafted)?;
     info.set_item("accepted", state.accepted)?;

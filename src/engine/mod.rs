@@ -13,7 +13,9 @@
 //! - **Draft limit.** A round drafts at most `n_ctx - n_past - 2` tokens (so
 //!   that every committed token fits the context, the last one included), at
 //!   most the batch's rows minus one (the verify batch holds the last token
-//!   and the draft), and at most the drafter's own maximum.
+//!   and the draft), and at most the drafter's own maximum. A caller that
+//!   must not commit beyond a budget ([`Engine::round_within`]) lowers it to
+//!   the budget minus one.
 //! - **Full context or finished generation.** A round commits nothing: it is
 //!   the end of the generation, not an error.
 //! - **Rollback.** The target removes positions only after a rejection (when
@@ -234,7 +236,13 @@ impl Engine<'_> {
 
     /// One round from `at`: draft, verify in one target batch, commit, roll back.
     pub fn round(&mut self, at: Cursor<'_>) -> Result<Round> {
-        let Some(limit) = self.draft_limit(&at) else {
+        self.round_within(at, usize::MAX)
+    }
+
+    /// [`Engine::round`] committing at most `max_commit` tokens: the draft is
+    /// limited to `max_commit - 1` tokens (none when `max_commit` is 0).
+    pub fn round_within(&mut self, at: Cursor<'_>, max_commit: usize) -> Result<Round> {
+        let Some(limit) = self.draft_limit(&at, max_commit) else {
             return Ok(Round::nothing(&at));
         };
         let request = DraftRequest {
@@ -259,13 +267,14 @@ impl Engine<'_> {
     }
 
     /// How many tokens this round may draft, or `None` when it can commit nothing.
-    fn draft_limit(&self, at: &Cursor<'_>) -> Option<usize> {
+    fn draft_limit(&self, at: &Cursor<'_>, max_commit: usize) -> Option<usize> {
         let room = (self.target.n_ctx() as usize).saturating_sub(at.n_past + 1);
-        if at.finished || room == 0 || at.history.is_empty() {
+        if at.finished || room == 0 || at.history.is_empty() || max_commit == 0 {
             return None;
         }
         let rows = self.batch.capacity().saturating_sub(1);
-        Some((room - 1).min(rows).min(self.drafter.max_draft()))
+        let limit = (room - 1).min(rows).min(self.drafter.max_draft());
+        Some(limit.min(max_commit - 1))
     }
 
     /// Decode the last token and the draft at `n_past..`; the drafter observes

@@ -204,19 +204,18 @@ impl Generator {
     }
 
     /// Continue with a new turn: `tokens` (a user's next message, say) are
-    /// decoded after the tokens handed out so far, and the first token after
-    /// them is committed and returned.
+    /// decoded after every committed token, and the first token after them
+    /// is committed and returned.
     ///
-    /// Committed tokens not yet handed out are dropped first (the contexts
-    /// forget them), so the new turn follows exactly what the caller has
-    /// seen. The history up to the new turn becomes the prompt of what
-    /// follows: `n_prompt` moves to its end, and the rounds, drafted,
-    /// accepted and delivered counters start again from zero.
+    /// Committed tokens not yet handed out stay part of the history (a
+    /// caller that must end exactly where it stopped takes with
+    /// [`Generator::take_within`]). The history up to the new turn becomes the
+    /// prompt of what follows: `n_prompt` moves to its end, and the rounds,
+    /// drafted, accepted and delivered counters start again from zero.
     pub fn extend(&mut self, tokens: &[i32]) -> Result<i32> {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
-        self.drop_undelivered()?;
         let (n_past, finished) = (self.state.n_past, self.state.finished);
         let first = self.with_engine(|engine, history| {
             let at = Cursor {
@@ -236,32 +235,6 @@ impl Generator {
         (state.rounds, state.drafted, state.accepted) = (0, 0, 0);
         state.rng = self.sampler.rng.state();
         Ok(first)
-    }
-
-    /// Forget committed tokens not yet handed out (the first generated token
-    /// always stays): the history, the target and the draft context end where
-    /// the caller's view ends.
-    fn drop_undelivered(&mut self) -> Result<()> {
-        let keep = self.state.n_prompt + self.state.delivered.max(1);
-        if keep >= self.state.history.len() {
-            return Ok(());
-        }
-        let n_past = keep - 1;
-        let from = crate::engine::position(n_past)?;
-        if !self.target.seq_rm(0, from, -1) {
-            return Err(GeneratorError::Usage(format!(
-                "the target could not roll back to position {n_past}"
-            )));
-        }
-        if let Some(draft) = self.draft.as_mut() {
-            draft.seq_rm(0, from, -1);
-        }
-        let state = &mut self.state;
-        state.history.truncate(keep);
-        state.n_past = n_past;
-        state.draft_past = state.draft_past.min(n_past);
-        state.finished = self.target.model().is_eog(state.history[n_past]);
-        Ok(())
     }
 
     /// The conversation that led to the current reply, if this generation is a chat.
@@ -296,6 +269,18 @@ impl Generator {
     /// Rounds never depend on `max_n`: how a generation is split into calls
     /// does not change what it generates.
     pub fn take(&mut self, max_n: usize) -> Result<Vec<i32>> {
+        self.take_rounds(max_n, usize::MAX)
+    }
+
+    /// [`Generator::take`], where a round run for this call commits at most
+    /// `max_n` tokens, so that nothing is committed beyond what is handed
+    /// out. The rounds then depend on `max_n` (a chat reply, whose length is
+    /// part of the conversation, ends exactly at its budget this way).
+    pub fn take_within(&mut self, max_n: usize) -> Result<Vec<i32>> {
+        self.take_rounds(max_n, max_n)
+    }
+
+    fn take_rounds(&mut self, max_n: usize, max_commit: usize) -> Result<Vec<i32>> {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
@@ -303,7 +288,7 @@ impl Generator {
             return Ok(Vec::new());
         }
         if self.undelivered() == 0 {
-            self.round()?;
+            self.round(max_commit)?;
         }
         let start = self.state.n_prompt + self.state.delivered;
         let n = self.undelivered().min(max_n);
@@ -313,14 +298,15 @@ impl Generator {
 
     /// Run one round of the engine and add it to the state; a round that
     /// commits nothing (finished, or a full context) leaves the state as it is.
-    fn round(&mut self) -> Result<()> {
+    fn round(&mut self, max_commit: usize) -> Result<()> {
         let (n_past, finished) = (self.state.n_past, self.state.finished);
         let round = self.with_engine(|engine, history| {
-            engine.round(Cursor {
+            let at = Cursor {
                 history,
                 n_past,
                 finished,
-            })
+            };
+            engine.round_within(at, max_commit)
         })?;
         if !round.committed.is_empty() {
             self.state.apply(&round);

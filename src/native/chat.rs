@@ -59,7 +59,10 @@ impl ChatTemplates {
         // outlives the call; the shim catches every C++ exception.
         let raw = unsafe { sys::chat_shim_templates_init(model.raw(), source_ptr) };
         let raw = NonNull::new(raw).ok_or_else(|| {
-            NativeError::InvalidArgument(format!("bad chat template: {}", last_shim_error()))
+            NativeError::InvalidArgument(format!(
+                "the chat template does not parse (llama.cpp: {})",
+                last_shim_error()
+            ))
         })?;
         Ok(Self {
             raw,
