@@ -1,0 +1,141 @@
+"""`specstate chat`: from standard input, resumed from its checkpoint, and on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import models
+from specstate import Generator, Model, inspect_checkpoint
+from test_chat import TINY_TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama model with a hand-written chat template in its metadata."""
+    return models.build_llama(tmp_path_factory.mktemp("chat-cli") / "chat.gguf", chat_template=TINY_TEMPLATE)
+
+
+def chat(*args: str, lines: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "specstate", "chat", "--threads", "1", "--max-tokens", "12", *args]
+    return subprocess.run(command, input=lines, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_standard_input_one_reply_per_line_then_resume(chat_model: Path, tmp_path: Path) -> None:
+    whole = chat("--model", str(chat_model), "--mode", "ngram", "--system", "Be brief.", lines="a\n\nb\nc\n")
+    assert whole.returncode == 0, whole.stderr
+    replies = whole.stdout.splitlines()
+    assert len(replies) == 3 and all(replies)
+    saved = tmp_path / "conv.ckpt"
+    first = chat(
+        "--model", str(chat_model), "--mode", "ngram", "--system", "Be brief.", "--save", str(saved), lines="a\nb\n"
+    )
+    assert first.returncode == 0 and first.stdout.splitlines() == replies[:2]
+    resumed = chat("--resume", str(saved), lines="c\n")  # the model is neither next to it nor in the cache
+    assert resumed.returncode == 2 and "was not found" in resumed.stderr
+    resumed = chat("--resume", str(saved), "--model", str(chat_model), lines="c\n")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines() == replies[2:]
+    # Saved back to the file it resumed: system, a, reply, b, reply, c before the current reply.
+    assert inspect_checkpoint(saved.read_bytes())["n_messages"] == 6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "--model is needed"),
+        (("--max-tokens", "0"), "--max-tokens must be at least 1"),
+        (("--template", "/no/such/file"), "neither 'chatml' nor a file"),
+    ],
+)
+def test_bad_chat_options_give_one_line(chat_model: Path, args: tuple[str, ...], message: str) -> None:
+    model = () if args == () else ("--model", str(chat_model))
+    result = chat(*model, *args, lines="a\n")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_refuses_a_generation_that_is_not_a_chat(chat_model: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "plain.ckpt"
+    generator = Generator(Model(chat_model), n_threads=1)
+    generator.generate("abc", max_tokens=3)
+    generator.save(saved)
+    result = chat("--resume", str(saved), "--model", str(chat_model), lines="a\n")
+    assert result.returncode == 2 and "is not a conversation" in result.stderr
+
+
+class Terminal:
+    """A `specstate chat` process on a pseudo-terminal (its controlling terminal, so Ctrl-C is SIGINT)."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child
+            os.execv(sys.executable, [sys.executable, "-m", "specstate", "chat", *args])
+        self.seen = ""
+
+    def read_until(self, text: str, timeout: float = 120.0) -> str:
+        """Everything the terminal shows until ``text`` appears (after what was already read)."""
+        start, deadline = len(self.seen), time.monotonic() + timeout
+        while text not in self.seen[start:]:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"timed out waiting for {text!r}; the terminal shows {self.seen[start:]!r}"
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                assert chunk, f"the terminal closed before {text!r}; it shows {self.seen[start:]!r}"
+                self.seen += chunk.decode(errors="replace")
+        return self.seen[start:]
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def drain(self) -> None:
+        """Read what the terminal shows now, if anything (nothing once the child has closed it)."""
+        if select.select([self.fd], [], [], 0.1)[0]:
+            with contextlib.suppress(OSError):
+                self.seen += os.read(self.fd, 4096).decode(errors="replace")
+
+    def exit_status(self, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            self.drain()
+        os.kill(self.pid, 9)
+        raise AssertionError("specstate chat did not exit")
+
+
+def test_interactive_ctrl_c_stops_a_reply_and_keeps_the_conversation(chat_model: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "conv.ckpt"
+    args = ["--model", str(chat_model), "--mode", "ngram", "--threads", "1", "--n-ctx", "4096"]
+    terminal = Terminal([*args, "--max-tokens", "4000", "--save", str(saved)])
+    terminal.read_until("> ")
+    terminal.type("Tell me a story.\n")
+    terminal.read_until("Tell me a story.\r\n")  # the echo
+    terminal.read_until("<")  # the reply is streaming (the tiny model's text cycles through printable ASCII)
+    terminal.type("\x03")
+    stopped = terminal.read_until("> ")
+    assert "interrupted" in stopped and "tok/s" in stopped
+    terminal.type("Go on.\n")
+    terminal.read_until("Go on.\r\n")
+    terminal.read_until("<")
+    terminal.type("\x03")
+    assert "interrupted" in terminal.read_until("> ")
+    terminal.type("/quit\n")
+    assert terminal.exit_status() == 0
+    generator = Generator.restore(saved, Model(chat_model))
+    roles = [message["role"] for message in generator.messages]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    first_reply = generator.messages[1]["content"]
+    assert len(first_reply) > 0 and first_reply in terminal.seen.replace("\r\n", "\n")
