@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 
 use super::*;
+use crate::chat::{Conversation, Message};
 use crate::checkpoint::format::{FORMAT_VERSION, MAX_SECTIONS};
 use crate::checkpoint::meta::{check_n_ctx_cap, ModelFingerprint};
 use crate::checkpoint::state::{STATE_SIZE, STATE_SIZE_V1};
@@ -185,12 +186,12 @@ fn bind(sections: &mut [(u32, Vec<u8>)]) {
     }
 }
 
-/// `bytes` (version 2) with its sections changed by `change`, then rebound and resealed.
+/// `bytes` (the current version) with its sections changed by `change`, then rebound and resealed.
 fn rebuilt(bytes: &[u8], change: impl FnOnce(&mut Vec<(u32, Vec<u8>)>)) -> Vec<u8> {
     let mut sections = parts(bytes);
     change(&mut sections);
     bind(&mut sections);
-    assemble(2, &sections)
+    assemble(FORMAT_VERSION, &sections)
 }
 
 fn payload_of(sections: &mut [(u32, Vec<u8>)], kind: SectionKind) -> &mut Vec<u8> {
@@ -291,7 +292,12 @@ fn the_encoding_is_the_documented_layout() {
         sections.extend(s.draft.clone().map(|d| (5, d)));
         sections.extend(s.speculative.clone().map(|p| (6, p)));
         bind(&mut sections);
-        assert_eq!(bytes, assemble(2, &sections), "mode {}", mode.name());
+        assert_eq!(
+            bytes,
+            assemble(FORMAT_VERSION, &sections),
+            "mode {}",
+            mode.name()
+        );
     }
 }
 
@@ -408,13 +414,13 @@ fn bytes_without_the_magic_are_not_a_checkpoint() {
 #[test]
 fn unknown_versions_are_refused() {
     let bytes = valid(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
-    for version in [0u16, 3, 0xffff] {
+    for version in [0u16, 4, 0xffff] {
         let mut changed = bytes.clone();
         changed[8..10].copy_from_slice(&version.to_le_bytes());
         let error = decode(&changed).unwrap_err();
         let expected = CheckpointError::UnsupportedVersion {
             found: version,
-            supported: 2,
+            supported: 3,
         };
         assert_eq!(error, expected);
         // Reported before the length: a short file of a new version says so.
@@ -428,12 +434,12 @@ fn unknown_versions_are_refused() {
         }
     );
     let error = CheckpointError::UnsupportedVersion {
-        found: 3,
-        supported: 2,
+        found: 4,
+        supported: 3,
     };
     assert_eq!(
         error.to_string(),
-        "unsupported checkpoint format version 3 (this build reads version 2)"
+        "unsupported checkpoint format version 4 (this build reads version 3)"
     );
 }
 
@@ -496,7 +502,7 @@ fn a_changed_byte_is_a_checksum_mismatch() {
 fn an_oversized_section_names_its_bound() {
     let bytes = valid(Mode::Mtp);
     let cases = [
-        (0, 1u64 << 20, "meta"),
+        (0, 16u64 << 20, "meta"),
         (1, 1 << 10, "state"),
         (2, 4 << 24, "tokens"),
         (3, 1 << 36, "target_state"),
@@ -628,12 +634,15 @@ fn every_needed_section_must_be_there() {
     ] {
         let mut sections = parts(&bytes);
         sections.retain(|(k, _)| *k != kind as u32);
-        assert_eq!(corrupt_message(&assemble(2, &sections)), message);
+        assert_eq!(
+            corrupt_message(&assemble(FORMAT_VERSION, &sections)),
+            message
+        );
     }
     // Version 2 binds the target state: its absence is a binding mismatch first.
     let mut sections = parts(&bytes);
     sections.retain(|(k, _)| *k != SectionKind::TargetState as u32);
-    let message = corrupt_message(&assemble(2, &sections));
+    let message = corrupt_message(&assemble(FORMAT_VERSION, &sections));
     assert!(
         message.starts_with("section target_state does not belong"),
         "{message}"
@@ -724,7 +733,7 @@ fn the_state_invariants_are_checked() {
     let long = rebuilt(&draft, |s| payload_of(s, SectionKind::State).push(0));
     assert_eq!(
         corrupt_message(&long),
-        "the state section is 118 bytes, not the 117 of format version 2"
+        "the state section is 118 bytes, not the 117 of format version 3"
     );
     // A finished generation and every token delivered are fine.
     let finished = rebuilt(&draft, |s| payload_of(s, SectionKind::State)[64] = 1);
@@ -752,7 +761,7 @@ fn the_bindings_tie_every_section_to_the_state() {
         let state = payload_of(&mut sections, SectionKind::State);
         state[97 + 4 * index] ^= 1;
         let recorded = u32::from_le_bytes(state[97 + 4 * index..][..4].try_into().unwrap());
-        let message = corrupt_message(&assemble(2, &sections));
+        let message = corrupt_message(&assemble(FORMAT_VERSION, &sections));
         let expected = format!(
             "section {} does not belong to this checkpoint's state (CRC-32 {actual:08x}, recorded {recorded:08x})",
             kind.name()
@@ -762,7 +771,7 @@ fn the_bindings_tie_every_section_to_the_state() {
     // A section spliced in, the file's checksum made right.
     let mut sections = parts(&bytes);
     payload_of(&mut sections, SectionKind::TargetState)[0] ^= 0xff;
-    let message = corrupt_message(&assemble(2, &sections));
+    let message = corrupt_message(&assemble(FORMAT_VERSION, &sections));
     assert!(
         message.starts_with("section target_state does not belong"),
         "{message}"
@@ -771,7 +780,7 @@ fn the_bindings_tie_every_section_to_the_state() {
     let none = valid(Mode::None);
     let mut sections = parts(&none);
     payload_of(&mut sections, SectionKind::State)[109] = 1;
-    let message = corrupt_message(&assemble(2, &sections));
+    let message = corrupt_message(&assemble(FORMAT_VERSION, &sections));
     assert!(
         message.starts_with("section draft_state does not belong"),
         "{message}"
@@ -814,6 +823,69 @@ fn the_meta_json_is_checked() {
     assert!(corrupt_message(&missing).contains("missing field `seed`"));
     let negative = with_meta(&bytes, |meta| meta["n_ctx"] = json!(-1));
     assert!(corrupt_message(&negative).starts_with("meta section: invalid value"));
+}
+
+fn chat() -> Conversation {
+    Conversation {
+        messages: vec![
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello!"),
+            Message::new("user", "Bye <|im_end|>"),
+        ],
+        template_sha256: "ab".repeat(32),
+    }
+}
+
+#[test]
+fn a_conversation_travels_in_meta_from_version_3() {
+    let mut s = synthetic(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
+    s.meta.conversation = Some(chat());
+    let bytes = encode(&s);
+    assert_eq!(decode(&bytes).unwrap().meta.conversation, Some(chat()));
+    let version_2 = patched(&bytes, 8, &2u16.to_le_bytes());
+    assert_eq!(
+        corrupt_message(&version_2),
+        "meta.conversation: not part of format version 2"
+    );
+    // Without a conversation the meta is version 2's, key for key, and a
+    // version 2 file of it still decodes.
+    let plain = valid(Mode::None);
+    let meta: Value = serde_json::from_slice(&parts(&plain)[0].1).unwrap();
+    assert!(meta.get("conversation").is_none());
+    let version_2 = patched(&plain, 8, &2u16.to_le_bytes());
+    let old = decode(&version_2).unwrap();
+    assert_eq!((old.version, old.meta.conversation), (2, None));
+}
+
+#[test]
+fn a_bad_conversation_is_corrupt() {
+    let mut s = synthetic(Mode::None);
+    s.meta.conversation = Some(chat());
+    let bytes = encode(&s);
+    let cases: [(fn(&mut Value), &str); 6] = [
+        (|m| m["conversation"]["messages"] = json!([]), "no messages"),
+        (
+            |m| m["conversation"]["messages"][0]["role"] = json!(""),
+            "message 0: the role",
+        ),
+        (
+            |m| m["conversation"]["messages"][1]["role"] = json!("a\nb"),
+            "message 1: the role",
+        ),
+        (
+            |m| m["conversation"]["messages"][2]["name"] = json!("x"),
+            "unknown field `name`",
+        ),
+        (
+            |m| m["conversation"]["template_sha256"] = json!("XYZ"),
+            "template_sha256",
+        ),
+        (|m| m["conversation"] = json!(7), "invalid type"),
+    ];
+    for (change, expected) in cases {
+        let message = corrupt_message(&with_meta(&bytes, change));
+        assert!(message.contains(expected), "{message}");
+    }
 }
 
 #[test]
@@ -1003,7 +1075,7 @@ fn mutate(bytes: &[u8], rng: &mut XorShift) -> Vec<u8> {
                 }
             }
             bind(&mut sections);
-            out = assemble(2, &sections);
+            out = assemble(FORMAT_VERSION, &sections);
         }
         5 => {
             let index = rng.below(8);
