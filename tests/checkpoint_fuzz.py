@@ -103,7 +103,7 @@ HEADER = 32
 ENTRY = 24
 NAMES = {1: "meta", 2: "state", 3: "tokens", 4: "target_state", 5: "draft_state", 6: "speculative_state"}
 KINDS = {name: kind for kind, name in NAMES.items()}
-MAXIMUM = {1: 1 << 20, 2: 1 << 10, 3: 4 << 24, 4: 1 << 36, 5: 1 << 36, 6: 64 << 20}
+MAXIMUM = {1: 16 << 20, 2: 1 << 10, 3: 4 << 24, 4: 1 << 36, 5: 1 << 36, 6: 64 << 20}
 STATE_V1 = 97
 STATE_V2 = 117
 #: Version 2: offsets in the state section of the CRC-32 of each bound section's payload.
@@ -130,6 +130,8 @@ META_KEYS = (
     "target_model",
     "draft_model",
 )
+#: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3).
+META_FIELDS = (*META_KEYS, "conversation")
 VERSION_KEYS = META_KEYS[:4]
 OPTIONAL_KEYS = frozenset({"ngram", "draft_model"})
 FINGERPRINT_KEYS = ("sha256", "size", "file")
@@ -285,6 +287,41 @@ def _as_struct(value: Any, keys: Sequence[str]) -> dict[str, Any] | None:
     return None
 
 
+def _as_meta(value: Any) -> dict[str, Any] | None:
+    """The meta struct (serde reads a trailing field with a default from a shorter array, too)."""
+    if isinstance(value, list) and len(value) == len(META_KEYS):
+        return dict(zip(META_KEYS, value))
+    return _as_struct(value, META_FIELDS)
+
+
+def conversation_problem(value: Any, version: int) -> str | None:
+    """Why a meta ``conversation`` entry must be refused, or None (as ``Conversation::validate``)."""
+    if value is None:
+        return None
+    if version < 3:
+        return "a conversation before version 3"
+    conversation = _as_struct(value, ("messages", "template_sha256"))
+    if conversation is None or set(conversation) != {"messages", "template_sha256"}:
+        return "conversation is not an object of messages and template_sha256"
+    messages, digest = conversation["messages"], conversation["template_sha256"]
+    if not isinstance(messages, list) or not messages:
+        return "no messages"
+    for message in messages:
+        fields = _as_struct(message, ("role", "content"))
+        if fields is None or set(fields) != {"role", "content"}:
+            return "a message is not an object of role and content"
+        role, content = fields["role"], fields["content"]
+        if not isinstance(role, str) or not isinstance(content, str):
+            return "a message's role or content is not a string"
+        if not 1 <= len(role.encode()) <= 64 or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in role):
+            return "a bad role"
+        if "\x01specstate:reply\x01" in content:
+            return "the reply marker in a message"
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        return "template_sha256 is not 64 lowercase hex digits"
+    return None
+
+
 def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) -> str | None:
     if expected is None:
         return None if value is None else f"a {role} model entry where none is given"
@@ -305,13 +342,16 @@ def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) 
     return None
 
 
-def meta_problem(value: Any, base: Base, history: int) -> str | None:
+def meta_problem(value: Any, base: Base, history: int, version: int = 3) -> str | None:
     """Why ``value`` (the parsed meta) must be refused for ``base``'s models, or None."""
-    meta = _as_struct(value, META_KEYS)
+    meta = _as_meta(value)
     if meta is None:
         return "meta is not an object"
-    if set(meta) - set(META_KEYS):
-        return f"unknown meta key {sorted(set(meta) - set(META_KEYS))[0]!r}"
+    if set(meta) - set(META_FIELDS):
+        return f"unknown meta key {sorted(set(meta) - set(META_FIELDS))[0]!r}"
+    problem = conversation_problem(meta.get("conversation"), version)
+    if problem is not None:
+        return problem
     missing = set(META_KEYS) - OPTIONAL_KEYS - set(meta)
     if missing:
         return f"missing meta key {sorted(missing)[0]!r}"
@@ -428,19 +468,19 @@ def predict(data: bytes, base: Base) -> str | None:
         meta = strict_json(payloads["meta"])
     except ValueError as error:
         return f"meta JSON: {error}"
-    if len(payloads["state"]) != {1: STATE_V1, 2: STATE_V2}.get(version):
+    if len(payloads["state"]) != {1: STATE_V1, 2: STATE_V2, 3: STATE_V2}.get(version):
         return f"a state of {len(payloads['state'])} bytes in version {version}"
     tokens = payloads["tokens"]
     if len(tokens) % 4:
         return "tokens not a multiple of 4 bytes"
     state = decode_state(payloads["state"])
-    problem = meta_problem(meta, base, len(tokens) // 4)
+    problem = meta_problem(meta, base, len(tokens) // 4, version)
     if problem is not None:
         return problem
     problem = state_problem(state, len(tokens) // 4)
     if problem is not None:
         return problem
-    mode = _as_struct(meta, META_KEYS)["mode"]  # type: ignore[index]
+    mode = _as_meta(meta)["mode"]  # type: ignore[index]
     if ("draft_state" in payloads) != (mode in ("draft", "mtp", "eagle3")) or ("speculative_state" in payloads) != (
         mode in ("mtp", "eagle3")
     ):
@@ -685,7 +725,7 @@ def _jsonable(value: Any) -> bool:
 
 def _meta_label(original: dict[str, Any], meta: Any) -> Expect:
     """How an accepted meta change must continue: same meaning, informational change, or deep."""
-    new = _as_struct(meta, META_KEYS)
+    new = _as_meta(meta)
     if new is None:
         return "any"
     full = {key: new.get(key) for key in META_KEYS}
@@ -1198,8 +1238,8 @@ def mutate_layout(ctx: Context) -> Mutation:
         size = ctx.pick([0, 31, 33, 64, 0xFFFF])
         return f"header size {size}", assemble(Layout(layout.version, sections, size)), "any"
     elif choice == 7:
-        version = ctx.pick([0, 1, 2, 3, 0xFFFF])
-        if version == 1 and layout.version == 2 and ctx.rng.random() < 0.5:
+        version = ctx.pick([0, 1, 2, 3, 4, 0xFFFF])
+        if version == 1 and layout.version >= 2 and ctx.rng.random() < 0.5:
             # A true version-1 file of the same content: a reader of both versions may accept it.
             state = _state_payload(ctx)[:STATE_V1]
             return "downgraded to version 1", assemble(replaced(Layout(1, sections), "state", state)), "exact"
