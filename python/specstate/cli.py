@@ -187,29 +187,20 @@ class _Range(NamedTuple):
 
 
 _OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_open=True), _Range("threads", 0, I32_MAX))
+#: The settings of a new generation (``generate`` and ``chat``).
+_SETTING_RANGES = (
+    _Range("n_ctx", 2, U32_MAX),
+    _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
+    _Range("n_draft", 0, U32_MAX),
+    _Range("seed", 0, U64_MAX),
+    _Range("top_k", 0, U32_MAX),
+    _Range("temperature", 0),
+    _Range("top_p", 0, 1, low_open=True),
+)
 RANGES: dict[str, tuple[_Range, ...]] = {
-    "generate": (
-        *_OUTPUT_RANGES,
-        _Range("n_ctx", 2, U32_MAX),
-        _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
-        _Range("n_draft", 0, U32_MAX),
-        _Range("seed", 0, U64_MAX),
-        _Range("top_k", 0, U32_MAX),
-        _Range("temperature", 0),
-        _Range("top_p", 0, 1, low_open=True),
-    ),
+    "generate": (*_OUTPUT_RANGES, *_SETTING_RANGES),
     "resume": _OUTPUT_RANGES,
-    "chat": (
-        _Range("max_tokens", 1),
-        _Range("threads", 0, I32_MAX),
-        _Range("n_ctx", 2, U32_MAX),
-        _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
-        _Range("n_draft", 0, U32_MAX),
-        _Range("seed", 0, U64_MAX),
-        _Range("top_k", 0, U32_MAX),
-        _Range("temperature", 0),
-        _Range("top_p", 0, 1, low_open=True),
-    ),
+    "chat": (_Range("max_tokens", 1), _Range("threads", 0, I32_MAX), *_SETTING_RANGES),
     "bench": (_Range("threads", 1, I32_MAX), _Range("runs", 1)),
 }
 
@@ -343,16 +334,21 @@ def _find_model(checkpoint: Path, named: Path | None, entry: ModelFingerprint | 
     )
 
 
-def cmd_resume(args: argparse.Namespace) -> None:
-    _check_output_options(args)
-    data = _read_checkpoint(args.checkpoint)
+def _restore_saved(checkpoint: Path, args: argparse.Namespace) -> Generator:
+    """The generation saved in ``checkpoint``, on the models given or found next to it or in the cache."""
+    data = _read_checkpoint(checkpoint)
     info = inspect_checkpoint(data)
-    target_path = _find_model(args.checkpoint, args.model, info["target_model"], "target")
-    draft_path = _find_model(args.checkpoint, args.draft_model, info["draft_model"], "draft")
+    target_path = _find_model(checkpoint, args.model, info["target_model"], "target")
+    draft_path = _find_model(checkpoint, args.draft_model, info["draft_model"], "draft")
     assert target_path is not None
     model = _load(target_path, "model")
     draft = _load(draft_path, "draft model") if draft_path else None
-    generator = Generator.restore(data, model, draft_model=draft, n_threads=args.threads)
+    return Generator.restore(data, model, draft_model=draft, n_threads=args.threads)
+
+
+def cmd_resume(args: argparse.Namespace) -> None:
+    _check_output_options(args)
+    generator = _restore_saved(args.checkpoint, args)
     if generator.finished:
         raise UsageError("the saved generation has already finished")
     run_generation(generator, None, args)
@@ -369,14 +365,7 @@ def _chat_template(option: str | None) -> str | None:
 
 
 def _restore_conversation(args: argparse.Namespace) -> Generator:
-    data = _read_checkpoint(args.resume)
-    info = inspect_checkpoint(data)
-    target_path = _find_model(args.resume, args.model, info["target_model"], "target")
-    draft_path = _find_model(args.resume, args.draft_model, info["draft_model"], "draft")
-    assert target_path is not None
-    model = _load(target_path, "model")
-    draft = _load(draft_path, "draft model") if draft_path else None
-    generator = Generator.restore(data, model, draft_model=draft, n_threads=args.threads)
+    generator = _restore_saved(args.resume, args)
     if not generator.messages:
         raise UsageError(f"{args.resume} is not a conversation (it was saved by 'specstate generate')")
     return generator

@@ -862,7 +862,8 @@ fn a_bad_conversation_is_corrupt() {
     let mut s = synthetic(Mode::None);
     s.meta.conversation = Some(chat());
     let bytes = encode(&s);
-    let cases: [(fn(&mut Value), &str); 6] = [
+    type Change = fn(&mut Value);
+    let cases: [(Change, &str); 6] = [
         (|m| m["conversation"]["messages"] = json!([]), "no messages"),
         (
             |m| m["conversation"]["messages"][0]["role"] = json!(""),

@@ -133,11 +133,11 @@ impl Generator {
         !self.state.history.is_empty()
     }
 
-    /// Run `call` on the engine over this generator's target, its mode's
-    /// drafter, and the history.
+    /// Run `call` on the engine over this generator's target and its mode's
+    /// drafter, at the current boundary.
     fn with_engine<T>(
         &mut self,
-        call: impl FnOnce(&mut Engine<'_>, &[i32]) -> Result<T>,
+        call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
     ) -> Result<T> {
         let Self {
             session,
@@ -182,7 +182,12 @@ impl Generator {
             sampler,
             seq_id: 0,
         };
-        call(&mut engine, &state.history)
+        let at = Cursor {
+            history: &state.history,
+            n_past: state.n_past,
+            finished: state.finished,
+        };
+        call(&mut engine, at)
     }
 
     /// Decode `prompt` and commit the first generated token; returns it.
@@ -216,15 +221,7 @@ impl Generator {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
-        let (n_past, finished) = (self.state.n_past, self.state.finished);
-        let first = self.with_engine(|engine, history| {
-            let at = Cursor {
-                history,
-                n_past,
-                finished,
-            };
-            engine.extend(at, tokens)
-        })?;
+        let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
         let state = &mut self.state;
         state.history.extend_from_slice(tokens);
         state.n_prompt = state.history.len();
@@ -299,15 +296,7 @@ impl Generator {
     /// Run one round of the engine and add it to the state; a round that
     /// commits nothing (finished, or a full context) leaves the state as it is.
     fn round(&mut self, max_commit: usize) -> Result<()> {
-        let (n_past, finished) = (self.state.n_past, self.state.finished);
-        let round = self.with_engine(|engine, history| {
-            let at = Cursor {
-                history,
-                n_past,
-                finished,
-            };
-            engine.round_within(at, max_commit)
-        })?;
+        let round = self.with_engine(|engine, at| engine.round_within(at, max_commit))?;
         if !round.committed.is_empty() {
             self.state.apply(&round);
             self.state.rng = self.sampler.rng.state();
