@@ -10,8 +10,8 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu fuzz asan \
-	bench-lifecycle clean
+.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu bench-chat \
+	fuzz asan bench-lifecycle clean
 
 all: test
 
@@ -64,6 +64,10 @@ bench: develop
 
 bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py
+
+# The next turn of a 2,000-token conversation: restored from its checkpoint against re-prefilled.
+bench-chat: develop
+	$(BIN)/python benchmarks/chat_turn.py --threads 2 --json benchmarks/results/chat_turn.json
 
 fuzz: develop
 	$(BIN)/python tests/checkpoint_fuzz.py --cases 100000 --smollm2-share 0.05 --json benchmarks/results/fuzz.json
