@@ -129,11 +129,13 @@ META_KEYS = (
     "seed",
     "target_model",
     "draft_model",
+    "n_threads",
 )
 #: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3).
 META_FIELDS = (*META_KEYS, "conversation")
 VERSION_KEYS = META_KEYS[:4]
-OPTIONAL_KEYS = frozenset({"ngram", "draft_model"})
+OPTIONAL_KEYS = frozenset({"ngram", "draft_model", "n_threads"})
+MAX_THREADS = 512
 FINGERPRINT_KEYS = ("sha256", "size", "file")
 MAX_DRAFT = 4096
 
@@ -288,9 +290,9 @@ def _as_struct(value: Any, keys: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _as_meta(value: Any) -> dict[str, Any] | None:
-    """The meta struct (serde reads a trailing field with a default from a shorter array, too)."""
-    if isinstance(value, list) and len(value) == len(META_KEYS):
-        return dict(zip(META_KEYS, value))
+    """The meta struct (serde reads trailing fields with a default from a shorter array, too)."""
+    if isinstance(value, list) and len(META_KEYS) - 1 <= len(value) <= len(META_FIELDS):
+        return dict(zip(META_FIELDS, value))
     return _as_struct(value, META_FIELDS)
 
 
@@ -352,6 +354,11 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 3) -> str 
     problem = conversation_problem(meta.get("conversation"), version)
     if problem is not None:
         return problem
+    n_threads = meta.get("n_threads")
+    if n_threads is not None and not (_is_int(n_threads) and 0 <= n_threads <= U32):
+        return "n_threads is not a u32"
+    if n_threads is not None and (version < 3 or not 1 <= n_threads <= MAX_THREADS):
+        return "n_threads out of range or before version 3"
     missing = set(META_KEYS) - OPTIONAL_KEYS - set(meta)
     if missing:
         return f"missing meta key {sorted(missing)[0]!r}"
@@ -740,7 +747,7 @@ def _meta_label(original: dict[str, Any], meta: Any) -> Expect:
             and all(isinstance(v, dict) for v in (meta["target_model"], meta["draft_model"]) if v is not None)
         )
         return "noop" if complete else "exact"
-    informational = set(VERSION_KEYS)
+    informational = set(VERSION_KEYS) | {"n_threads"}  # the harness restores with n_threads=1
     for key in META_KEYS:
         if key in informational or full[key] == original[key]:
             continue

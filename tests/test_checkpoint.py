@@ -252,3 +252,13 @@ def test_a_history_token_outside_the_vocabulary_is_corrupt(mtp_generator: Genera
     crafted = codec.reseal_sections(checkpoint, {"tokens": bytes(tokens)})
     error = assert_refused_and_unchanged(mtp_generator, crafted)
     assert isinstance(error, CorruptCheckpointError) and "vocabulary" in str(error)
+
+
+def test_a_restore_decodes_with_the_recorded_thread_count_by_default(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("ngram", tiny_map)  # n_threads=1
+    generator.generate("abc", max_tokens=4)
+    data = generator.checkpoint()
+    assert inspect_checkpoint(data)["n_threads"] == 1
+    model = generator.model
+    assert Generator.restore(data, model)._native.n_threads == 1
+    assert Generator.restore(data, model, n_threads=2)._native.n_threads == 2

@@ -175,5 +175,4 @@ def test_the_command_line_passes_the_settings_it_has_options_for() -> None:
         "top_k": 0,
         "top_p": 1.0,
         "seed": 0,
-        "n_threads": 0,
-    }
+    }  # no --threads: the generator's own default (all CPUs), or a checkpoint's recorded count

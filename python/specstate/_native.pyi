@@ -448,6 +448,9 @@ class Generator:
     def context_length(self) -> int:
         """The target context's real length in tokens."""
     @property
+    def n_threads(self) -> int:
+        """The threads the contexts decode with (resolved, never 0); recorded in checkpoints."""
+    @property
     def delivered(self) -> int:
         """Generated tokens handed out so far."""
     @property
@@ -461,7 +464,7 @@ class Generator:
         target: Model,
         *,
         draft_model: Model | None = None,
-        n_threads: int = 0,
+        n_threads: int | None = None,
         max_n_ctx: int | None = None,
     ) -> Generator:
         """A generator continuing a checkpoint on these models (validated first).

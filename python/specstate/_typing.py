@@ -127,7 +127,8 @@ class CheckpointInfo(TypedDict):
     (prompt and committed), ``n_generated`` (committed), ``n_delivered``
     (handed out), ``n_past`` (in the target's memory), ``finished``;
     ``n_messages``, the messages of the conversation that led to the current
-    reply (``None`` when the generation is not a chat); the
+    reply (``None`` when the generation is not a chat); ``n_threads``, the
+    threads it decoded with (``None`` before format 3); the
     counters ``rounds``, ``drafted`` and ``accepted``; ``sections`` as
     ``(name, bytes)`` pairs in file order; ``checksum`` (the CRC-32 over the
     file, 8 hex digits) and ``size`` (bytes of the file).
@@ -148,6 +149,7 @@ class CheckpointInfo(TypedDict):
     n_past: int
     finished: bool
     n_messages: int | None
+    n_threads: int | None
     rounds: int
     drafted: int
     accepted: int

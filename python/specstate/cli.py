@@ -76,7 +76,12 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--save", type=Path, help="checkpoint file written at the end (and every N tokens)")
     parser.add_argument("--checkpoint-every", type=int, metavar="N", help="also save every N tokens")
-    parser.add_argument("--threads", type=int, default=0, help="threads (0: the CPUs available)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="threads (0: the CPUs available; default: all of them for a new generation, "
+        "the checkpoint's own count for a resumed one)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
 
@@ -142,7 +147,9 @@ def _add_chat_parser(commands: Any) -> None:
     )
     chat.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
     chat.add_argument("--save", type=Path, help="checkpoint file written after every reply")
-    chat.add_argument("--threads", type=int, default=0, help="threads (0: the CPUs available)")
+    chat.add_argument(
+        "--threads", type=int, help="threads (0: the CPUs available; default: all, or the checkpoint's count)"
+    )
     chat.add_argument("--quiet", action="store_true", help="no status line")
     _add_sampling(chat)
 
@@ -299,7 +306,7 @@ def _generator_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         setting: getattr(args, option)
         for setting, option in options.items()
-        if setting != "draft_model" and hasattr(args, option)
+        if setting != "draft_model" and getattr(args, option, None) is not None
     }
 
 
@@ -417,7 +424,8 @@ def _describe(path: Path, info: CheckpointInfo, matches: dict[str, bool]) -> lis
                 f"{role + ' model':<14} {entry['file']} ({entry['size']:,} bytes, "
                 f"sha256 {entry['sha256'][:16]}…): {_verdict(matches.get(role))}"
             )
-    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in info["config"].items()))
+    threads = "" if info["n_threads"] is None else f", decoded with {info['n_threads']} threads"
+    lines.append("mode           " + ", ".join(f"{k}={v}" for k, v in info["config"].items()) + threads)
     lines.append(
         f"tokens         {info['n_prompt']} prompt + {info['n_delivered']} generated and handed out "
         f"({info['n_generated']} committed, {info['n_past']} in the target's memory)"

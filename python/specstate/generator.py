@@ -96,7 +96,7 @@ class Generator:
         model: Model,
         *,
         draft_model: Model | None = None,
-        n_threads: int = 0,
+        n_threads: int | None = None,
         max_n_ctx: int | None = None,
     ) -> Generator:
         """A generator continuing a checkpoint (bytes or a path) on these models.
@@ -111,6 +111,11 @@ class Generator:
         ``max_n_ctx`` (``ConfigMismatchError``; default: the target model's
         trained context length), so a file cannot make the process allocate
         memory the caller did not choose.
+
+        ``n_threads`` defaults to the thread count the checkpoint was taken
+        with: llama.cpp's batched verification sums in an order that depends
+        on it, so another count continues exactly only up to near-ties (0: the
+        CPUs available).
         """
         generator = cls.__new__(cls)
         generator._native = _native.Generator.restore(

@@ -187,6 +187,12 @@ impl PyGenerator {
         self.inner.lock().context_length()
     }
 
+    /// The threads the contexts decode with (resolved, never 0).
+    #[getter]
+    fn n_threads(&self) -> u32 {
+        self.inner.lock().n_threads()
+    }
+
     /// Generated tokens handed out so far.
     #[getter]
     fn delivered(&self) -> usize {
@@ -213,23 +219,27 @@ impl PyGenerator {
     /// The checkpoint's context length may be at most `max_n_ctx` (default:
     /// the target model's trained context length).
     #[staticmethod]
-    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = WideInt(0), max_n_ctx = None),
-           text_signature = "(data, target, *, draft_model=None, n_threads=0, max_n_ctx=None)")]
+    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = None, max_n_ctx = None),
+           text_signature = "(data, target, *, draft_model=None, n_threads=None, max_n_ctx=None)")]
     fn restore(
         py: Python<'_>,
         data: &[u8],
         target: Py<PyModel>,
         draft_model: Option<Py<PyModel>>,
-        n_threads: WideInt,
+        n_threads: Option<WideInt>,
         max_n_ctx: Option<WideInt>,
     ) -> PyResult<Self> {
-        let runtime = RuntimeOptions {
-            n_threads: n_threads.narrow("n_threads")?,
-        };
+        let n_threads = n_threads
+            .map(|n| n.narrow::<i32>("n_threads"))
+            .transpose()?;
         let max_n_ctx = max_n_ctx
             .map(|n| n.narrow::<u32>("max_n_ctx"))
             .transpose()?;
         let decoded = checkpoint::decode(data)?;
+        let runtime = match n_threads {
+            Some(n_threads) => RuntimeOptions { n_threads },
+            None => decoded.meta.recorded_runtime(),
+        };
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);
         let inner =
@@ -374,6 +384,7 @@ pub(crate) fn inspect_checkpoint<'py>(
     info.set_item("n_delivered", state.delivered)?;
     info.set_item("n_past", state.n_past)?;
     info.set_item("finished", state.finished)?;
+    info.set_item("n_threads", meta.n_threads)?;
     info.set_item(
         "n_messages",
         meta.conversation.as_ref().map(|c| c.messages.len()),

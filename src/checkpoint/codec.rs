@@ -40,7 +40,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
     let (version, count) = decode_header(bytes)?;
     let table = checked_table(bytes, count)?;
     let meta = Meta::from_json(table.required(SectionKind::Meta)?)?;
-    meta.check_conversation(version)?;
+    meta.check_version_3_entries(version)?;
     let mode = meta.config()?.mode;
     let state_bytes = table.required(SectionKind::State)?;
     let tokens = table.required(SectionKind::Tokens)?;

@@ -858,6 +858,32 @@ fn a_conversation_travels_in_meta_from_version_3() {
 }
 
 #[test]
+fn the_thread_count_is_recorded_from_version_3() {
+    let mut s = synthetic(Mode::Draft);
+    s.meta.n_threads = Some(2);
+    let bytes = encode(&s);
+    let decoded = decode(&bytes).unwrap();
+    assert_eq!(decoded.meta.recorded_runtime().n_threads, 2);
+    assert_eq!(
+        decode(&valid(Mode::Draft))
+            .unwrap()
+            .meta
+            .recorded_runtime()
+            .n_threads,
+        0
+    );
+    for bad in [0, 513, u32::MAX] {
+        let message = corrupt_message(&with_meta(&bytes, |m| m["n_threads"] = json!(bad)));
+        assert!(message.starts_with("meta.n_threads: "), "{message}");
+    }
+    let version_2 = patched(&bytes, 8, &2u16.to_le_bytes());
+    assert_eq!(
+        corrupt_message(&version_2),
+        "meta.n_threads: not part of format version 2"
+    );
+}
+
+#[test]
 fn a_bad_conversation_is_corrupt() {
     let mut s = synthetic(Mode::None);
     s.meta.conversation = Some(chat());

@@ -71,6 +71,10 @@ pub struct Meta {
     pub target_model: ModelFingerprint,
     /// The draft model (`draft` and `eagle3` modes).
     pub draft_model: Option<ModelFingerprint>,
+    /// The threads the generation decoded with (format version 3): batched
+    /// verification's numerics depend on it, so a restore uses it by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_threads: Option<u32>,
     /// The conversation that led to the current reply, if the generation is
     /// a chat (format version 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,24 +106,42 @@ impl Meta {
             seed: config.sampling.seed,
             target_model,
             draft_model,
+            n_threads: None,
             conversation: None,
         }
     }
 
-    /// Check the conversation entry: well formed, and only in a file of a
-    /// version that has it.
-    pub fn check_conversation(&self, version: u16) -> Result<(), CheckpointError> {
-        let Some(conversation) = &self.conversation else {
-            return Ok(());
+    /// Check the entries of format version 3 (`n_threads`, `conversation`):
+    /// well formed, and only in a file of a version that has them.
+    pub fn check_version_3_entries(&self, version: u16) -> Result<(), CheckpointError> {
+        let absent_before_3 = |entry: &str, present: bool| match present && version < 3 {
+            true => Err(corrupt(format!(
+                "meta.{entry}: not part of format version {version}"
+            ))),
+            false => Ok(()),
         };
-        if version < 3 {
+        absent_before_3("n_threads", self.n_threads.is_some())?;
+        absent_before_3("conversation", self.conversation.is_some())?;
+        let most = crate::native::MAX_THREADS as u32;
+        if let Some(n) = self.n_threads.filter(|n| !(1..=most).contains(n)) {
             return Err(corrupt(format!(
-                "meta.conversation: not part of format version {version}"
+                "meta.n_threads: {n} is not between 1 and {most}"
             )));
         }
-        conversation
-            .validate()
-            .map_err(|e| corrupt(format!("meta.conversation: {e}")))
+        match &self.conversation {
+            Some(conversation) => conversation
+                .validate()
+                .map_err(|e| corrupt(format!("meta.conversation: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The runtime options a restore uses unless the caller gives others:
+    /// the recorded thread count (0, the CPUs available, if none is recorded).
+    pub fn recorded_runtime(&self) -> crate::settings::RuntimeOptions {
+        crate::settings::RuntimeOptions {
+            n_threads: self.n_threads.map_or(0, |n| n as i32),
+        }
     }
 
     /// The `meta` section's payload.

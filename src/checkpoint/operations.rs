@@ -53,6 +53,7 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
         generator.draft_model().map(|m| fingerprint(m)),
     );
     meta.conversation = generator.conversation().cloned();
+    meta.n_threads = Some(generator.n_threads());
     let meta = meta
         .to_json()
         .map_err(|e| GeneratorError::Invalid(e.to_string()))?;

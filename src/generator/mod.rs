@@ -123,6 +123,11 @@ impl Generator {
         }
     }
 
+    /// The threads the contexts decode with (resolved: never 0).
+    pub fn n_threads(&self) -> u32 {
+        u32::try_from(self.target.n_threads()).unwrap_or(1)
+    }
+
     /// The target context's real length (llama.cpp may round `n_ctx` up).
     pub fn context_length(&self) -> usize {
         self.target.n_ctx() as usize

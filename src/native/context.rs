@@ -234,7 +234,13 @@ impl Context {
         }
     }
 
-    /// Set the threads used for decoding.
+    /// The threads used for decoding (the resolved count, never 0).
+    pub fn n_threads(&self) -> i32 {
+        // SAFETY: the context is live.
+        unsafe { sys::llama_n_threads(self.raw.as_ptr()) }
+    }
+
+    /// Set the threads used for generation and batches.
     pub fn set_threads(&mut self, n_threads: i32) {
         // SAFETY: the context is live and exclusively borrowed.
         unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), n_threads, n_threads) };
