@@ -198,8 +198,10 @@ class Pool:
         self._generations: dict[str, _Generation] = {}
         self._ids = itertools.count()
         self.chunk = chunk
+        self.n_threads = n_threads
         for _ in range(workers):
             self.add_worker(n_threads=n_threads)
+        self._home = self._workers[0].models  # the fingerprints of the pool's own model files
 
     # --- workers ---------------------------------------------------------------------------------
 
@@ -464,11 +466,17 @@ class Pool:
                     f"{generation.n_threads}: not exact (pass exact=False to allow it)"
                 )
             return worker
-        if generation is None:
-            live = [w for w in self.workers() if target in self._workers[w].models]
-            load = {w: sum(1 for g in self._generations.values() if g.worker == w and not g.done) for w in live}
+        if generation is None:  # a new generation: on the pool's own model files and thread count
+            names = [target] if draft is None else [target, draft]
+            live = [
+                w
+                for w in self.workers()
+                if self._workers[w].n_threads == self.n_threads
+                and all(name in self._home and self._workers[w].models.get(name) == self._home[name] for name in names)
+            ]
             if not live:
-                raise PlacementError(f"no live worker has a model named {target!r}")
+                raise PlacementError(f"no live worker has the pool's models {names} and {self.n_threads} threads")
+            load = {w: sum(1 for g in self._generations.values() if g.worker == w and not g.done) for w in live}
             return min(live, key=lambda w: (load[w], w))
         candidates = self._candidates(generation, exact=bool(exact))
         if not candidates:
