@@ -10,13 +10,17 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu bench-chat \
+.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu bench-chat \
 	fuzz asan bench-lifecycle clean
 
 all: test
 
 demo: develop
 	$(BIN)/specstate demo
+
+# A generation moving between two Ray workers and surviving a worker kill (Ray is in requirements-dev.txt).
+demo-cluster: develop
+	$(BIN)/specstate demo-cluster
 
 test: develop lint test-rust test-python typecheck
 

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=int, default=3)
 
     commands.add_parser("demo", help="speculate, checkpoint half-way, resume in a new process, compare")
+    commands.add_parser(
+        "demo-cluster", help="a generation moves between two Ray workers and survives a kill (needs the ray extra)"
+    )
     return parser
 
 
@@ -467,6 +470,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo()
 
 
+def cmd_demo_cluster(args: argparse.Namespace) -> None:
+    try:
+        from specstate.cluster_demo import run_cluster_demo
+    except ImportError as error:
+        raise UsageError(f"demo-cluster needs Ray: pip install 'specstate[ray]' ({error})") from error
+    if not run_cluster_demo():
+        raise UsageError("the text differed from the uninterrupted run")
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "generate": cmd_generate,
     "resume": cmd_resume,
@@ -474,6 +486,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "inspect": cmd_inspect,
     "bench": cmd_bench,
     "demo": cmd_demo,
+    "demo-cluster": cmd_demo_cluster,
 }
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ObjectLostError, RayActorError
 
 from specstate import Generator, Model, model_fingerprint
 from specstate._typing import GeneratorSettings
@@ -192,7 +192,8 @@ class Pool:
             raise ValueError("workers, chunk and n_threads must be at least 1")
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-        self._actor_class = ray.remote(num_cpus=0, max_restarts=0)(_Worker)
+        # Workers spread over the cluster's nodes; a dead one is not restarted (the pool recovers its generations).
+        self._actor_class = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy="SPREAD")(_Worker)
         self._models = {name: str(Path(path).resolve()) for name, path in models.items()}
         self._workers: dict[int, _WorkerEntry] = {}
         self._generations: dict[str, _Generation] = {}
@@ -507,6 +508,9 @@ class Pool:
             except RayActorError:
                 self._workers[worker].alive = False  # its own generations recover when their calls fail
                 continue
+            except ObjectLostError:  # the node holding the checkpoint is gone: start again from the prompt
+                generation.checkpoint, generation.checkpoint_tokens = None, 0
+                return self._launch(generation, workers)
             if produced != generation.checkpoint_tokens and generation.checkpoint is not None:
                 raise RuntimeError("a restored generation does not continue where its checkpoint was taken")
             generation.worker, generation.produced, generation.unconfirmed = worker, produced, None
