@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu bench-chat \
+.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -72,6 +72,10 @@ bench-cpu: develop
 # The next turn of a 2,000-token conversation: restored from its checkpoint against re-prefilled.
 bench-chat: develop
 	$(BIN)/python benchmarks/chat_turn.py --threads 2 --json benchmarks/results/chat_turn.json
+
+# Generations on Ray workers with random preemptions, migrations and kills, against uninterrupted runs.
+bench-cluster: develop
+	$(BIN)/python benchmarks/cluster.py --json benchmarks/results/cluster.json --chart benchmarks/results/cluster.png
 
 fuzz: develop
 	$(BIN)/python tests/checkpoint_fuzz.py --cases 100000 --smollm2-share 0.05 --json benchmarks/results/fuzz.json
