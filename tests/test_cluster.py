@@ -101,6 +101,22 @@ def test_the_generations_of_a_killed_worker_recover_exactly(pool: Pool, tiny_map
     pool.add_worker(n_threads=1)
 
 
+def test_a_generation_preempted_while_it_regenerates_resumes_exactly(pool: Pool, tiny_map: dict[str, Path]) -> None:
+    victim = pool.workers()[0]
+    handle = submit(pool, "none", worker=victim)  # no checkpoints: it regenerates from its prompt
+    pieces = pool.stream(handle)
+    text = "".join(next(pieces) for _ in range(20))
+    pool.kill(victim)
+    pool.pump()  # recovered on a survivor, which starts regenerating what was streamed
+    pool.migrate(handle)  # taken while it is still behind the stream
+    text += "".join(pieces)
+    tokens, expected = reference(tiny_map, "none")
+    assert pool.tokens(handle) == tokens and text == expected
+    stats = pool.stats(handle)
+    assert (stats.recoveries, stats.migrations, stats.divergences) == (1, 1, 0)
+    pool.add_worker(n_threads=1)
+
+
 @pytest.fixture(scope="module")
 def foreign_qwen35(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model of the same shape and names, but another file (seed 1)."""

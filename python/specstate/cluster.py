@@ -224,8 +224,9 @@ class Pool:
         return self._workers[worker].pid
 
     def kill(self, worker: int) -> None:
-        """Kill a worker's process (as a crash would); its generations recover on the next pump."""
+        """Kill a worker's process (as a crash would); its generations recover when their calls fail."""
         ray.kill(self._workers[worker].actor, no_restart=True)
+        self._workers[worker].alive = False
 
     def worker_of(self, handle: Handle) -> int | None:
         """The worker a generation runs on (``None`` while preempted or finished)."""
@@ -323,7 +324,10 @@ class Pool:
         generation.preempted = True
         while generation.pending is not None:
             self.pump()
-        if generation.worker is None or generation.done:
+        if generation.done:  # its last call finished it
+            generation.preempted = False
+            return
+        if generation.worker is None:  # its worker died meanwhile: it keeps its latest checkpoint
             return
         started = time.perf_counter()
         actor = self._workers[generation.worker].actor
@@ -334,7 +338,8 @@ class Pool:
         except RayActorError:
             self._lost(generation.worker)
             return
-        generation.checkpoint, generation.checkpoint_tokens = reference, len(generation.tokens)
+        # What the worker had produced: fewer than were streamed while it regenerates after a recovery.
+        generation.checkpoint, generation.checkpoint_tokens = reference, generation.produced
         generation.unconfirmed = None
         generation.worker = None
         generation.stats.preempted_seconds.append(time.perf_counter() - started)
@@ -344,7 +349,7 @@ class Pool:
         run it exactly); returns the worker. A worker without the generation's model files refuses
         (:class:`~specstate.errors.ModelMismatchError`) and the generation stays preempted."""
         generation = self._generations[handle.id]
-        if not generation.preempted:
+        if not generation.preempted or generation.done:
             raise RuntimeError("the generation is not preempted")
         chosen = self._place(worker, generation.target, generation.draft, generation, exact)
         started = time.perf_counter()
@@ -377,6 +382,8 @@ class Pool:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
         for reference in ready:
             generation = pending[reference]
+            if generation.pending is not reference:  # relaunched meanwhile (its worker died)
+                continue
             generation.pending = None
             try:
                 tokens, pieces, over = ray.get(reference)
@@ -423,6 +430,9 @@ class Pool:
 
     def _advance(self, generation: _Generation) -> None:
         assert generation.worker is not None
+        if not self._workers[generation.worker].alive:  # killed by the pool: recover now
+            self._lost(generation.worker)
+            return
         wanted = generation.max_tokens - generation.produced
         if generation.produced < len(generation.tokens):
             wanted = max(wanted, len(generation.tokens) - generation.produced)
@@ -525,10 +535,10 @@ class Pool:
             if generation.worker != worker or generation.done:
                 continue
             generation.worker, generation.pending, generation.unconfirmed = None, None, None
-            if generation.preempted:
+            generation.stats.recoveries += 1
+            if generation.preempted:  # resumed from its latest checkpoint when asked
                 continue
             candidates = self._candidates(generation)
             if not candidates:
                 raise WorkerLost(f"generation {generation.handle.id} has no surviving worker to resume on")
-            generation.stats.recoveries += 1
             self._launch(generation, candidates)
