@@ -43,8 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ray
-from ray.exceptions import ObjectLostError, RayActorError
+try:
+    import ray
+    from ray.exceptions import ObjectLostError, RayActorError
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(f"specstate.cluster needs Ray: pip install 'specstate[ray]' ({error})") from error
 
 from specstate import Generator, Model, model_fingerprint
 from specstate._typing import GeneratorSettings
