@@ -193,7 +193,8 @@ class Pool:
     ) -> None:
         if workers < 1 or chunk < 1 or n_threads < 1:
             raise ValueError("workers, chunk and n_threads must be at least 1")
-        if not ray.is_initialized():
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         # Workers spread over the cluster's nodes; a dead one is not restarted (the pool recovers its generations).
         self._actor_class = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy="SPREAD")(_Worker)
@@ -206,6 +207,23 @@ class Pool:
         for _ in range(workers):
             self.add_worker(n_threads=n_threads)
         self._home = self._workers[0].models  # the fingerprints of the pool's own model files
+
+    def close(self) -> None:
+        """Stop every worker (their generations and checkpoints are dropped), and the local Ray
+        instance if this pool started it. Also what leaving a ``with Pool(...)`` block does."""
+        for entry in self._workers.values():
+            if entry.alive:
+                ray.kill(entry.actor, no_restart=True)
+                entry.alive = False
+        self._generations.clear()
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- workers ---------------------------------------------------------------------------------
 
