@@ -96,8 +96,13 @@ def test_the_generations_of_a_killed_worker_recover_exactly(pool: Pool, tiny_map
         assert pool.tokens(handle) == tokens and text == expected, mode
         stats = pool.stats(handle)
         assert (stats.recoveries, stats.divergences) == (1, 0)
-        # Regenerated from its latest checkpoint (a few chunks back at most), or from its prompt without one.
-        assert stats.replayed == before if every is None else 0 < stats.replayed <= every + 2 * pool.chunk, stats
+        # Regenerated from its latest checkpoint (a few chunks back at most), or from its prompt without one:
+        # everything streamed before the kill, plus what the call in flight at the kill delivered (one chunk
+        # at most: the worker may finish it before it dies).
+        if every is None:
+            assert before <= stats.replayed <= before + pool.chunk, stats
+        else:
+            assert 0 < stats.replayed <= every + 2 * pool.chunk, stats
     pool.add_worker(n_threads=1)
 
 
