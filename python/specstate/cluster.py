@@ -276,8 +276,13 @@ class Pool:
             raise ValueError(
                 f"unknown or pool-owned settings (n_threads and the models are the workers'): {sorted(unknown)}"
             )
-        chosen = self._place(worker, target, draft, None, None)
-        entry = self._workers[chosen]
+        if worker is None:  # on the pool's own model files and thread count, the least loaded worker
+            fingerprints, n_threads = self._models_of(self._home, target, draft), self.n_threads
+            chosen = self._place(None, fingerprints, n_threads)
+        else:
+            entry = self._live(worker)
+            fingerprints, n_threads = self._models_of(entry.models, target, draft), entry.n_threads
+            chosen = worker
         generation = _Generation(
             handle=Handle(f"g{next(self._ids)}"),
             prompt=prompt,
@@ -286,8 +291,8 @@ class Pool:
             draft=draft,
             max_tokens=max_tokens,
             checkpoint_every=checkpoint_every,
-            fingerprints=self._fingerprints(entry, target, draft),
-            n_threads=entry.n_threads,
+            fingerprints=fingerprints,
+            n_threads=n_threads,
         )
         self._generations[generation.handle.id] = generation
         if max_tokens == 0:
@@ -372,7 +377,7 @@ class Pool:
         generation = self._generations[handle.id]
         if not generation.preempted or generation.done:
             raise RuntimeError("the generation is not preempted")
-        chosen = self._place(worker, generation.target, generation.draft, generation, exact)
+        chosen = self._place(worker, generation.fingerprints, generation.n_threads if exact else None)
         started = time.perf_counter()
         self._launch(generation, [chosen])
         generation.preempted = False
@@ -387,7 +392,8 @@ class Pool:
         if generation.done:
             return source if source is not None else -1
         if worker is None:
-            others = [w for w in self._candidates(generation, exact=exact) if w != source]
+            fits = self._least_loaded(generation.fingerprints, generation.n_threads if exact else None)
+            others = [w for w in fits if w != source]
             worker = others[0] if others else None
         chosen = self.resume(handle, worker, exact=exact)
         generation.stats.migrations += 1
@@ -463,57 +469,50 @@ class Pool:
     # --- placement and recovery ------------------------------------------------------------------
 
     @staticmethod
-    def _fingerprints(entry: _WorkerEntry, target: str, draft: str | None) -> dict[str, str]:
+    def _models_of(models: Mapping[str, str], target: str, draft: str | None) -> dict[str, str]:
+        """The fingerprints, among ``models``, of the files a generation of ``target``/``draft`` runs on."""
         names = [target] if draft is None else [target, draft]
-        missing = [name for name in names if name not in entry.models]
+        missing = [name for name in names if name not in models]
         if missing:
-            raise PlacementError(f"the worker has no model named {missing[0]!r}")
-        return {name: entry.models[name] for name in names}
+            raise PlacementError(f"no model named {missing[0]!r}")
+        return {name: models[name] for name in names}
 
-    def _runs_exactly(self, worker: int, generation: _Generation, exact: bool) -> bool:
-        entry = self._workers[worker]
-        names = generation.fingerprints
-        same_models = all(entry.models.get(name) == sha for name, sha in names.items())
-        return entry.alive and same_models and (not exact or entry.n_threads == generation.n_threads)
+    def _live(self, worker: int) -> _WorkerEntry:
+        entry = self._workers.get(worker)
+        if entry is None or not entry.alive:
+            raise PlacementError(f"worker {worker} is not alive")
+        return entry
 
-    def _candidates(self, generation: _Generation, *, exact: bool = True) -> list[int]:
-        """Live workers that can run the generation, the least loaded first."""
+    def _least_loaded(self, fingerprints: Mapping[str, str], n_threads: int | None) -> list[int]:
+        """Live workers holding these model files (and decoding with ``n_threads``, unless None),
+        the least loaded first."""
         load = {w: 0 for w in self.workers()}
         for other in self._generations.values():
             if other.worker in load and not other.done:
                 load[other.worker] += 1
-        fits = [w for w in load if self._runs_exactly(w, generation, exact)]
+        fits = [
+            w
+            for w in load
+            if all(self._workers[w].models.get(name) == sha for name, sha in fingerprints.items())
+            and (n_threads is None or self._workers[w].n_threads == n_threads)
+        ]
         return sorted(fits, key=lambda w: (load[w], w))
 
-    def _place(
-        self, worker: int | None, target: str, draft: str | None, generation: _Generation | None, exact: bool | None
-    ) -> int:
+    def _place(self, worker: int | None, fingerprints: Mapping[str, str], n_threads: int | None) -> int:
+        """``worker`` if it is alive and decodes with ``n_threads`` (None: any count); without one,
+        the least loaded worker that can run these model files with that count."""
         if worker is not None:
-            entry = self._workers.get(worker)
-            if entry is None or not entry.alive:
-                raise PlacementError(f"worker {worker} is not alive")
-            if generation is not None and exact and entry.n_threads != generation.n_threads:
+            entry = self._live(worker)
+            if n_threads is not None and entry.n_threads != n_threads:
                 raise PlacementError(
                     f"worker {worker} decodes with {entry.n_threads} threads and the generation with "
-                    f"{generation.n_threads}: not exact (pass exact=False to allow it)"
+                    f"{n_threads}: not exact (pass exact=False to allow it)"
                 )
             return worker
-        if generation is None:  # a new generation: on the pool's own model files and thread count
-            names = [target] if draft is None else [target, draft]
-            live = [
-                w
-                for w in self.workers()
-                if self._workers[w].n_threads == self.n_threads
-                and all(name in self._home and self._workers[w].models.get(name) == self._home[name] for name in names)
-            ]
-            if not live:
-                raise PlacementError(f"no live worker has the pool's models {names} and {self.n_threads} threads")
-            load = {w: sum(1 for g in self._generations.values() if g.worker == w and not g.done) for w in live}
-            return min(live, key=lambda w: (load[w], w))
-        candidates = self._candidates(generation, exact=bool(exact))
-        if not candidates:
-            raise PlacementError("no live worker has the generation's model files and thread count")
-        return candidates[0]
+        fits = self._least_loaded(fingerprints, n_threads)
+        if not fits:
+            raise PlacementError(f"no live worker has the model files {sorted(fingerprints)} and {n_threads} threads")
+        return fits[0]
 
     def _launch(self, generation: _Generation, workers: list[int]) -> None:
         """Start the generation (from its latest checkpoint, or its prompt) on the first of ``workers``
@@ -559,7 +558,7 @@ class Pool:
             generation.stats.recoveries += 1
             if generation.preempted:  # resumed from its latest checkpoint when asked
                 continue
-            candidates = self._candidates(generation)
+            candidates = self._least_loaded(generation.fingerprints, generation.n_threads)
             if not candidates:
                 raise WorkerLost(f"generation {generation.handle.id} has no surviving worker to resume on")
             self._launch(generation, candidates)

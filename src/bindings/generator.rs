@@ -134,8 +134,8 @@ impl PyGenerator {
         Ok(generator.set_conversation(conversation)?)
     }
 
-    /// Continue with a new turn: drop committed tokens not handed out, decode
-    /// `tokens`, commit and return the first token after them. `conversation`
+    /// Continue with a new turn: decode `tokens` after every committed token,
+    /// commit and return the first token after them. `conversation`
     /// (`(messages, template_sha256)`) becomes the recorded chat, in the same
     /// call, so the two cannot part.
     #[pyo3(signature = (tokens, conversation = None))]

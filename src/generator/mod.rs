@@ -204,13 +204,21 @@ impl Generator {
         }
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
         self.state.history = prompt.to_vec();
-        self.state.history.push(first);
-        self.state.n_prompt = prompt.len();
-        self.state.n_past = prompt.len();
-        self.state.finished = self.target.model().is_eog(first);
-        self.state.delivered = 0;
-        self.state.rng = self.sampler.rng.state();
+        self.commit_first(first);
         Ok(first)
+    }
+
+    /// The whole history is now a decoded prompt: commit the first token
+    /// generated after it, and start the reply's counters from zero.
+    fn commit_first(&mut self, first: i32) {
+        let state = &mut self.state;
+        state.n_prompt = state.history.len();
+        state.n_past = state.n_prompt;
+        state.history.push(first);
+        state.finished = self.target.model().is_eog(first);
+        state.delivered = 0;
+        (state.rounds, state.drafted, state.accepted) = (0, 0, 0);
+        state.rng = self.sampler.rng.state();
     }
 
     /// Continue with a new turn: `tokens` (a user's next message, say) are
@@ -227,15 +235,8 @@ impl Generator {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
-        let state = &mut self.state;
-        state.history.extend_from_slice(tokens);
-        state.n_prompt = state.history.len();
-        state.n_past = state.n_prompt;
-        state.history.push(first);
-        state.finished = self.target.model().is_eog(first);
-        state.delivered = 0;
-        (state.rounds, state.drafted, state.accepted) = (0, 0, 0);
-        state.rng = self.sampler.rng.state();
+        self.state.history.extend_from_slice(tokens);
+        self.commit_first(first);
         Ok(first)
     }
 
