@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray  # the `ray` extra, in requirements-dev.txt: without it these tests fail, they are not skipped
 
-ray = pytest.importorskip("ray")  # the `ray` extra; requirements-dev.txt installs it, so `make test` runs these
-
-import models  # noqa: E402
-from generator_support import MODES, TINY_CTX, sampling, tiny_generator  # noqa: E402
-from specstate.cluster import Handle, PlacementError, Pool  # noqa: E402
-from specstate.errors import ModelMismatchError  # noqa: E402
+import models
+from generator_support import MODES, TINY_CTX, sampling, tiny_generator
+from specstate.cluster import Handle, PlacementError, Pool
+from specstate.errors import ModelMismatchError
 
 PROMPT = "Once upon a time"
 TOKENS = 60
