@@ -1,8 +1,11 @@
 """llama-cpp-python's figures for benchmarks/run.py; runs inside the benchmark's own venv.
 
-Usage: python peer_llama_cpp_python.py REQUEST.json -> prints one JSON object.
-REQUEST: {"model", "threads", "runs", "decode_prompt", "decode_tokens",
-          "speculation": {name: prompt}, "speculation_tokens", "checkpoint_tokens": [..], "checkpoint_text"}
+Checkpoints: python peer_llama_cpp_python.py REQUEST.json -> prints one JSON object.
+REQUEST: {"model", "threads", "runs", "checkpoint_tokens": [..], "checkpoint_text"}
+
+Speeds: python peer_llama_cpp_python.py --serve MODEL THREADS -> one measurement per request line, so that
+a benchmark can interleave them with its own: each line of stdin is {"llm": "plain" | "prompt_lookup",
+"prompt": text, "tokens": n}, answered by one line {"tokens_per_s", "tokens"} (prefill excluded).
 """
 
 from __future__ import annotations
@@ -37,49 +40,34 @@ def greedy_stream(llm: Llama, tokens: list[int], n: int) -> tuple[list[int], flo
     return out, time.perf_counter() - started
 
 
+def serve(model: str, threads: int) -> None:
+    """Answer measurement requests from stdin, one JSON line each, until stdin closes."""
+    common: dict[str, Any] = dict(n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
+    llms = {
+        "plain": Llama(model, **common),
+        "prompt_lookup": Llama(
+            model, logits_all=True, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), **common
+        ),
+    }
+    for line in sys.stdin:
+        request = json.loads(line)
+        llm = llms[request["llm"]]
+        out, seconds = greedy_stream(
+            llm, llm.tokenize(request["prompt"].encode(), add_bos=False, special=True), request["tokens"]
+        )
+        print(json.dumps({"tokens_per_s": (len(out) - 1) / seconds, "tokens": out}), flush=True)
+
+
 def main() -> None:
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2], int(sys.argv[3]))
+        return
     request = json.loads(Path(sys.argv[1]).read_text())
     model, threads, runs = request["model"], request["threads"], request["runs"]
     result: dict[str, Any] = {}
     import llama_cpp
 
     result["version"] = llama_cpp.__version__
-
-    plain = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
-    prompt = plain.tokenize(request["decode_prompt"].encode(), add_bos=False, special=True)
-
-    def decode() -> float:
-        out, seconds = greedy_stream(plain, prompt, request["decode_tokens"])
-        return (len(out) - 1) / seconds
-
-    result["decode_tokens_per_s"] = median(runs, decode)
-
-    lookup = Llama(
-        model,
-        n_ctx=1024,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-        logits_all=True,
-        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
-    )
-    result["speculation"] = {}
-    for name, text in request["speculation"].items():
-        entry: dict[str, Any] = {}
-        for label, llm in (("plain", plain), ("prompt_lookup", lookup)):
-            tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
-            last: list[list[int]] = []
-
-            def once(llm: Llama = llm, tokens: list[int] = tokens, last: list[list[int]] = last) -> float:
-                out, seconds = greedy_stream(llm, tokens, request["speculation_tokens"])
-                last[:] = [out]
-                return (len(out) - 1) / seconds
-
-            try:
-                entry[label] = {"tokens_per_s": median(runs, once), "tokens": last[0]}
-            except Exception as error:
-                entry[label] = {"error": f"{type(error).__name__}: {error}"}
-        result["speculation"][name] = entry
 
     result["checkpoints"] = {}
     for n_tokens in request["checkpoint_tokens"]:

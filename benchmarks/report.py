@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from speculation import ADAPTIVE, contenders_table, ratio_text
+from speculation import targets as speculation_targets
+
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
@@ -24,26 +27,28 @@ def _verdict(value: float | None, target: float, at_least: bool = True) -> str:
 def targets(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(measure, value, target, verdict) rows."""
     rows: list[tuple[str, str, str, str]] = []
-    decode = results["decode"]
-    native = _ratio(decode["specstate"], decode.get("native_loop"))
-    rows.append(("decode: specstate / native Rust loop", _fmt(native), ">= 0.97", _verdict(native, 0.97)))
-    peer = _ratio(decode["specstate"], decode.get("llama_cpp_python"))
-    rows.append(("decode: specstate / llama-cpp-python", _fmt(peer), ">= 1.05", _verdict(peer, 1.05)))
-    bench = _ratio(decode["specstate"], decode.get("llama_bench"))
-    rows.append(("decode: specstate / llama-bench tg128", _fmt(bench), "(reference)", ""))
-    for name, spec in results["speculation"].items():
-        none = spec["none"]["tokens_per_s"]
-        ngram = spec["ngram"]["tokens_per_s"]
-        rows.append((f"{name}: ngram / none", _fmt(_ratio(ngram, none)), ">= 2.0", _verdict(_ratio(ngram, none), 2.0)))
-        lookup = spec.get("llama_cpp_python_prompt_lookup", {}).get("tokens_per_s")
+    ratios = results["decode_ratios"]
+
+    def decode_row(peer: str, label: str, target: float | None) -> None:
+        entry = ratios.get(peer)
+        value = None if entry is None else entry["median"]
+        shown = "n/a" if entry is None else f"{entry['median']:.2f} ({entry['low']:.2f}-{entry['high']:.2f})"
         rows.append(
             (
-                f"{name}: ngram / llama-cpp-python prompt lookup",
-                _fmt(_ratio(ngram, lookup)),
-                ">= 2.5",
-                _verdict(_ratio(ngram, lookup), 2.5),
+                label,
+                shown,
+                "(reference)" if target is None else f">= {target}",
+                _verdict(value, target) if target else "",
             )
         )
+
+    decode_row("native_loop", "decode: specstate / native Rust loop", 0.97)
+    decode_row("llama_cpp_python", "decode: specstate / llama-cpp-python", 1.05)
+    decode_row("llama_bench", "decode: specstate / llama-bench tg128", None)
+    for name in ("code", "quotes"):
+        entry = results["speculation"][name][ADAPTIVE]["x_none"]
+        rows.append((f"{name}: ngram adaptive / none", ratio_text(entry), ">= 2.0", _verdict(entry["median"], 2.0)))
+    rows += speculation_targets(results["speculation"])
     for tokens, figures in results["checkpoints"].items():
         rows.append(
             (
@@ -102,28 +107,17 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, medians of {results['runs']} runs, "
+        f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, {results['runs']} interleaved rounds "
+        "(ratios: the median of per-round pairs, with their range), "
         f"{results['date']}, {results['machine']}; llama-cpp-python {results.get('llama_cpp_python_version', 'n/a')}",
         "",
         "| measure | value | target | verdict |",
         "| --- | ---: | ---: | --- |",
     ]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(results)]
-    lines += ["", "| decode, 128 tokens | tokens/s |", "| --- | ---: |"]
+    lines += ["", "| decode, 128 tokens | tokens/s (median) |", "| --- | ---: |"]
     lines += [f"| {name} | {value:.1f} |" for name, value in results["decode"].items()]
-    lines += [
-        "",
-        "| workload | mode | tokens/s | acceptance | tokens equal to plain |",
-        "| --- | --- | ---: | ---: | ---: |",
-    ]
-    for name, spec in results["speculation"].items():
-        for mode, row in spec.items():
-            if "error" in row:
-                lines.append(f"| {name} | {mode} | failed: {row['error']} | | |")
-                continue
-            agree = row.get("agreement_with_none", row.get("agreement_with_plain", ""))
-            acceptance = f"{row['acceptance']:.0%}" if "acceptance" in row else ""
-            lines.append(f"| {name} | {mode} | {row['tokens_per_s']:.1f} | {acceptance} | {agree} |")
+    lines += ["", *contenders_table(results["speculation"])]
     lines += [
         "",
         "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "
@@ -175,7 +169,7 @@ def charts(results: dict[str, Any], directory: Path) -> list[Path]:
     for name, spec in results["speculation"].items():
         for mode, row in spec.items():
             if "tokens_per_s" in row:
-                labels.append(f"{name}: {mode.replace('llama_cpp_python_', 'lcp ')}")
+                labels.append(f"{name}: {mode}")
                 values.append(row["tokens_per_s"])
     axis.barh(labels, values, color="#55a868")
     axis.set_xlabel("tokens/s (160 tokens, prefill excluded)")

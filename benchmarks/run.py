@@ -4,10 +4,13 @@ Peers, built here from their registries: llama-cpp-python (PyPI, compiled from
 its sdist into the benchmark's own virtual environment with the same
 x86-64-v3 kernel flags as specstate) and llama.cpp's own ``llama-bench``
 (built with cmake from the llama.cpp source inside the pinned
-llama-cpp-sys-4 crate), plus specstate's native Rust loop with no Python in
-it (``benchmarks/native_decode.rs``). Model: SmolLM2-135M-Instruct Q4_1;
-2 threads; medians of 5 runs after a warm-up; every ratio is measured in this
-one run.
+llama-cpp-sys-4 crate), llama.cpp's own n-gram speculation (our driver of its
+``common_speculative``, ``benchmarks/llama_spec``), plus specstate's native
+Rust loop with no Python in it (``benchmarks/native_decode.rs``). Model:
+SmolLM2-135M-Instruct Q4_1; 2 threads. Everything is built first; then every
+speed comparison is measured in interleaved rounds (each contender once per
+round, back to back: ``specstate.bench.interleave``) and reported as the
+median of the per-round ratios with their range.
 
 Writes benchmarks/results/latest.json, latest.md and PNG charts.
 Usage: python benchmarks/run.py [--runs 5] [--threads 2] [--skip-peers]
@@ -20,29 +23,33 @@ import glob
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from specstate import Model, native_info  # noqa: E402
 from specstate.bench import (  # noqa: E402
     CODE_PROMPT,
-    QUOTE_PROMPT,
     STORY_PROMPT,
     checkpoint_figures,
-    decode_speed,
-    speculation_figures,
+    interleave,
+    pair_ratio,
+    timed_generation,
     validator_rates,
 )
 from specstate.smollm2 import cache_dir, smollm2_path  # noqa: E402
+from speculation import PROMPTS, build_peers, prompt_figures  # noqa: E402
 
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -133,9 +140,12 @@ def llama_bench() -> Path:
     return binary
 
 
-def native_loop(model: Path, threads: int, runs: int) -> float:
-    """specstate's native Rust decode loop (no Python), tokens/s."""
+def build_native_loop() -> None:
     subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "native_decode"], cwd=ROOT, check=True)
+
+
+def native_loop(model: Path, threads: int, runs: int) -> float:
+    """specstate's native Rust decode loop (no Python), tokens/s (built by ``build_native_loop``)."""
     env = dict(os.environ, LD_LIBRARY_PATH=str(sysconfig.get_config_var("LIBDIR") or ""))
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as prompt:
         prompt.write(STORY_PROMPT)
@@ -180,15 +190,12 @@ def llama_bench_decode(model: Path, threads: int, runs: int) -> float:
     return float(json.loads(out)[0]["avg_ts"])
 
 
-def peer_figures(model: Path, threads: int, runs: int, checkpoint_text: str) -> dict[str, Any]:
+def peer_checkpoints(model: Path, threads: int, runs: int, checkpoint_text: str) -> dict[str, Any]:
+    """llama-cpp-python's checkpoint sizes and save+load times, and its version."""
     request = {
         "model": str(model),
         "threads": threads,
         "runs": runs,
-        "decode_prompt": STORY_PROMPT,
-        "decode_tokens": 128,
-        "speculation": {"code": CODE_PROMPT, "quotes": QUOTE_PROMPT},
-        "speculation_tokens": 160,
         "checkpoint_tokens": [512, 2048],
         "checkpoint_text": checkpoint_text,
     }
@@ -202,6 +209,24 @@ def peer_figures(model: Path, threads: int, runs: int, checkpoint_text: str) -> 
     ).stdout
     figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return figures
+
+
+def decode_figures(model: Model, path: Path, threads: int, runs: int, peers: dict[str, Any]) -> dict[str, Any]:
+    """Plain decoding of 128 tokens by specstate and each peer, in interleaved rounds."""
+    contenders: dict[str, Callable[[], float]] = {
+        "specstate": lambda: timed_generation(model, STORY_PROMPT, 128, n_threads=threads)[0],
+        "native_loop": lambda: native_loop(path, threads, 1),
+    }
+    if peers:
+        contenders["llama_bench"] = lambda: llama_bench_decode(path, threads, 1)
+        contenders["llama_cpp_python"] = lambda: float(
+            peers["llama_cpp_python"].measure("plain", STORY_PROMPT, 128)["tokens_per_s"]
+        )
+    speeds = interleave(contenders, runs)
+    return {
+        "tokens_per_s": {name: statistics.median(values) for name, values in speeds.items()},
+        "specstate_over": {name: vars(pair_ratio(speeds["specstate"], speeds[name])) for name in speeds},
+    }
 
 
 def memory_figures(model: Path, threads: int) -> dict[str, Any]:
@@ -249,49 +274,28 @@ def main() -> None:
         "runs": args.runs,
         "native_info": native_info(),
     }
-    log("plain decoding")
-    decode: dict[str, float] = {"specstate": decode_speed(model, threads=args.threads, runs=args.runs)}
-    decode["native_loop"] = native_loop(path, args.threads, args.runs)
-    peers: dict[str, Any] = {}
-    if not args.skip_peers:
-        decode["llama_bench"] = llama_bench_decode(path, args.threads, args.runs)
-        log("llama-cpp-python")
-        peers = peer_figures(path, args.threads, args.runs, checkpoint_text)
-        decode["llama_cpp_python"] = peers["decode_tokens_per_s"]
-        results["llama_cpp_python_version"] = peers["version"]
-    results["decode"] = decode
-
-    log("speculation")
-    draft = Model(draft_model_path(path))
-    speculation: dict[str, Any] = {}
-    for name, prompt in (("code", CODE_PROMPT), ("quotes", QUOTE_PROMPT)):
-        rows: dict[str, Any] = {}
-        for mode in ("none", "ngram", "draft"):
-            figures = speculation_figures(
-                model,
-                mode,
-                prompt,
-                threads=args.threads,
-                runs=args.runs,  # type: ignore[arg-type]
-                draft_model=draft if mode == "draft" else None,
-            )
-            rows[mode] = {
-                "tokens_per_s": figures.tokens_per_second,
-                "acceptance": figures.acceptance_rate,
-                "tokens": figures.tokens,
-            }
-        for mode in ("ngram", "draft"):
-            rows[mode]["agreement_with_none"] = agreement(rows[mode]["tokens"], rows["none"]["tokens"])
-        peer = peers.get("speculation", {}).get(name, {})
-        for label in ("plain", "prompt_lookup"):
-            if label in peer:
-                rows[f"llama_cpp_python_{label}"] = peer[label]
-        if "tokens" in peer.get("prompt_lookup", {}) and "tokens" in peer.get("plain", {}):
-            rows["llama_cpp_python_prompt_lookup"]["agreement_with_plain"] = agreement(
-                peer["prompt_lookup"]["tokens"], peer["plain"]["tokens"]
-            )
-        speculation[name] = rows
-    results["speculation"] = speculation
+    log("building: the native loop and the peers")
+    build_native_loop()
+    peers = build_peers(argparse.Namespace(skip_peers=args.skip_peers, threads=args.threads), path)
+    if peers:
+        llama_bench()
+    try:
+        log("plain decoding, interleaved")
+        decode = decode_figures(model, path, args.threads, args.runs, peers)
+        results["decode"] = decode["tokens_per_s"]
+        results["decode_ratios"] = decode["specstate_over"]
+        log("speculation, interleaved")
+        rounds = argparse.Namespace(rounds=args.runs, threads=args.threads, tokens=160)
+        draft = Model(draft_model_path(path))
+        results["speculation"] = {
+            name: prompt_figures(model, prompt, rounds, peers, draft_model=draft) for name, prompt in PROMPTS.items()
+        }
+    finally:
+        if peers:
+            peers["llama_cpp_python"].close()
+    checkpoint_peer = peer_checkpoints(path, args.threads, args.runs, checkpoint_text) if peers else {}
+    if checkpoint_peer:
+        results["llama_cpp_python_version"] = checkpoint_peer["version"]
 
     log("checkpoints")
     checkpoints: dict[str, Any] = {}
@@ -305,7 +309,7 @@ def main() -> None:
             "restore_seconds": figures.restore_seconds,
             "restore_new_seconds": figures.restore_new_seconds,
             "prefill_seconds": figures.prefill_seconds,
-            "llama_cpp_python": peers.get("checkpoints", {}).get(str(tokens)),
+            "llama_cpp_python": checkpoint_peer.get("checkpoints", {}).get(str(tokens)),
         }
     results["checkpoints"] = checkpoints
     log("memory")

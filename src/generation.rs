@@ -79,6 +79,7 @@ impl SessionGeneration {
             drafter: &mut drafter,
             sampler: &mut self.sampler,
             seq_id: self.seq_id,
+            policy: None,
         };
         call(&mut engine, &self.tokens)
     }

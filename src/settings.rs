@@ -178,6 +178,33 @@ pub struct GeneratorConfig {
     pub n_ctx: u32,
     /// Rows per decode call (and per processed batch).
     pub n_batch: u32,
+    /// Whether each round chooses its draft length (up to `n_draft`) from a
+    /// measured cost curve and the recent acceptance (`engine::policy`);
+    /// otherwise every round drafts up to `n_draft`.
+    pub adaptive: bool,
+}
+
+/// The names of the draft policies: `adaptive` off and on.
+pub const DRAFT_POLICIES: [&str; 2] = ["fixed", "adaptive"];
+
+/// The name of a draft policy: `adaptive` or `fixed`.
+pub fn draft_policy_name(adaptive: bool) -> &'static str {
+    DRAFT_POLICIES[usize::from(adaptive)]
+}
+
+/// Whether the draft policy called `name` is the adaptive one.
+pub fn parse_draft_policy(name: &str) -> Result<bool, SettingError> {
+    match name {
+        "fixed" => Ok(false),
+        "adaptive" => Ok(true),
+        other => Err(SettingError {
+            field: "draft_policy",
+            reason: format!(
+                "must be one of {}; not {other:?}",
+                DRAFT_POLICIES.join(", ")
+            ),
+        }),
+    }
 }
 
 impl GeneratorConfig {
@@ -198,6 +225,12 @@ impl GeneratorConfig {
             );
         }
         self.validate_n_draft()?;
+        if self.adaptive && !self.mode.is_speculative() {
+            return refuse(
+                "draft_policy",
+                "'adaptive' chooses draft lengths: it needs a speculative mode, not 'none'".into(),
+            );
+        }
         if let Mode::Ngram(ngram) = self.mode {
             ngram.validate()?;
         }
@@ -261,6 +294,7 @@ mod tests {
             sampling: SamplingParams::default(),
             n_ctx: 64,
             n_batch: 8,
+            adaptive: false,
         }
     }
 
@@ -290,7 +324,14 @@ mod tests {
     #[test]
     fn each_generator_setting_names_itself_when_refused() {
         assert!(config(Mode::Mtp).validate().is_ok());
-        let cases: [(GeneratorConfig, &str); 6] = [
+        let cases: [(GeneratorConfig, &str); 7] = [
+            (
+                GeneratorConfig {
+                    adaptive: true,
+                    ..config(Mode::None)
+                },
+                "draft_policy",
+            ),
             (
                 GeneratorConfig {
                     n_ctx: 1,

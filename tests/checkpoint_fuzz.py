@@ -131,8 +131,14 @@ META_KEYS = (
     "draft_model",
     "n_threads",
 )
-#: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3).
-META_FIELDS = (*META_KEYS, "conversation")
+#: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3) and
+#: adaptive draft policy state (format 4).
+META_FIELDS = (*META_KEYS, "conversation", "adaptive")
+ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "idle")
+MAX_COST_MICROS = 60_000_000
+#: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
+MAX_TRIALS = (4096 + 2) * 8 * 256
+PROBE_AFTER = 16
 VERSION_KEYS = META_KEYS[:4]
 OPTIONAL_KEYS = frozenset({"ngram", "draft_model", "n_threads"})
 MAX_THREADS = 512
@@ -324,6 +330,34 @@ def conversation_problem(value: Any, version: int) -> str | None:
     return None
 
 
+def adaptive_problem(value: Any, version: int) -> str | None:
+    """Why a meta ``adaptive`` entry is malformed, or None (its fit to ``n_draft`` and the mode is checked later)."""
+    if value is None:
+        return None
+    if version < 4:
+        return "an adaptive policy before version 4"
+    adaptive = _as_struct(value, ADAPTIVE_FIELDS)
+    if adaptive is None or set(adaptive) != set(ADAPTIVE_FIELDS):
+        return "adaptive is not an object of cost_us, hits, trials and idle"
+    costs = adaptive["cost_us"]
+    if not isinstance(costs, list) or not all(_is_int(c) and 0 <= c <= U32 for c in costs):
+        return "cost_us is not a list of u32"
+    if not all(_is_int(adaptive[key]) and 0 <= adaptive[key] <= U32 for key in ADAPTIVE_FIELDS[1:]):
+        return "an adaptive count is not a u32"
+    return None
+
+
+def adaptive_fit_problem(adaptive: dict[str, Any], n_draft: int) -> str | None:
+    """Why a well-formed ``adaptive`` entry does not fit ``n_draft`` (``AdaptiveState::validate``), or None."""
+    costs = adaptive["cost_us"]
+    if len(costs) != n_draft + 1 or not all(1 <= c <= MAX_COST_MICROS for c in costs):
+        return "the cost curve does not fit n_draft"
+    hits, trials = adaptive["hits"], adaptive["trials"]
+    if not 1 <= trials <= MAX_TRIALS or hits > trials or adaptive["idle"] > PROBE_AFTER:
+        return "adaptive counts out of range"
+    return None
+
+
 def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) -> str | None:
     if expected is None:
         return None if value is None else f"a {role} model entry where none is given"
@@ -344,14 +378,14 @@ def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) 
     return None
 
 
-def meta_problem(value: Any, base: Base, history: int, version: int = 3) -> str | None:
+def meta_problem(value: Any, base: Base, history: int, version: int = 4) -> str | None:
     """Why ``value`` (the parsed meta) must be refused for ``base``'s models, or None."""
     meta = _as_meta(value)
     if meta is None:
         return "meta is not an object"
     if set(meta) - set(META_FIELDS):
         return f"unknown meta key {sorted(set(meta) - set(META_FIELDS))[0]!r}"
-    problem = conversation_problem(meta.get("conversation"), version)
+    problem = conversation_problem(meta.get("conversation"), version) or adaptive_problem(meta.get("adaptive"), version)
     if problem is not None:
         return problem
     n_threads = meta.get("n_threads")
@@ -409,7 +443,10 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 3) -> str 
         return "n_draft out of range"
     if mode != "none" and n_draft + 1 > n_batch:
         return "n_batch must exceed n_draft"
-    return None
+    adaptive = _as_struct(meta.get("adaptive"), ADAPTIVE_FIELDS)
+    if adaptive is not None and mode == "none":
+        return "an adaptive policy in mode none"
+    return None if adaptive is None else adaptive_fit_problem(adaptive, n_draft)
 
 
 def state_problem(state: dict[str, Any], n_tokens: int) -> str | None:
@@ -475,7 +512,7 @@ def predict(data: bytes, base: Base) -> str | None:
         meta = strict_json(payloads["meta"])
     except ValueError as error:
         return f"meta JSON: {error}"
-    if len(payloads["state"]) != {1: STATE_V1, 2: STATE_V2, 3: STATE_V2}.get(version):
+    if len(payloads["state"]) != {1: STATE_V1, 2: STATE_V2, 3: STATE_V2, 4: STATE_V2}.get(version):
         return f"a state of {len(payloads['state'])} bytes in version {version}"
     tokens = payloads["tokens"]
     if len(tokens) % 4:
@@ -1245,7 +1282,7 @@ def mutate_layout(ctx: Context) -> Mutation:
         size = ctx.pick([0, 31, 33, 64, 0xFFFF])
         return f"header size {size}", assemble(Layout(layout.version, sections, size)), "any"
     elif choice == 7:
-        version = ctx.pick([0, 1, 2, 3, 4, 0xFFFF])
+        version = ctx.pick([0, 1, 2, 3, 4, 5, 0xFFFF])
         if version == 1 and layout.version >= 2 and ctx.rng.random() < 0.5:
             # A true version-1 file of the same content: a reader of both versions may accept it.
             state = _state_payload(ctx)[:STATE_V1]

@@ -61,6 +61,7 @@ fn config(mode: Mode, temperature: f32, n_ctx: u32) -> GeneratorConfig {
         },
         n_ctx,
         n_batch: 32,
+        adaptive: false,
     }
 }
 

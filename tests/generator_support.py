@@ -8,6 +8,7 @@ drafts with the EAGLE-3 model built for that target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,7 +20,9 @@ MODES = ("none", "ngram", "draft", "mtp", "eagle3")
 TINY_CTX = 256
 
 
-def tiny_generator(mode: str, paths: dict[str, Path], *, sampled: bool = False, n_draft: int = 4) -> Generator:
+def tiny_generator(
+    mode: str, paths: dict[str, Path], *, sampled: bool = False, n_draft: int = 4, **settings: Any
+) -> Generator:
     """A generator of `mode` over the tiny models (`paths`: qwen35, llama, eagle3_draft)."""
     target = Model(paths["qwen35"])
     draft: Model | None = None
@@ -36,6 +39,7 @@ def tiny_generator(mode: str, paths: dict[str, Path], *, sampled: bool = False, 
         n_draft=n_draft,
         n_threads=1,
         **sampling(sampled),
+        **settings,
     )
 
 
@@ -58,3 +62,21 @@ def assert_refused_and_unchanged(generator: Generator, data: bytes) -> Checkpoin
         assert generator.checkpoint() == before
         return error
     raise AssertionError("the checkpoint was loaded, not refused")
+
+
+def resume_matches(
+    make: Callable[[], Generator], prompt: list[int], rounds: int, n_tokens: int, restore: Callable[[bytes], Generator]
+) -> tuple[list[int], list[int]]:
+    """Tokens of a run checkpointed after `rounds` rounds and resumed, and of an uninterrupted run."""
+    first = make()
+    first.generate(prompt, max_tokens=1)
+    for _ in range(rounds):  # each take() with nothing waiting runs exactly one round
+        first._native.take()
+    saved = first.checkpoint()
+    total = max(n_tokens, len(first.tokens) + 20)
+    resumed = restore(saved)
+    assert resumed.tokens == first.tokens
+    resumed.generate(max_tokens=total - len(resumed.tokens))
+    uninterrupted = make()
+    uninterrupted.generate(prompt, max_tokens=total)
+    return resumed.tokens, uninterrupted.tokens

@@ -3,12 +3,21 @@ figures come from `make bench`; timings are never asserted here)."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from specstate import Model
-from specstate.bench import checkpoint_figures, decode_speed, median_of, speculation_figures, validator_rates
+from specstate.bench import (
+    checkpoint_figures,
+    decode_speed,
+    interleave,
+    median_of,
+    pair_ratio,
+    speculation_figures,
+    validator_rates,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -26,9 +35,33 @@ def test_measurements_run_and_report(tiny_map: dict[str, Path]) -> None:
     assert median_of(3, lambda: 2.0, warmup=0) == 2.0
 
 
-def test_report_renders_every_target_row(tmp_path: Path) -> None:
-    from report import markdown, targets, write_report
+def test_interleaved_rounds_measure_every_contender_once_per_round() -> None:
+    order: list[str] = []
 
+    def contender(name: str, value: float) -> Callable[[], float]:
+        def measure() -> float:
+            order.append(name)
+            return value
+
+        return measure
+
+    figures = interleave({"a": contender("a", 2.0), "b": contender("b", 1.0), "c": contender("c", 4.0)}, rounds=3)
+    assert figures == {"a": [2.0] * 3, "b": [1.0] * 3, "c": [4.0] * 3}
+    # The warm-up round, then each round starting one contender later.
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    ratio = pair_ratio([2.0, 3.0, 8.0], [1.0, 1.0, 2.0])
+    assert (ratio.median, ratio.low, ratio.high) == (3.0, 2.0, 4.0)
+    assert str(ratio) == "x3.00 (2.00-4.00)"
+
+
+def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Path]) -> None:
+    from report import markdown, targets, write_report
+    from speculation import ADAPTIVE, PROMPTS, prompt_figures
+
+    model = Model(tiny_map["llama"])
+    settings = argparse.Namespace(rounds=1, threads=1, tokens=12)
+    speculation = {name: prompt_figures(model, prompt, settings, {}) for name, prompt in PROMPTS.items()}
+    assert speculation["quotes"][ADAPTIVE]["cost_curve_us"] is not None
     results = {
         "threads": 2,
         "runs": 5,
@@ -36,13 +69,12 @@ def test_report_renders_every_target_row(tmp_path: Path) -> None:
         "machine": "x86_64, 2 CPUs",
         "llama_cpp_python_version": "0.3.36",
         "decode": {"specstate": 100.0, "native_loop": 101.0, "llama_bench": 98.0, "llama_cpp_python": 88.0},
-        "speculation": {
-            "code": {
-                "none": {"tokens_per_s": 100.0, "acceptance": 0.0},
-                "ngram": {"tokens_per_s": 210.0, "acceptance": 0.6, "agreement_with_none": 160},
-                "llama_cpp_python_prompt_lookup": {"tokens_per_s": 70.0, "agreement_with_plain": 40},
-            }
+        "decode_ratios": {
+            "native_loop": {"median": 0.99, "low": 0.95, "high": 1.02},
+            "llama_bench": {"median": 1.02, "low": 0.9, "high": 1.1},
+            "llama_cpp_python": {"median": 1.14, "low": 1.1, "high": 1.2},
         },
+        "speculation": speculation,
         "checkpoints": {
             "512": {
                 "size": 11_800_000,
@@ -76,8 +108,16 @@ def test_report_renders_every_target_row(tmp_path: Path) -> None:
         "validators": {"validate_config": 6e6},
     }
     rows = targets(results)
-    assert [verdict for *_, verdict in rows if verdict].count("**missed**") == 0
-    assert "| code: ngram / none | 2.10 | >= 2.0 | met |" in markdown(results)
+    measures = [measure for measure, *_ in rows]
+    assert "decode: specstate / native Rust loop" in measures
+    assert "quotes: ngram adaptive / its bound" in measures
+    assert {verdict for *_, verdict in rows} <= {"met", "**missed**", "not measured", ""}
+    # Without peers their rows are there, and say so.
+    peer_rows = [row for row in rows if "prompt lookup" in row[0] or "llama.cpp ngram" in row[0]]
+    assert len(peer_rows) == 6 and all(verdict == "not measured" for *_, verdict in peer_rows)
+    text = markdown(results)
+    assert "| decode: specstate / native Rust loop | 0.99 (0.95-1.02) | >= 0.97 | met |" in text
+    assert "| quotes | ngram adaptive |" in text
     write_report(results, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"latest.md", "decode.png", "speculation.png", "checkpoints.png"}
-    json.dumps(results)
+    assert (tmp_path / "latest.md").read_text() == text
+    assert (tmp_path / "speculation.png").stat().st_size > 0

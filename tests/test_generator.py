@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from generator_support import MODES, TINY_CTX, draft_for, sampling, tiny_generator
+from generator_support import MODES, TINY_CTX, draft_for, resume_matches, sampling, tiny_generator
 from reference import agreement, plain_greedy
 from specstate import GenerationError, Generator, Model, inspect_checkpoint
 
@@ -72,24 +72,6 @@ def test_speculation_on_smollm2_matches_plain_greedy(smollm2: Model, smollm2_dra
 
 
 # --- exact resume -----------------------------------------------------------------------------------
-
-
-def resume_matches(
-    make: object, prompt: list[int], rounds: int, n_tokens: int, restore: object
-) -> tuple[list[int], list[int]]:
-    """Tokens of a run checkpointed after `rounds` rounds and resumed, and of an uninterrupted run."""
-    first = make()  # type: ignore[operator]
-    first.generate(prompt, max_tokens=1)
-    for _ in range(rounds):  # each take() with nothing waiting runs exactly one round
-        first._native.take()
-    saved = first.checkpoint()
-    total = max(n_tokens, len(first.tokens) + 20)
-    resumed = restore(saved)  # type: ignore[operator]
-    assert resumed.tokens == first.tokens
-    resumed.generate(max_tokens=total - len(resumed.tokens))
-    uninterrupted = make()  # type: ignore[operator]
-    uninterrupted.generate(prompt, max_tokens=total)
-    return resumed.tokens, uninterrupted.tokens
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])

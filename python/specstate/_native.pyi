@@ -451,6 +451,13 @@ class Generator:
     def n_threads(self) -> int:
         """The threads the contexts decode with (resolved, never 0); recorded in checkpoints."""
     @property
+    def cost_curve(self) -> list[int] | None:
+        """The adaptive draft policy's cost curve: microseconds to verify 1, 2, ... ``n_draft + 1`` rows
+        (``None`` for the fixed policy, or before it is measured)."""
+    @property
+    def draft_acceptance(self) -> float | None:
+        """The adaptive draft policy's estimate of a draft token's acceptance (``None`` without one)."""
+    @property
     def delivered(self) -> int:
         """Generated tokens handed out so far."""
     @property

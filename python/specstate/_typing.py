@@ -6,12 +6,14 @@ Every key of these dictionaries is a string literal; at runtime they are plain
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 from specstate._native import Model
 
 __all__ = [
     "CheckpointInfo",
+    "DraftPolicy",
     "GeneratorConfig",
     "GeneratorSettings",
     "Message",
@@ -22,6 +24,9 @@ __all__ = [
 
 #: The five generation modes.
 Mode = Literal["none", "ngram", "draft", "mtp", "eagle3"]
+#: How long each round's draft is: ``fixed`` (up to ``n_draft`` every round) or ``adaptive`` (chosen each
+#: round from a measured cost curve and the recent acceptance, up to ``n_draft``; see ``docs/adaptive-draft.md``).
+DraftPolicy = Literal["fixed", "adaptive"]
 
 
 class Message(TypedDict):
@@ -88,21 +93,27 @@ class GeneratorSettings(_NgramLengths, total=False):
     seed: int
     #: Threads per context (default 0: the CPUs available).
     n_threads: int
+    #: ``fixed`` (the default: every round drafts up to ``n_draft``) or ``adaptive`` (speculative modes only).
+    draft_policy: DraftPolicy
+    #: The adaptive policy's cost curve, pinned instead of measured: microseconds to verify 1, 2, ...
+    #: ``n_draft + 1`` rows (default None: measured before the prompt). Two runs pinned alike choose alike.
+    cost_curve: Sequence[int] | None
 
 
 class GeneratorConfig(_NgramLengths):
     """What :attr:`specstate.Generator.config` returns and a checkpoint records.
 
     The settings a generation runs with: ``mode``, ``n_draft``, ``n_ctx``,
-    ``n_batch``, the sampling parameters ``temperature``, ``top_k``,
-    ``top_p`` and ``seed``, and only in ``ngram`` mode ``ngram_max`` and
-    ``ngram_min``.
+    ``n_batch``, ``draft_policy``, the sampling parameters ``temperature``,
+    ``top_k``, ``top_p`` and ``seed``, and only in ``ngram`` mode
+    ``ngram_max`` and ``ngram_min``.
     """
 
     mode: Mode
     n_draft: int
     n_ctx: int
     n_batch: int
+    draft_policy: DraftPolicy
     temperature: float
     top_k: int
     top_p: float
@@ -128,7 +139,8 @@ class CheckpointInfo(TypedDict):
     (handed out), ``n_past`` (in the target's memory), ``finished``;
     ``n_messages``, the messages of the conversation that led to the current
     reply (``None`` when the generation is not a chat); ``n_threads``, the
-    threads it decoded with (``None`` before format 3); the
+    threads it decoded with (``None`` before format 3); ``cost_curve``, the
+    adaptive draft policy's (``None`` for the fixed policy); the
     counters ``rounds``, ``drafted`` and ``accepted``; ``sections`` as
     ``(name, bytes)`` pairs in file order; ``checksum`` (the CRC-32 over the
     file, 8 hex digits) and ``size`` (bytes of the file).
@@ -150,6 +162,7 @@ class CheckpointInfo(TypedDict):
     finished: bool
     n_messages: int | None
     n_threads: int | None
+    cost_curve: list[int] | None
     rounds: int
     drafted: int
     accepted: int

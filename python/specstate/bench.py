@@ -11,10 +11,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specstate import (
     ContextCapacity,
     Generator,
+    GeneratorSettings,
     Model,
     validate_config,
     validate_context_capacities,
@@ -22,17 +24,24 @@ from specstate import (
 )
 from specstate.generator import Mode
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "CODE_PROMPT",
+    "PairRatio",
     "QUOTE_PROMPT",
     "STORY_PROMPT",
     "CheckpointFigures",
     "SpeculationFigures",
     "checkpoint_figures",
     "decode_speed",
+    "interleave",
     "median_of",
+    "pair_ratio",
     "quick_suite",
     "speculation_figures",
+    "timed_generation",
     "validator_rates",
 ]
 
@@ -94,6 +103,44 @@ def median_of(runs: int, measure: Callable[[], float], warmup: int = 1) -> float
     return statistics.median(measure() for _ in range(runs))
 
 
+def interleave(contenders: dict[str, Callable[[], float]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Measure every contender once per round, in turn, for `rounds` rounds after `warmup` discarded ones.
+
+    Each round measures all contenders back to back (the order rotating by one each round), so any two of
+    them are compared within the same stretch of time: their per-round ratios (:func:`pair_ratio`) are
+    interleaved pairs, untouched by the drifts of a shared machine between distant measurements.
+    """
+    names = list(contenders)
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(warmup + rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            value = contenders[name]()
+            if index >= warmup:
+                figures[name].append(value)
+    return figures
+
+
+@dataclass
+class PairRatio:
+    """The median of per-round ratios ``a / b`` of interleaved measurements, with their range."""
+
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"x{self.median:.2f} ({self.low:.2f}-{self.high:.2f})"
+
+
+def pair_ratio(a: list[float], b: list[float]) -> PairRatio:
+    """The ratio of two contenders measured by :func:`interleave`, round by round."""
+    ratios = [x / y for x, y in zip(a, b) if y > 0]
+    if not ratios:
+        raise ValueError("no round measured both contenders")
+    return PairRatio(statistics.median(ratios), min(ratios), max(ratios))
+
+
 def _tokens(model: Model, prompt: str) -> list[int]:
     return model.tokenize(prompt, add_special=False, parse_special=True)
 
@@ -109,6 +156,20 @@ def decode_speed(model: Model, n_tokens: int = 128, threads: int = 2, runs: int 
         return (len(generator.tokens) - 1) / (time.perf_counter() - started)
 
     return median_of(runs, once)
+
+
+def timed_generation(
+    model: Model, prompt: str, n_tokens: int = 160, **settings: Unpack[GeneratorSettings]
+) -> tuple[float, Generator]:
+    """One generation of `n_tokens` on `prompt` (``n_ctx`` 1024 unless given): its tokens per second after
+    the first token (prefill excluded), and the generator."""
+    settings.setdefault("n_ctx", 1024)
+    generator = Generator(model, **settings)
+    generator.generate(_tokens(model, prompt), max_tokens=1)
+    started = time.perf_counter()
+    generator.generate(max_tokens=n_tokens - 1)
+    elapsed = time.perf_counter() - started
+    return (len(generator.tokens) - 1) / elapsed, generator
 
 
 @dataclass
@@ -135,13 +196,11 @@ def speculation_figures(
     last: list[Generator] = []
 
     def once() -> float:
-        generator = Generator(model, mode=mode, draft_model=draft_model, n_ctx=1024, n_threads=threads, n_draft=n_draft)
-        generator.generate(_tokens(model, prompt), max_tokens=1)
-        started = time.perf_counter()
-        generator.generate(max_tokens=n_tokens - 1)
-        elapsed = time.perf_counter() - started
+        speed, generator = timed_generation(
+            model, prompt, n_tokens, mode=mode, draft_model=draft_model, n_threads=threads, n_draft=n_draft
+        )
         last[:] = [generator]
-        return (len(generator.tokens) - 1) / elapsed
+        return speed
 
     speed = median_of(runs, once)
     return SpeculationFigures(mode, speed, last[0].acceptance_rate, last[0].tokens)

@@ -19,13 +19,14 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, get_args
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specstate import (
     CheckpointInfo,
+    DraftPolicy,
     Generator,
     GeneratorSettings,
     Model,
@@ -63,6 +64,15 @@ def _one_line(text: str) -> str:
     return _printable(" ".join(text.split()))
 
 
+def _add_draft_policy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--draft-policy",
+        choices=get_args(DraftPolicy),
+        help="fixed: draft up to --n-draft every round (the default); adaptive: choose each round's length "
+        "from a measured cost curve and the recent acceptance (speculative modes)",
+    )
+
+
 def _add_sampling(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling (default: greedy)")
     group.add_argument("--temperature", type=float, default=0.0, help="softmax temperature; 0 is greedy")
@@ -97,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
     generate.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
     generate.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
+    _add_draft_policy(generate)
     generate.add_argument("--n-ctx", type=int, default=2048, help="context length (default 2048)")
     generate.add_argument(
         "--literal",
@@ -142,6 +153,7 @@ def _add_chat_parser(commands: Any) -> None:
     chat.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
     chat.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
     chat.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
+    _add_draft_policy(chat)
     chat.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
     chat.add_argument("--system", help="the system message of a new conversation")
     chat.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")

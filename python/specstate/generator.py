@@ -379,6 +379,20 @@ class Generator:
         return self._native.n_accepted
 
     @property
+    def cost_curve(self) -> list[int] | None:
+        """The adaptive draft policy's cost curve: microseconds to verify 1, 2, ... ``n_draft + 1`` rows.
+
+        ``None`` for the fixed policy, or before the prompt (when it is measured). Pass it as
+        ``cost_curve=`` to another generator to make the same draft-length choices.
+        """
+        return self._native.cost_curve
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """The adaptive draft policy's current estimate of a draft token's acceptance, or ``None``."""
+        return self._native.draft_acceptance
+
+    @property
     def acceptance_rate(self) -> float:
         """``accepted / drafted`` (0 before any draft)."""
         return self.accepted / self.drafted if self.drafted else 0.0

@@ -16,7 +16,7 @@ use crate::chat::Conversation;
 use crate::checkpoint;
 use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptions};
 use crate::sampling::SamplingParams;
-use crate::settings::NgramConfig;
+use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig};
 
 /// A generation over a target model in one of five modes (see `specstate.Generator`).
 ///
@@ -73,9 +73,11 @@ impl PyGenerator {
     #[new]
     #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = WideInt(8), n_ctx = WideInt(2048),
                         n_batch = WideInt(512), temperature = 0.0, top_k = WideInt(0), top_p = 1.0,
-                        seed = WideInt(0), ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0)),
+                        seed = WideInt(0), ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0),
+                        draft_policy = "fixed", cost_curve = None),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
-                             temperature=0.0, top_k=0, top_p=1.0, seed=0, ngram_max=4, ngram_min=3, n_threads=0)")]
+                             temperature=0.0, top_k=0, top_p=1.0, seed=0, ngram_max=4, ngram_min=3, n_threads=0, \
+                             draft_policy='fixed', cost_curve=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -92,6 +94,8 @@ impl PyGenerator {
         ngram_max: WideInt,
         ngram_min: WideInt,
         n_threads: WideInt,
+        draft_policy: &str,
+        cost_curve: Option<Vec<WideInt>>,
     ) -> PyResult<Self> {
         let n_ctx: u32 = n_ctx.narrow("n_ctx")?;
         let ngram = NgramConfig {
@@ -109,13 +113,25 @@ impl PyGenerator {
             },
             n_ctx,
             n_batch: n_batch.narrow::<u32>("n_batch")?.min(n_ctx),
+            adaptive: parse_draft_policy(draft_policy)?,
         };
+        let cost_curve = cost_curve
+            .map(|costs| {
+                costs
+                    .into_iter()
+                    .map(|c| c.narrow::<u32>("cost_curve"))
+                    .collect()
+            })
+            .transpose()?;
         let runtime = RuntimeOptions {
             n_threads: n_threads.narrow("n_threads")?,
         };
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);
-        let inner = py.detach(|| Generator::new(target_model, draft, config, runtime))?;
+        let mut inner = py.detach(|| Generator::new(target_model, draft, config, runtime))?;
+        if let Some(cost_us) = cost_curve {
+            inner.pin_cost_curve(cost_us)?;
+        }
         Ok(Self::wrap(inner, target, draft_model))
     }
 
@@ -185,6 +201,26 @@ impl PyGenerator {
     #[getter]
     fn context_length(&self) -> usize {
         self.inner.lock().context_length()
+    }
+
+    /// The adaptive draft policy's cost curve: microseconds to verify 1, 2,
+    /// ... `n_draft + 1` rows (`None` for the fixed policy, or before it is measured).
+    #[getter]
+    fn cost_curve(&self) -> Option<Vec<u32>> {
+        let generator = self.inner.lock();
+        generator
+            .state()
+            .adaptive
+            .as_ref()
+            .map(|a| a.cost_us.clone())
+    }
+
+    /// The adaptive draft policy's current estimate of a draft token's
+    /// acceptance (`None` for the fixed policy, or before its curve is measured).
+    #[getter]
+    fn draft_acceptance(&self) -> Option<f64> {
+        let generator = self.inner.lock();
+        generator.state().adaptive.as_ref().map(|a| a.acceptance())
     }
 
     /// The threads the contexts decode with (resolved, never 0).
@@ -341,6 +377,7 @@ fn config_dict<'py>(py: Python<'py>, config: &GeneratorConfig) -> PyResult<Bound
     dict.set_item("n_draft", config.n_draft)?;
     dict.set_item("n_ctx", config.n_ctx)?;
     dict.set_item("n_batch", config.n_batch)?;
+    dict.set_item("draft_policy", draft_policy_name(config.adaptive))?;
     dict.set_item("temperature", config.sampling.temperature)?;
     dict.set_item("top_k", config.sampling.top_k)?;
     dict.set_item("top_p", config.sampling.top_p)?;
@@ -385,6 +422,10 @@ pub(crate) fn inspect_checkpoint<'py>(
     info.set_item("n_past", state.n_past)?;
     info.set_item("finished", state.finished)?;
     info.set_item("n_threads", meta.n_threads)?;
+    info.set_item(
+        "cost_curve",
+        meta.adaptive.as_ref().map(|a| a.cost_us.clone()),
+    )?;
     info.set_item(
         "n_messages",
         meta.conversation.as_ref().map(|c| c.messages.len()),

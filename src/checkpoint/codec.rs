@@ -40,11 +40,12 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint<'_>, CheckpointError> {
     let (version, count) = decode_header(bytes)?;
     let table = checked_table(bytes, count)?;
     let meta = Meta::from_json(table.required(SectionKind::Meta)?)?;
-    meta.check_version_3_entries(version)?;
+    meta.check_versioned_entries(version)?;
     let mode = meta.config()?.mode;
     let state_bytes = table.required(SectionKind::State)?;
     let tokens = table.required(SectionKind::Tokens)?;
-    let state = decode_state(state_bytes, tokens, mode, version)?;
+    let mut state = decode_state(state_bytes, tokens, mode, version)?;
+    state.adaptive = meta.adaptive_state()?;
     check_sections_fit_mode(&meta, mode, &table)?;
     if version >= 2 {
         check_bindings(state_bytes, |kind| table.crc(kind))?;

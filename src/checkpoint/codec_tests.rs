@@ -7,8 +7,9 @@ use serde_json::{json, Value};
 use super::*;
 use crate::chat::{Conversation, Message};
 use crate::checkpoint::format::{FORMAT_VERSION, MAX_SECTIONS};
-use crate::checkpoint::meta::{check_n_ctx_cap, ModelFingerprint};
+use crate::checkpoint::meta::{check_n_ctx_cap, AdaptiveMeta, ModelFingerprint};
 use crate::checkpoint::state::{STATE_SIZE, STATE_SIZE_V1};
+use crate::engine::AdaptiveState;
 use crate::sampling::SamplingParams;
 use crate::settings::GeneratorConfig;
 use crate::settings::NgramConfig;
@@ -33,6 +34,7 @@ fn config(mode: Mode) -> GeneratorConfig {
         },
         n_ctx: 256,
         n_batch: 32,
+        adaptive: false,
     }
 }
 
@@ -57,6 +59,7 @@ fn generator_state(mode: Mode) -> GeneratorState {
         rounds: 3,
         drafted: 7,
         accepted: 4,
+        adaptive: None,
     }
 }
 
@@ -414,13 +417,13 @@ fn bytes_without_the_magic_are_not_a_checkpoint() {
 #[test]
 fn unknown_versions_are_refused() {
     let bytes = valid(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
-    for version in [0u16, 4, 0xffff] {
+    for version in [0u16, 5, 0xffff] {
         let mut changed = bytes.clone();
         changed[8..10].copy_from_slice(&version.to_le_bytes());
         let error = decode(&changed).unwrap_err();
         let expected = CheckpointError::UnsupportedVersion {
             found: version,
-            supported: 3,
+            supported: 4,
         };
         assert_eq!(error, expected);
         // Reported before the length: a short file of a new version says so.
@@ -434,12 +437,12 @@ fn unknown_versions_are_refused() {
         }
     );
     let error = CheckpointError::UnsupportedVersion {
-        found: 4,
-        supported: 3,
+        found: 5,
+        supported: 4,
     };
     assert_eq!(
         error.to_string(),
-        "unsupported checkpoint format version 4 (this build reads version 3)"
+        "unsupported checkpoint format version 5 (this build reads version 4)"
     );
 }
 
@@ -733,7 +736,7 @@ fn the_state_invariants_are_checked() {
     let long = rebuilt(&draft, |s| payload_of(s, SectionKind::State).push(0));
     assert_eq!(
         corrupt_message(&long),
-        "the state section is 118 bytes, not the 117 of format version 3"
+        "the state section is 118 bytes, not the 117 of format version 4"
     );
     // A finished generation and every token delivered are fine.
     let finished = rebuilt(&draft, |s| payload_of(s, SectionKind::State)[64] = 1);
@@ -855,6 +858,58 @@ fn a_conversation_travels_in_meta_from_version_3() {
     let version_2 = patched(&plain, 8, &2u16.to_le_bytes());
     let old = decode(&version_2).unwrap();
     assert_eq!((old.version, old.meta.conversation), (2, None));
+}
+
+fn adaptive(n_draft: u32) -> AdaptiveMeta {
+    let state = AdaptiveState::new((1..=n_draft + 1).map(|r| 1000 * r).collect());
+    AdaptiveMeta::from(&state)
+}
+
+#[test]
+fn the_adaptive_policy_travels_in_meta_from_version_4() {
+    let mut s = synthetic(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
+    s.meta.adaptive = Some(adaptive(s.meta.n_draft));
+    let bytes = encode(&s);
+    let decoded = decode(&bytes).unwrap();
+    assert!(decoded.meta.config().unwrap().adaptive);
+    let state = decoded.state.adaptive.expect("the policy state");
+    assert_eq!(state.cost_us, vec![1000, 2000, 3000, 4000, 5000]);
+    let version_3 = patched(&bytes, 8, &3u16.to_le_bytes());
+    assert_eq!(
+        corrupt_message(&version_3),
+        "meta.adaptive: not part of format version 3"
+    );
+    // Without it the policy is the fixed one, as in every older file.
+    let plain_bytes = valid(Mode::Draft);
+    let plain = decode(&plain_bytes).unwrap();
+    assert!(!plain.meta.config().unwrap().adaptive && plain.state.adaptive.is_none());
+}
+
+#[test]
+fn a_bad_adaptive_state_is_corrupt() {
+    let mut s = synthetic(Mode::Mtp);
+    s.meta.adaptive = Some(adaptive(s.meta.n_draft));
+    let bytes = encode(&s);
+    type Change = fn(&mut Value);
+    let cases: [(Change, &str); 7] = [
+        (|m| m["adaptive"]["cost_us"] = json!([1, 2]), "needs 5"),
+        (|m| m["adaptive"]["cost_us"][2] = json!(0), "between 1 and"),
+        (|m| m["adaptive"]["cost_us"][2] = json!(-1), "invalid value"),
+        (
+            |m| m["adaptive"]["hits"] = json!(1_000_000),
+            "hits <= trials",
+        ),
+        (|m| m["adaptive"]["trials"] = json!(0), "1 <= trials"),
+        (|m| m["adaptive"]["idle"] = json!(17), "probe interval"),
+        (|m| m["adaptive"]["extra"] = json!(1), "unknown field"),
+    ];
+    for (change, expected) in cases {
+        let message = corrupt_message(&with_meta(&bytes, change));
+        assert!(message.starts_with("meta"), "{message}");
+        assert!(message.contains(expected), "{message}");
+    }
+    let none = with_meta(&bytes, |m| m["mode"] = json!("none"));
+    assert!(corrupt_message(&none).contains("draft_policy"));
 }
 
 #[test]

@@ -5,9 +5,10 @@ use crate::speculative::MAX_SPECULATIVE_STATE_BYTES;
 
 /// First eight bytes of every checkpoint.
 pub const MAGIC: &[u8; 8] = b"SPECSTAT";
-/// The format version this build writes. Versions 1 (no section bindings)
-/// and 2 (no conversation in `meta`) are still read.
-pub const FORMAT_VERSION: u16 = 3;
+/// The format version this build writes. Versions 1 (no section bindings),
+/// 2 (no conversation in `meta`) and 3 (no adaptive draft policy in `meta`)
+/// are still read.
+pub const FORMAT_VERSION: u16 = 4;
 /// The oldest format version this build reads.
 pub(super) const OLDEST_READABLE_VERSION: u16 = 1;
 pub(super) const HEADER_SIZE: usize = 32;

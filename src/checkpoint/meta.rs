@@ -6,10 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::format::{corrupt, CheckpointError};
 use crate::chat::Conversation;
+use crate::engine::AdaptiveState;
 use crate::native_info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
 use crate::sampling::SamplingParams;
 use crate::settings::NgramConfig;
-use crate::settings::{GeneratorConfig, Mode};
+use crate::settings::{draft_policy_name, GeneratorConfig, Mode};
 
 /// An exact fingerprint of a model file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +80,51 @@ pub struct Meta {
     /// a chat (format version 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<Conversation>,
+    /// The adaptive draft policy's state (format version 4); present exactly
+    /// when the generation's draft policy is `adaptive`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveMeta>,
+}
+
+/// The adaptive draft policy's state as `meta` holds it ([`AdaptiveState`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveMeta {
+    /// Microseconds to verify 1, 2, ... `n_draft + 1` rows.
+    pub cost_us: Vec<u32>,
+    /// Accepted draft tokens, decayed, in fixed point.
+    pub hits: u32,
+    /// Verified draft tokens up to the first rejection, decayed, in fixed point.
+    pub trials: u32,
+    /// Plain rounds in a row without evidence.
+    pub idle: u32,
+}
+
+impl From<&AdaptiveState> for AdaptiveMeta {
+    fn from(state: &AdaptiveState) -> Self {
+        Self {
+            cost_us: state.cost_us.clone(),
+            hits: state.hits,
+            trials: state.trials,
+            idle: state.idle,
+        }
+    }
+}
+
+impl AdaptiveMeta {
+    /// The policy state, checked against the generation's `n_draft`.
+    pub fn state(&self, n_draft: u32) -> Result<AdaptiveState, CheckpointError> {
+        let state = AdaptiveState {
+            cost_us: self.cost_us.clone(),
+            hits: self.hits,
+            trials: self.trials,
+            idle: self.idle,
+        };
+        state
+            .validate(n_draft)
+            .map_err(|e| corrupt(format!("meta.adaptive: {e}")))?;
+        Ok(state)
+    }
 }
 
 impl Meta {
@@ -108,20 +154,25 @@ impl Meta {
             draft_model,
             n_threads: None,
             conversation: None,
+            adaptive: None,
         }
     }
 
-    /// Check the entries of format version 3 (`n_threads`, `conversation`):
-    /// well formed, and only in a file of a version that has them.
-    pub fn check_version_3_entries(&self, version: u16) -> Result<(), CheckpointError> {
-        let absent_before_3 = |entry: &str, present: bool| match present && version < 3 {
-            true => Err(corrupt(format!(
-                "meta.{entry}: not part of format version {version}"
-            ))),
-            false => Ok(()),
-        };
-        absent_before_3("n_threads", self.n_threads.is_some())?;
-        absent_before_3("conversation", self.conversation.is_some())?;
+    /// Check the entries of format versions 3 (`n_threads`, `conversation`)
+    /// and 4 (`adaptive`): well formed, and only in a file of a version that
+    /// has them. (`adaptive` is checked against the configuration by
+    /// [`Meta::adaptive_state`].)
+    pub fn check_versioned_entries(&self, version: u16) -> Result<(), CheckpointError> {
+        let absent_before =
+            |since: u16, entry: &str, present: bool| match present && version < since {
+                true => Err(corrupt(format!(
+                    "meta.{entry}: not part of format version {version}"
+                ))),
+                false => Ok(()),
+            };
+        absent_before(3, "n_threads", self.n_threads.is_some())?;
+        absent_before(3, "conversation", self.conversation.is_some())?;
+        absent_before(4, "adaptive", self.adaptive.is_some())?;
         let most = crate::native::MAX_THREADS as u32;
         if let Some(n) = self.n_threads.filter(|n| !(1..=most).contains(n)) {
             return Err(corrupt(format!(
@@ -169,11 +220,21 @@ impl Meta {
             },
             n_ctx: self.n_ctx,
             n_batch: self.n_batch,
+            adaptive: self.adaptive.is_some(),
         };
         config
             .validate()
             .map_err(|e| corrupt(format!("meta.{e}")))?;
         Ok(config)
+    }
+
+    /// The adaptive policy's state (`None` for the fixed policy), checked
+    /// against the configuration's `n_draft`.
+    pub fn adaptive_state(&self) -> Result<Option<AdaptiveState>, CheckpointError> {
+        self.adaptive
+            .as_ref()
+            .map(|adaptive| adaptive.state(self.n_draft))
+            .transpose()
     }
 
     /// The mode named by `mode` and `ngram` (sizes present in `ngram` mode only).
@@ -199,7 +260,7 @@ impl Meta {
     /// Check that the checkpoint has the same mode and configuration as `config`.
     pub fn check_config(&self, config: &GeneratorConfig) -> Result<(), CheckpointError> {
         let theirs = self.config()?;
-        let fields: [(&'static str, String, String); 5] = [
+        let fields: [(&'static str, String, String); 6] = [
             (
                 "mode",
                 format!("{:?}", theirs.mode),
@@ -220,6 +281,11 @@ impl Meta {
                 "sampling",
                 format!("{:?}", theirs.sampling),
                 format!("{:?}", config.sampling),
+            ),
+            (
+                "draft_policy",
+                draft_policy_name(theirs.adaptive).into(),
+                draft_policy_name(config.adaptive).into(),
             ),
         ];
         match fields

@@ -221,6 +221,8 @@ pub(super) fn decode_state(
         rounds: fields.rounds,
         drafted: fields.drafted,
         accepted: fields.accepted,
+        // The adaptive policy's state travels in `meta` (format version 4).
+        adaptive: None,
     })
 }
 

@@ -33,6 +33,10 @@ impl Drafter for NgramDrafter {
         self.n_draft
     }
 
+    fn proposes_freely(&self) -> bool {
+        true
+    }
+
     fn propose(&mut self, request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
         Ok(Draft {
             tokens: ngram::propose(request.history, self.config, request.limit),

@@ -28,8 +28,12 @@
 
 mod drafters;
 pub mod ngram;
+pub mod policy;
 
 pub use drafters::{DraftModelDrafter, NgramDrafter, NoDrafter, SessionDrafter, DRAFT_CONFIDENCE};
+pub use policy::AdaptiveState;
+
+use policy::Evidence;
 
 use crate::native::{Batch, Context, NativeError, OutOfVocabulary};
 use crate::sampling::{Distribution, Sampler};
@@ -120,6 +124,11 @@ pub trait Drafter {
     fn begin(&mut self, _prompt: &[i32]) -> Result<()> {
         Ok(())
     }
+    /// Whether proposing costs next to nothing (no model runs), so that a
+    /// round that drafts nothing may still ask, to learn from the proposal.
+    fn proposes_freely(&self) -> bool {
+        false
+    }
     /// Propose up to `request.limit` tokens to follow the history.
     fn propose(&mut self, request: DraftRequest<'_>, sampler: &mut Sampler) -> Result<Draft>;
     /// The round kept target positions `0..keep`, of which `accepted` were drafted.
@@ -181,6 +190,8 @@ pub struct Engine<'a> {
     pub sampler: &'a mut Sampler,
     /// The sequence generated on.
     pub seq_id: i32,
+    /// The adaptive draft length's state (`None`: every round drafts up to its limit).
+    pub policy: Option<&'a mut AdaptiveState>,
 }
 
 impl Engine<'_> {
@@ -248,22 +259,68 @@ impl Engine<'_> {
         let request = DraftRequest {
             history: at.history,
             n_past: at.n_past,
-            limit,
+            limit: self.chosen_length(limit),
         };
-        let draft = match limit {
+        let draft = match request.limit {
             0 => Draft::default(),
             _ => self
                 .drafter
                 .propose(request, self.sampler)?
-                .truncated(limit),
+                .truncated(request.limit),
         };
+        let shadow = self.shadow_proposal(&request, limit)?;
         self.decode_verify_batch(request, &draft.tokens)?;
         let round = self.judge(&at, &draft)?;
         self.drafter.settle(round.n_past, round.accepted)?;
         if round.accepted < draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
         }
+        self.learn(&round, limit, request.limit, shadow);
         Ok(round)
+    }
+
+    /// The adaptive policy's draft length within `limit`, or `limit` without a policy.
+    fn chosen_length(&self, limit: usize) -> usize {
+        let freely = self.drafter.proposes_freely();
+        self.policy
+            .as_deref()
+            .map_or(limit, |policy| policy.choose(limit, freely))
+    }
+
+    /// In a round the policy chose to keep plain, the first token a free
+    /// drafter would have proposed (to compare with the committed one).
+    fn shadow_proposal(&mut self, request: &DraftRequest<'_>, limit: usize) -> Result<Option<i32>> {
+        if self.policy.is_none()
+            || request.limit > 0
+            || limit == 0
+            || !self.drafter.proposes_freely()
+        {
+            return Ok(None);
+        }
+        let probe = DraftRequest {
+            limit: 1,
+            ..*request
+        };
+        Ok(self
+            .drafter
+            .propose(probe, self.sampler)?
+            .tokens
+            .first()
+            .copied())
+    }
+
+    /// Give the policy what the round showed.
+    fn learn(&mut self, round: &Round, limit: usize, chosen: usize, shadow: Option<i32>) {
+        let Some(policy) = self.policy.as_deref_mut() else {
+            return;
+        };
+        let evidence = match (limit, chosen, shadow) {
+            (0, ..) => Evidence::Forced,
+            (_, 0, Some(token)) => Evidence::Shadow(round.committed.first() == Some(&token)),
+            (_, 0, None) => Evidence::Nothing,
+            _ => Evidence::Verified,
+        };
+        policy.observe(round, evidence);
     }
 
     /// How many tokens this round may draft, or `None` when it can commit nothing.

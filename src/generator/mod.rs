@@ -22,7 +22,8 @@ pub use restore::{Boundary, Positions, RestoreError};
 
 use crate::chat::Conversation;
 use crate::engine::{
-    Cursor, DraftModelDrafter, Drafter, Engine, NgramDrafter, NoDrafter, Round, SessionDrafter,
+    AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, NgramDrafter, NoDrafter, Round,
+    SessionDrafter,
 };
 use crate::native::{Batch, Context, Model};
 use crate::sampling::Sampler;
@@ -52,6 +53,9 @@ pub struct GeneratorState {
     pub drafted: u64,
     /// Draft tokens accepted.
     pub accepted: u64,
+    /// The adaptive draft length's state (`adaptive` configurations, once
+    /// the cost curve is measured or pinned).
+    pub adaptive: Option<AdaptiveState>,
 }
 
 impl GeneratorState {
@@ -68,6 +72,7 @@ impl GeneratorState {
             rounds: 0,
             drafted: 0,
             accepted: 0,
+            adaptive: None,
         }
     }
 
@@ -186,6 +191,7 @@ impl Generator {
             drafter: drafter.as_mut(),
             sampler,
             seq_id: 0,
+            policy: state.adaptive.as_mut(),
         };
         let at = Cursor {
             history: &state.history,
@@ -202,10 +208,55 @@ impl Generator {
                 "the generator already has a prompt".into(),
             ));
         }
+        self.measure_cost_curve(prompt)?;
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
         self.state.history = prompt.to_vec();
         self.commit_first(first);
         Ok(first)
+    }
+
+    /// An adaptive generation without a pinned cost curve measures it on the
+    /// target context, still empty, before its prompt.
+    fn measure_cost_curve(&mut self, prompt: &[i32]) -> Result<()> {
+        if !self.config.adaptive || self.state.adaptive.is_some() {
+            return Ok(());
+        }
+        let token = *prompt
+            .first()
+            .ok_or_else(|| GeneratorError::Invalid("the prompt is empty".into()))?;
+        self.target.model().check_tokens(&[token])?;
+        let rows = self.config.n_draft as usize + 1;
+        let curve = crate::engine::policy::measure_cost_curve(
+            &mut self.target,
+            &mut self.batch,
+            0,
+            token,
+            rows,
+        )?;
+        self.state.adaptive = Some(AdaptiveState::new(curve));
+        Ok(())
+    }
+
+    /// Pin the cost curve of an adaptive generation before its prompt
+    /// (`cost_us[r - 1]`: microseconds to decode `r` rows, `r` in `1..=n_draft + 1`),
+    /// so that it is not measured: two generations pinned alike choose alike.
+    pub fn pin_cost_curve(&mut self, cost_us: Vec<u32>) -> Result<()> {
+        if !self.config.adaptive {
+            return Err(GeneratorError::Invalid(
+                "cost_curve: only an adaptive draft policy uses a cost curve".into(),
+            ));
+        }
+        if self.started() {
+            return Err(GeneratorError::Usage(
+                "cost_curve: the generation has started; its curve is set".into(),
+            ));
+        }
+        let state = AdaptiveState::new(cost_us);
+        state
+            .validate(self.config.n_draft)
+            .map_err(|e| GeneratorError::Invalid(format!("cost_curve: {e}")))?;
+        self.state.adaptive = Some(state);
+        Ok(())
     }
 
     /// The whole history is now a decoded prompt: commit the first token

@@ -1,0 +1,304 @@
+"""Speculation that pays, measured in interleaved rounds (``make bench-speculation``; part of ``make bench``).
+
+On each prompt (story: text that does not repeat; code: rewrite a given file; quotes: quote a given
+notice) every contender generates the same number of greedy tokens once per round, all contenders back
+to back with the order rotating (``specstate.bench.interleave``), so each ratio is the median of
+per-round pairs measured in the same stretch of time, printed with its range. Contenders: plain decoding
+(``none``); ``ngram`` with fixed draft lengths 4, 8 and 16; ``ngram`` with the adaptive draft policy
+(at most 16); llama-cpp-python's prompt lookup (``num_pred_tokens=10``, a persistent process of the
+benchmark's peer venv); llama.cpp's own n-gram speculation (``common_speculative``, ngram-simple,
+through the driver in ``benchmarks/llama_spec``). Everything is built before the first measurement.
+
+The bound printed for the adaptive policy is what its own cost curve and the run's acceptance allow:
+``max_k (1 + a + ... + a^k) / cost(k + 1)`` with ``a`` = accepted / drafted, the best rate a policy
+could reach if every round had a draft of that quality.
+
+Usage: python benchmarks/speculation.py [--rounds 5] [--threads 2] [--tokens 160] [--skip-peers]
+Writes benchmarks/results/speculation.json and speculation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from specstate import Generator, Model  # noqa: E402
+from specstate.bench import (  # noqa: E402
+    CODE_PROMPT,
+    QUOTE_PROMPT,
+    STORY_PROMPT,
+    interleave,
+    pair_ratio,
+    timed_generation,
+)
+from specstate.smollm2 import smollm2_path  # noqa: E402
+
+PROMPTS = {"story": STORY_PROMPT, "code": CODE_PROMPT, "quotes": QUOTE_PROMPT}
+FIXED_LENGTHS = (4, 8, 16)
+ADAPTIVE = "ngram adaptive"
+NONE = "none"
+LOOKUP = "llama-cpp-python prompt lookup"
+LLAMA_CPP = "llama.cpp ngram-simple"
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def adaptive_bound(generator: Generator) -> float | None:
+    """Tokens per second the generator's cost curve allows at its measured per-token acceptance."""
+    curve = generator.cost_curve
+    if not curve or not generator.drafted:
+        return None
+    alpha = generator.accepted / generator.drafted
+    best, expected, power = 0.0, 0.0, 1.0
+    for cost in curve:  # draft lengths 0, 1, 2, ...: a batch of one more row each
+        expected += power
+        power *= alpha
+        best = max(best, expected / cost)
+    return best * 1e6
+
+
+class Peer:
+    """llama-cpp-python measuring one generation per request, in the benchmark's peer venv."""
+
+    def __init__(self, python: Path, model: Path, threads: int) -> None:
+        script = ROOT / "benchmarks" / "peer_llama_cpp_python.py"
+        self.process = subprocess.Popen(
+            [str(python), str(script), "--serve", str(model), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def measure(self, llm: str, prompt: str, tokens: int) -> dict[str, Any]:
+        stdin, stdout = self._pipes()
+        stdin.write(json.dumps({"llm": llm, "prompt": prompt, "tokens": tokens}) + "\n")
+        stdin.flush()
+        answer: dict[str, Any] = json.loads(stdout.readline())
+        return answer
+
+    def _pipes(self) -> tuple[IO[str], IO[str]]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        return self.process.stdin, self.process.stdout
+
+    def close(self) -> None:
+        self._pipes()[0].close()
+        self.process.wait(timeout=60)
+
+
+class Contenders:
+    """Every contender of one prompt as a measurement, keeping what the last run of each showed."""
+
+    def __init__(
+        self, model: Model, prompt: str, args: argparse.Namespace, peers: dict[str, Any], draft_model: Model | None
+    ) -> None:
+        self.model, self.prompt, self.args, self.peers = model, prompt, args, peers
+        self.draft_model = draft_model
+        self.last: dict[str, dict[str, Any]] = {}
+        self.bounds: list[float | None] = []
+
+    def specstate(self, name: str, **settings: Any) -> Callable[[], float]:
+        def once() -> float:
+            speed, generator = timed_generation(
+                self.model, self.prompt, self.args.tokens, n_threads=self.args.threads, **settings
+            )
+            self.last[name] = {"acceptance": generator.acceptance_rate, "tokens": generator.tokens}
+            if name == ADAPTIVE:
+                self.bounds.append(adaptive_bound(generator))
+                self.last[name]["cost_curve"] = generator.cost_curve
+            return speed
+
+        return once
+
+    def lookup(self) -> float:
+        answer = self.peers["llama_cpp_python"].measure("prompt_lookup", self.prompt, self.args.tokens)
+        self.last[LOOKUP] = {"tokens": answer["tokens"]}
+        return float(answer["tokens_per_s"])
+
+    def llama_cpp(self) -> float:
+        from llama_cpp_spec import llama_cpp_ngram
+
+        figures = llama_cpp_ngram(
+            self.peers["llama_spec"], self.peers["model"], self.prompt, self.args.tokens, self.args.threads, 16
+        )
+        accepted, drafted = figures["accepted"], figures["drafted"]
+        self.last[LLAMA_CPP] = {"acceptance": accepted / drafted if drafted else 0.0, "tokens": figures["tokens"]}
+        return float(figures["tokens_per_s"])
+
+    def all(self) -> dict[str, Callable[[], float]]:
+        contenders = {NONE: self.specstate(NONE, mode="none")}
+        for length in FIXED_LENGTHS:
+            contenders[f"ngram k={length}"] = self.specstate(f"ngram k={length}", mode="ngram", n_draft=length)
+        contenders[ADAPTIVE] = self.specstate(ADAPTIVE, mode="ngram", n_draft=16, draft_policy="adaptive")
+        if self.draft_model is not None:
+            contenders["draft"] = self.specstate("draft", mode="draft", draft_model=self.draft_model)
+        if "llama_cpp_python" in self.peers:
+            contenders[LOOKUP] = self.lookup
+        if "llama_spec" in self.peers:
+            contenders[LLAMA_CPP] = self.llama_cpp
+        return contenders
+
+
+def agreement(a: list[int], b: list[int]) -> int:
+    """Tokens at the start of `a` and `b` that are equal."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def prompt_figures(
+    model: Model, prompt: str, args: argparse.Namespace, peers: dict[str, Any], draft_model: Model | None = None
+) -> dict[str, Any]:
+    """Every contender on `prompt` in interleaved rounds (``args``: rounds, threads, tokens); with
+    `draft_model`, ``draft`` mode too."""
+    contenders = Contenders(model, prompt, args, peers, draft_model)
+    speeds = interleave(contenders.all(), args.rounds)
+    rows: dict[str, Any] = {}
+    plain_tokens = contenders.last[NONE]["tokens"]
+    for name, values in speeds.items():
+        row = {"tokens_per_s": statistics.median(values), "runs": values}
+        row["x_none"] = vars(pair_ratio(values, speeds[NONE]))
+        for peer in (LOOKUP, LLAMA_CPP):
+            if peer in speeds:
+                row[f"x_{peer}"] = vars(pair_ratio(values, speeds[peer]))
+        last = contenders.last.get(name, {})
+        row["acceptance"] = last.get("acceptance")
+        row["tokens_equal_to_none"] = agreement(last.get("tokens", []), plain_tokens)
+        rows[name] = row
+    best = max(FIXED_LENGTHS, key=lambda k: rows[f"ngram k={k}"]["tokens_per_s"])
+    adaptive = speeds[ADAPTIVE]
+    rows[ADAPTIVE]["best_fixed"] = best
+    rows[ADAPTIVE]["x_best_fixed"] = vars(pair_ratio(adaptive, speeds[f"ngram k={best}"]))
+    bounds = [b for b in contenders.bounds[-len(adaptive) :] if b]
+    if len(bounds) == len(adaptive):
+        rows[ADAPTIVE]["bound_tokens_per_s"] = statistics.median(bounds)
+        rows[ADAPTIVE]["x_bound"] = vars(pair_ratio(adaptive, bounds))
+    rows[ADAPTIVE]["cost_curve_us"] = contenders.last[ADAPTIVE]["cost_curve"]
+    return rows
+
+
+def build_peers(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
+    """Build (once) and start the peers, before any measurement."""
+    if args.skip_peers:
+        return {}
+    from llama_cpp_spec import build_llama_spec
+    from run import peer_python
+
+    log("building the peers (once; several minutes on 2 cores)")
+    binary = build_llama_spec()
+    return {
+        "llama_cpp_python": Peer(peer_python(), model_path, args.threads),
+        "llama_spec": binary,
+        "model": model_path,
+    }
+
+
+def ratio_text(entry: dict[str, float] | None) -> str:
+    return "" if entry is None else f"x{entry['median']:.2f} ({entry['low']:.2f}-{entry['high']:.2f})"
+
+
+def targets(spec: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(measure, value, target, verdict) for speculation's targets, from each prompt's figures."""
+    rows = []
+
+    def add(measure: str, entry: dict[str, float] | None, target: float) -> None:
+        verdict = "not measured" if entry is None else ("met" if entry["median"] >= target else "**missed**")
+        rows.append((measure, ratio_text(entry), f">= {target}", verdict))
+
+    add("story: ngram adaptive / none", spec["story"][ADAPTIVE]["x_none"], 0.97)
+    for name in ("code", "quotes"):
+        adaptive = spec[name][ADAPTIVE]
+        add(f"{name}: ngram adaptive / best fixed (k={adaptive['best_fixed']})", adaptive["x_best_fixed"], 1.0)
+    add("quotes: ngram adaptive / its bound", spec["quotes"][ADAPTIVE].get("x_bound"), 0.9)
+    for name in PROMPTS:
+        add(f"{name}: ngram adaptive / {LOOKUP}", spec[name][ADAPTIVE].get(f"x_{LOOKUP}"), 1.2)
+    for name in PROMPTS:
+        add(f"{name}: ngram adaptive / {LLAMA_CPP}", spec[name][ADAPTIVE].get(f"x_{LLAMA_CPP}"), 1.0)
+    return rows
+
+
+def targets_table(prompts: dict[str, Any]) -> list[str]:
+    """The targets as markdown table lines."""
+    return [
+        "| measure | median pair ratio (range) | target | verdict |",
+        "| --- | ---: | ---: | --- |",
+        *(f"| {m} | {v} | {t} | {d} |" for m, v, t, d in targets(prompts)),
+    ]
+
+
+def contenders_table(prompts: dict[str, Any]) -> list[str]:
+    """Every contender on every prompt as markdown table lines."""
+    lines = [
+        "| prompt | contender | tokens/s | acceptance | vs none | vs prompt lookup | vs llama.cpp | equal to none |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, rows in prompts.items():
+        for contender, row in rows.items():
+            acceptance = "" if row.get("acceptance") is None else f"{row['acceptance']:.0%}"
+            lines.append(
+                f"| {name} | {contender} | {row['tokens_per_s']:.1f} | {acceptance} | {ratio_text(row['x_none'])} "
+                f"| {ratio_text(row.get(f'x_{LOOKUP}'))} | {ratio_text(row.get(f'x_{LLAMA_CPP}'))} "
+                f"| {row['tokens_equal_to_none']} |"
+            )
+        adaptive = rows[ADAPTIVE]
+        if "bound_tokens_per_s" in adaptive:
+            lines.append(f"| {name} | bound of the adaptive policy | {adaptive['bound_tokens_per_s']:.1f} | | | | | |")
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, {results['tokens']} greedy tokens, "
+        f"{results['rounds']} interleaved rounds, {results['date']}",
+        "",
+        *targets_table(results["prompts"]),
+        "",
+        *contenders_table(results["prompts"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=160)
+    parser.add_argument("--skip-peers", action="store_true", help="no llama-cpp-python or llama.cpp")
+    parser.add_argument("--out", type=Path, default=RESULTS / "speculation")
+    args = parser.parse_args()
+    path = smollm2_path()
+    peers = build_peers(args, path)
+    model = Model(path)
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "prompts": {},
+    }
+    try:
+        for name, prompt in PROMPTS.items():
+            log(f"{name}: {args.rounds} interleaved rounds")
+            results["prompts"][name] = prompt_figures(model, prompt, args, peers)
+    finally:
+        if "llama_cpp_python" in peers:
+            peers["llama_cpp_python"].close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    text = markdown(results)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

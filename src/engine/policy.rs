@@ -1,0 +1,396 @@
+//! Adaptive draft length: each round drafts the number of tokens that
+//! maximises the expected committed tokens per second of verification.
+//!
+//! Two inputs decide it:
+//! - **A cost curve**, measured once on the generation's own target context
+//!   and backend before its prompt ([`measure_cost_curve`]): how long a
+//!   decode of `r` rows takes, for `r` from 1 (a plain decode) to the longest
+//!   verify batch (`n_draft + 1`).
+//! - **The acceptance of recent rounds**: an exponentially decaying count of
+//!   accepted draft tokens (hits) over verified ones up to and including the
+//!   first rejection (trials), in fixed point. Under a geometric model (each
+//!   next draft token is accepted with probability `alpha` given that the
+//!   previous one was), a draft of `k` tokens commits `1 + alpha + ... +
+//!   alpha^k` tokens on average, and the round costs `cost(k + 1)`.
+//!
+//! The draft length is the `k` in `0..=limit` with the most expected tokens
+//! per microsecond, `0` (decode plainly) included. When a plain round is
+//! chosen, a drafter that proposes for free (prompt lookup) is still asked for
+//! one token, which is compared with the committed one; other drafters are
+//! probed with a one-token draft after [`PROBE_AFTER`] rounds without evidence.
+//!
+//! **Exactness.** Everything here is integer state that a checkpoint carries
+//! (the curve in microseconds, the counts in fixed point), and the choice is a
+//! pure function of it: a restored generation makes the same choices as the
+//! uninterrupted one, token for token. The curve is never re-measured during a
+//! generation (a re-measurement after a restore could not reproduce the
+//! uninterrupted run's), and a caller can pin one (`cost_curve=`) so that two
+//! fresh runs choose alike.
+
+use std::time::Instant;
+
+use super::{position, EngineError, Result, Round};
+use crate::native::{Batch, Context};
+
+/// Fixed-point scale of the acceptance counts.
+const SCALE: u32 = 256;
+/// Every count decays by an eighth per round that gives evidence.
+const DECAY_SHIFT: u32 = 3;
+/// The counts a generation starts from: two hits in three trials.
+const PRIOR: (u32, u32) = (2 * SCALE, 3 * SCALE);
+/// Rounds without evidence after which a drafter that does not propose for
+/// free is probed with a one-token draft.
+pub const PROBE_AFTER: u32 = 16;
+/// The largest cost a curve may hold: one minute, in microseconds.
+pub const MAX_COST_MICROS: u32 = 60_000_000;
+/// The largest trial count the decaying counts can reach (a round adds at
+/// most `MAX_SPECULATIVE_DRAFT_TOKENS + 1` trials, and decay keeps eight of
+/// them), with room for the prior.
+const MAX_TRIALS: u32 = (crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32 + 2) * 8 * SCALE;
+/// Timed repetitions of each batch size (the fastest counts).
+const REPETITIONS: usize = 2;
+
+/// The adaptive policy's state: part of a generation's state and of its checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdaptiveState {
+    /// `cost_us[r - 1]`: microseconds to decode `r` rows, for `r` in `1..=n_draft + 1`.
+    pub cost_us: Vec<u32>,
+    /// Accepted draft tokens, decayed, times [`SCALE`].
+    pub hits: u32,
+    /// Verified draft tokens up to the first rejection, decayed, times [`SCALE`].
+    pub trials: u32,
+    /// Plain rounds in a row that gave no evidence.
+    pub idle: u32,
+}
+
+/// What a round drafted, for the policy to learn from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// The round verified a draft.
+    Verified,
+    /// A free one-token proposal, compared with the committed token.
+    Shadow(bool),
+    /// Nothing was drafted or proposed by the policy's choice.
+    Nothing,
+    /// The round's limit was zero (a budget or the context), not the policy's choice.
+    Forced,
+}
+
+impl AdaptiveState {
+    /// A policy with this cost curve and no acceptance seen yet.
+    pub fn new(cost_us: Vec<u32>) -> Self {
+        Self {
+            cost_us,
+            hits: PRIOR.0,
+            trials: PRIOR.1,
+            idle: 0,
+        }
+    }
+
+    /// Check a state from a caller or a file against the generation's draft
+    /// limit: a curve of `n_draft + 1` costs in `1..=MAX_COST_MICROS`, and
+    /// counts that the updates can reach.
+    pub fn validate(&self, n_draft: u32) -> std::result::Result<(), String> {
+        let rows = n_draft as usize + 1;
+        if self.cost_us.len() != rows {
+            return Err(format!(
+                "the cost curve has {} entries; n_draft {n_draft} needs {rows} (1 to n_draft + 1 rows)",
+                self.cost_us.len()
+            ));
+        }
+        if let Some(bad) = self
+            .cost_us
+            .iter()
+            .find(|c| !(1..=MAX_COST_MICROS).contains(*c))
+        {
+            return Err(format!(
+                "the cost curve holds {bad} microseconds; each cost must be between 1 and {MAX_COST_MICROS}"
+            ));
+        }
+        if self.trials == 0 || self.trials > MAX_TRIALS || self.hits > self.trials {
+            return Err(format!(
+                "acceptance counts {} of {} are not 0 <= hits <= trials, 1 <= trials <= {MAX_TRIALS}",
+                self.hits, self.trials
+            ));
+        }
+        if self.idle > PROBE_AFTER {
+            return Err(format!(
+                "{} idle rounds exceed the probe interval {PROBE_AFTER}",
+                self.idle
+            ));
+        }
+        Ok(())
+    }
+
+    /// The estimated probability that a draft token is accepted.
+    pub fn acceptance(&self) -> f64 {
+        f64::from(self.hits) / f64::from(self.trials.max(1))
+    }
+
+    /// Cost in microseconds of a verify batch of `rows` rows.
+    fn cost(&self, rows: usize) -> f64 {
+        f64::from(self.cost_us[rows - 1])
+    }
+
+    /// How many tokens to draft this round, at most `limit`.
+    pub fn choose(&self, limit: usize, proposes_freely: bool) -> usize {
+        let most = limit.min(self.cost_us.len() - 1);
+        let best = best_draft_length(self.acceptance(), most, |rows| self.cost(rows));
+        if best == 0 && most > 0 && !proposes_freely && self.idle >= PROBE_AFTER {
+            return 1;
+        }
+        best
+    }
+
+    /// Learn from a round: its draft's outcome, or a free proposal's.
+    pub fn observe(&mut self, round: &Round, evidence: Evidence) {
+        let (hits, trials) = match evidence {
+            Evidence::Verified if round.drafted > 0 => {
+                let rejected = u32::from(round.accepted < round.drafted);
+                (round.accepted as u32, round.accepted as u32 + rejected)
+            }
+            Evidence::Shadow(hit) => (u32::from(hit), 1),
+            Evidence::Nothing => {
+                self.idle = (self.idle + 1).min(PROBE_AFTER);
+                return;
+            }
+            Evidence::Verified | Evidence::Forced => return,
+        };
+        self.idle = 0;
+        self.hits = decayed(self.hits) + hits * SCALE;
+        self.trials = (decayed(self.trials) + trials * SCALE).clamp(1, MAX_TRIALS);
+        self.hits = self.hits.min(self.trials);
+    }
+}
+
+fn decayed(count: u32) -> u32 {
+    count - (count >> DECAY_SHIFT)
+}
+
+/// The draft length in `0..=most` with the most expected committed tokens
+/// per unit of cost, for a per-token acceptance `alpha` (ties: the shorter).
+pub fn best_draft_length(alpha: f64, most: usize, cost: impl Fn(usize) -> f64) -> usize {
+    let alpha = alpha.clamp(0.0, 1.0);
+    let (mut best, mut best_rate) = (0, 1.0 / cost(1));
+    let (mut expected, mut power) = (1.0, 1.0);
+    for k in 1..=most {
+        power *= alpha;
+        expected += power;
+        let rate = expected / cost(k + 1);
+        if rate > best_rate {
+            (best, best_rate) = (k, rate);
+        }
+    }
+    best
+}
+
+/// The batch sizes timed: powers of two plus one (drafts of 0, 1, 2, 4, 8,
+/// ... tokens) and the longest; the others are interpolated.
+fn timed_rows(max_rows: usize) -> Vec<usize> {
+    let mut rows: Vec<usize> = std::iter::successors(Some(1usize), |r| Some(r * 2))
+        .map(|r| if r == 1 { 1 } else { r / 2 + 1 })
+        .take_while(|&r| r < max_rows)
+        .collect();
+    rows.dedup();
+    rows.push(max_rows);
+    rows
+}
+
+/// Measure the cost curve on `target`, whose memory must be empty (before a
+/// prompt): decode batches of `token` at positions `0..r`, each timed
+/// [`REPETITIONS`] times after a warm-up, and clear the memory after each.
+/// Returns `max_rows` costs in microseconds (rows `1..=max_rows`).
+pub fn measure_cost_curve(
+    target: &mut Context,
+    batch: &mut Batch,
+    seq_id: i32,
+    token: i32,
+    max_rows: usize,
+) -> Result<Vec<u32>> {
+    if max_rows == 0 || max_rows > batch.capacity() {
+        return Err(EngineError::Invalid(format!(
+            "cannot time {max_rows} rows in a batch of {}",
+            batch.capacity()
+        )));
+    }
+    let mut time_rows = |rows: usize| -> Result<u32> {
+        let tokens = vec![token; rows];
+        batch.fill(&tokens, position(0)?, seq_id, true)?;
+        let start = Instant::now();
+        let decoded = target.decode(batch);
+        let micros = start.elapsed().as_micros();
+        target.clear();
+        decoded?;
+        Ok(u32::try_from(micros)
+            .unwrap_or(u32::MAX)
+            .clamp(1, MAX_COST_MICROS))
+    };
+    time_rows(max_rows)?;
+    time_rows(1)?;
+    let mut points = Vec::new();
+    for rows in timed_rows(max_rows) {
+        let mut best = u32::MAX;
+        for _ in 0..REPETITIONS {
+            best = best.min(time_rows(rows)?);
+        }
+        points.push((rows, best));
+    }
+    Ok(interpolate(&points, max_rows))
+}
+
+/// Costs for rows `1..=max_rows`, linear between the timed points (sorted by rows, the first at 1).
+fn interpolate(points: &[(usize, u32)], max_rows: usize) -> Vec<u32> {
+    (1..=max_rows)
+        .map(|rows| {
+            let upper = points.iter().position(|&(r, _)| r >= rows).unwrap_or(0);
+            let (r1, c1) = points[upper];
+            if r1 == rows || upper == 0 {
+                return c1;
+            }
+            let (r0, c0) = points[upper - 1];
+            let fraction = (rows - r0) as f64 / (r1 - r0) as f64;
+            (f64::from(c0) + fraction * (f64::from(c1) - f64::from(c0))).round() as u32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(drafted: usize, accepted: usize) -> Round {
+        Round {
+            committed: vec![0; accepted + 1],
+            drafted,
+            accepted,
+            ..Round::default()
+        }
+    }
+
+    /// The CPU curve measured on SmolLM2 Q4_1 (11 ms plus 4 ms a row).
+    fn cpu_curve(rows: usize) -> Vec<u32> {
+        (1..=rows)
+            .map(|r| 11_000 + 4_000 * (r as u32 - 1))
+            .collect()
+    }
+
+    #[test]
+    fn timed_rows_are_drafts_of_powers_of_two_and_the_longest() {
+        assert_eq!(timed_rows(9), vec![1, 2, 3, 5, 9]);
+        assert_eq!(timed_rows(17), vec![1, 2, 3, 5, 9, 17]);
+        assert_eq!(timed_rows(12), vec![1, 2, 3, 5, 9, 12]);
+        assert_eq!(timed_rows(1), vec![1]);
+        assert_eq!(timed_rows(2), vec![1, 2]);
+    }
+
+    #[test]
+    fn interpolation_is_linear_between_timed_points() {
+        let curve = interpolate(&[(1, 10), (2, 20), (3, 30), (5, 50), (9, 90)], 9);
+        assert_eq!(curve, vec![10, 20, 30, 40, 50, 60, 70, 80, 90]);
+    }
+
+    #[test]
+    fn the_best_length_grows_with_acceptance_and_is_zero_when_drafts_do_not_pay() {
+        let curve = cpu_curve(17);
+        let cost = |rows: usize| f64::from(curve[rows - 1]);
+        assert_eq!(best_draft_length(0.2, 16, cost), 0);
+        assert_eq!(best_draft_length(0.5, 16, cost), 1);
+        let high = best_draft_length(0.9, 16, cost);
+        assert!((3..=10).contains(&high), "{high}");
+        assert_eq!(best_draft_length(1.0, 16, cost), 16);
+        // Free verification rows: draft everything that might be accepted.
+        assert_eq!(best_draft_length(0.5, 8, |_| 1.0), 8);
+        assert_eq!(best_draft_length(0.9, 0, cost), 0);
+    }
+
+    #[test]
+    fn acceptance_follows_recent_rounds() {
+        let mut policy = AdaptiveState::new(cpu_curve(9));
+        assert!((policy.acceptance() - 2.0 / 3.0).abs() < 1e-9);
+        for _ in 0..40 {
+            policy.observe(&round(8, 8), Evidence::Verified);
+        }
+        assert!(policy.acceptance() > 0.99);
+        assert_eq!(policy.choose(8, true), 8);
+        for _ in 0..80 {
+            policy.observe(&round(4, 0), Evidence::Verified);
+        }
+        assert!(policy.acceptance() < 0.01);
+        assert_eq!(policy.choose(8, true), 0);
+        policy.validate(8).unwrap();
+    }
+
+    #[test]
+    fn plain_rounds_learn_from_free_proposals_or_probe() {
+        let mut policy = AdaptiveState::new(cpu_curve(9));
+        for _ in 0..40 {
+            policy.observe(&round(1, 0), Evidence::Verified);
+        }
+        assert_eq!(policy.choose(8, false), 0);
+        for _ in 0..PROBE_AFTER {
+            policy.observe(&round(0, 0), Evidence::Nothing);
+        }
+        assert_eq!(policy.choose(8, false), 1, "a probe after idle rounds");
+        assert_eq!(
+            policy.choose(8, true),
+            0,
+            "no probe where proposals are free"
+        );
+        assert_eq!(policy.choose(0, false), 0, "never beyond the limit");
+        policy.observe(&round(0, 0), Evidence::Forced);
+        assert_eq!(policy.idle, PROBE_AFTER);
+        for _ in 0..40 {
+            policy.observe(&round(0, 0), Evidence::Shadow(true));
+        }
+        assert_eq!(policy.idle, 0);
+        assert!(policy.choose(8, true) > 4);
+    }
+
+    #[test]
+    fn states_outside_what_updates_reach_are_refused() {
+        let good = AdaptiveState::new(cpu_curve(5));
+        assert!(good.validate(4).is_ok());
+        assert!(good.validate(5).unwrap_err().contains("needs 6"));
+        let cases = [
+            AdaptiveState {
+                cost_us: vec![0; 5],
+                ..good.clone()
+            },
+            AdaptiveState {
+                cost_us: vec![MAX_COST_MICROS + 1; 5],
+                ..good.clone()
+            },
+            AdaptiveState {
+                hits: 5,
+                trials: 4,
+                ..good.clone()
+            },
+            AdaptiveState {
+                trials: 0,
+                hits: 0,
+                ..good.clone()
+            },
+            AdaptiveState {
+                trials: MAX_TRIALS + 1,
+                ..good.clone()
+            },
+            AdaptiveState {
+                idle: PROBE_AFTER + 1,
+                ..good.clone()
+            },
+        ];
+        for state in cases {
+            assert!(state.validate(4).is_err(), "{state:?}");
+        }
+    }
+
+    #[test]
+    fn counts_stay_bounded_under_the_longest_drafts() {
+        let max = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as usize;
+        let mut policy = AdaptiveState::new(cpu_curve(3));
+        for _ in 0..1000 {
+            policy.observe(&round(max, max - 1), Evidence::Verified);
+        }
+        assert!(policy.trials <= MAX_TRIALS && policy.hits <= policy.trials);
+    }
+}

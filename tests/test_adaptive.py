@@ -1,0 +1,170 @@
+"""The adaptive draft policy: each round's draft length from a cost curve and the recent acceptance.
+
+The choices are a pure function of state that checkpoints carry, so an
+adaptive generation resumes token for token like any other; hypothesis draws
+the cost curve (and with it the choices), the checkpoint boundary and the
+draft limit. Two curves pin the policy to known behaviour: free verification
+rows make it draft like the fixed policy, and unaffordable ones make `ngram`
+decode exactly as `none` does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from generator_support import draft_for, resume_matches, sampling, tiny_generator
+from specstate import ConfigMismatchError, Generator, GeneratorSettings, Model, inspect_checkpoint
+
+TESTS = Path(__file__).resolve().parent
+SPECULATIVE = ("ngram", "draft", "mtp", "eagle3")
+#: Text that repeats, so that prompt lookup drafts and is often right (on the tiny models, whose greedy
+#: output cycles through 131 tokens, generations of 150 tokens repeat themselves).
+REPEATING = "one two three four five six. one two three four five six. one two three"
+#: Larger than any round could gain: drafting never pays.
+UNAFFORDABLE = 60_000_000
+
+
+def flat(n_draft: int) -> list[int]:
+    """Every batch size costs the same: verification rows are free."""
+    return [1000] * (n_draft + 1)
+
+
+def unaffordable(n_draft: int) -> list[int]:
+    """A plain decode is cheap and any verify batch costs a minute."""
+    return [1000] + [UNAFFORDABLE] * n_draft
+
+
+@st.composite
+def curves(draw: st.DrawFn, n_draft: int) -> list[int]:
+    """A cost curve for `n_draft`: increasing costs with random steps, so choices vary."""
+    steps = draw(st.lists(st.integers(0, 20_000), min_size=n_draft + 1, max_size=n_draft + 1))
+    costs, total = [], 0
+    for step in steps:
+        total += max(step, 1)
+        costs.append(total)
+    return costs
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", SPECULATIVE)
+@given(rounds=st.integers(0, 12), n_draft=st.integers(1, 6), data=st.data())
+@settings(max_examples=examples(ci=8, dev=3), deadline=None)
+def test_adaptive_resume_is_exact_in_every_mode(
+    tiny_map: dict[str, Path], mode: str, sampled: bool, rounds: int, n_draft: int, data: st.DataObject
+) -> None:
+    costs = data.draw(curves(n_draft))
+
+    def make() -> Generator:
+        return tiny_generator(
+            mode, tiny_map, sampled=sampled, n_draft=n_draft, draft_policy="adaptive", cost_curve=costs
+        )
+
+    target = Model(tiny_map["qwen35"])
+    resumed, uninterrupted = resume_matches(
+        make,
+        target.tokenize(REPEATING),
+        rounds,
+        150,
+        lambda data: Generator.restore(data, target, draft_model=draft_for(mode, tiny_map), n_threads=1),
+    )
+    assert resumed == uninterrupted
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_free_rows_draft_like_the_fixed_policy(tiny_map: dict[str, Path], sampled: bool) -> None:
+    runs = {}
+    for policy in ("fixed", "adaptive"):
+        extra: dict[str, Any] = {"cost_curve": flat(4)} if policy == "adaptive" else {}
+        generator = tiny_generator("ngram", tiny_map, sampled=sampled, draft_policy=policy, **extra)
+        generator.generate(REPEATING, max_tokens=150)
+        runs[policy] = (generator.tokens, generator.rounds, generator.drafted, generator.accepted)
+    assert runs["adaptive"] == runs["fixed"]
+    assert runs["fixed"][2] > 0
+
+
+def test_when_drafts_never_pay_ngram_decodes_exactly_as_none(smollm2: Model) -> None:
+    plain = Generator(smollm2, n_ctx=512, n_threads=1)
+    plain.generate(REPEATING, max_tokens=48)
+    adaptive = Generator(
+        smollm2, mode="ngram", draft_policy="adaptive", cost_curve=unaffordable(8), n_ctx=512, n_threads=1
+    )
+    adaptive.generate(REPEATING, max_tokens=48)
+    # One token per round, decoded alone: the same kernels as plain decoding, so the same tokens.
+    assert adaptive.tokens == plain.tokens
+    assert (adaptive.drafted, adaptive.rounds) == (0, len(adaptive.tokens) - 1)
+    # The free proposals it compared along the way taught it that they are right here.
+    assert adaptive.draft_acceptance is not None and adaptive.draft_acceptance > 0.5
+
+
+def test_drafters_that_cost_are_probed_now_and_then(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("draft", tiny_map, draft_policy="adaptive", cost_curve=unaffordable(4))
+    generator.generate(REPEATING, max_tokens=150)
+    # A one-token probe after every 16 plain rounds without evidence.
+    assert 1 <= generator.drafted <= generator.rounds // 16 + 1
+
+
+def test_a_measured_curve_leaves_no_trace(smollm2: Model) -> None:
+    measured = Generator(smollm2, mode="ngram", draft_policy="adaptive", n_ctx=512, n_threads=1)
+    assert measured.cost_curve is None
+    measured.generate(REPEATING, max_tokens=48)
+    curve = measured.cost_curve
+    assert curve is not None and len(curve) == 9 and all(cost >= 1 for cost in curve)
+    assert curve[-1] > curve[0], "verifying nine rows costs more than decoding one"
+    pinned = Generator(smollm2, mode="ngram", draft_policy="adaptive", cost_curve=curve, n_ctx=512, n_threads=1)
+    pinned.generate(REPEATING, max_tokens=48)
+    assert pinned.cost_curve == curve
+    assert (pinned.tokens, pinned.rounds, pinned.drafted) == (measured.tokens, measured.rounds, measured.drafted)
+
+
+def test_the_policy_travels_in_checkpoints(smollm2: Model, smollm2_file: Path, tmp_path: Path) -> None:
+    settings: GeneratorSettings = {"mode": "ngram", "draft_policy": "adaptive", "n_ctx": 512, "n_threads": 1}
+    settings.update(sampling(True))  # type: ignore[typeddict-item]
+    generator = Generator(smollm2, **settings)
+    generator.generate(REPEATING, max_tokens=20)
+    curve = generator.cost_curve
+    assert curve is not None
+    pinned: GeneratorSettings = {**settings, "cost_curve": curve}
+    reference = Generator(smollm2, **pinned)
+    reference.generate(REPEATING, max_tokens=64)
+    data = generator.checkpoint()
+    info = inspect_checkpoint(data)
+    assert (info["format_version"], info["config"]["draft_policy"], info["cost_curve"]) == (4, "adaptive", curve)
+    restored = Generator.restore(data, smollm2, n_threads=1)
+    assert (restored.cost_curve, restored.draft_acceptance) == (curve, generator.draft_acceptance)
+    assert restored.config["draft_policy"] == "adaptive"
+    fixed_settings: GeneratorSettings = {**settings, "draft_policy": "fixed"}
+    fixed = Generator(smollm2, **fixed_settings)
+    with pytest.raises(ConfigMismatchError) as refused:
+        fixed.load(data)
+    assert refused.value.field == "draft_policy"  # type: ignore[attr-defined]
+    path = tmp_path / "adaptive.ckpt"
+    generator.save(path)
+    worker = [sys.executable, str(TESTS / "generator_worker.py"), "ngram", "-", "-", "-", str(path), "64"]
+    result = subprocess.run([*worker, str(smollm2_file)], capture_output=True, text=True, check=True, cwd=TESTS)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == reference.tokens
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(mode="ngram", draft_policy="sometimes"), "draft_policy must be one of fixed, adaptive"),
+        (dict(mode="none", draft_policy="adaptive"), "needs a speculative mode"),
+        (dict(mode="ngram", cost_curve=[1] * 9), "only an adaptive draft policy"),
+        (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8), "needs 9"),
+        (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8 + [0]), "between 1 and 60000000"),
+        (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8 + [-5]), "cost_curve"),
+        (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8 + [2**40]), "cost_curve"),
+    ],
+)
+def test_bad_policy_settings_are_refused(llama_model: Model, settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Generator(llama_model, n_ctx=64, n_batch=16, **settings)  # type: ignore[arg-type]
