@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-cpu bench-chat bench-cluster \
+.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-speculation bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -65,6 +65,11 @@ wheel: system-deps $(VENV)/.installed
 
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
+
+# Speculation on three prompts in interleaved rounds: none, fixed draft lengths, the adaptive policy,
+# llama-cpp-python's prompt lookup and llama.cpp's own n-gram speculation (also part of `make bench`).
+bench-speculation: develop
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/speculation.py
 
 bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py

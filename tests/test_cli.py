@@ -96,6 +96,21 @@ def test_inspect_describes_and_checks_models(tiny_map: dict[str, Path], tmp_path
     assert [name for name, _ in machine["sections"]][-1] == "speculative_state"
 
 
+def test_the_adaptive_draft_policy_from_the_command_line(tiny_map: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "adaptive.ckpt"
+    options = ["--model", str(tiny_map["qwen35"]), "--mode", "ngram", "--n-ctx", "256", "--quiet"]
+    made = specstate("generate", *options, "--draft-policy", "adaptive", "--max-tokens", "9", "--save", str(ckpt), "x")
+    assert made.returncode == 0, made.stderr
+    human = specstate("inspect", str(ckpt))
+    assert "draft_policy=adaptive" in human.stdout and "cost curve" in human.stdout, human.stdout
+    resumed = specstate("resume", str(ckpt), "--model", str(tiny_map["qwen35"]), "--max-tokens", "5", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    plain = specstate("generate", *options[:2], "--draft-policy", "adaptive", "x")
+    assert plain.returncode != 0 and "needs a speculative mode" in plain.stderr
+    unknown = specstate("generate", *options, "--draft-policy", "sometimes", "x")
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

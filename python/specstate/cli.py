@@ -451,6 +451,9 @@ def _describe(path: Path, info: CheckpointInfo, matches: dict[str, bool]) -> lis
     lines.append(
         f"speculation    {info['rounds']} rounds, {info['accepted']}/{info['drafted']} drafted tokens accepted"
     )
+    if info["cost_curve"] is not None:
+        costs = info["cost_curve"]
+        lines.append(f"cost curve     {costs[0]:,} us for 1 row to {costs[-1]:,} us for {len(costs)} rows (adaptive)")
     lines.extend(f"  {name:<18} {size:>12,} bytes" for name, size in info["sections"])
     return lines
 
