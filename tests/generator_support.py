@@ -80,3 +80,17 @@ def resume_matches(
     uninterrupted = make()
     uninterrupted.generate(prompt, max_tokens=total)
     return resumed.tokens, uninterrupted.tokens
+
+
+def tiny_resume_matches(
+    paths: dict[str, Path], mode: str, text: str, rounds: int, n_tokens: int, **settings: Any
+) -> tuple[list[int], list[int]]:
+    """:func:`resume_matches` for ``tiny_generator(mode, paths, **settings)`` on `text`, restored on the tiny target."""
+    target = Model(paths["qwen35"])
+    return resume_matches(
+        lambda: tiny_generator(mode, paths, **settings),
+        target.tokenize(text),
+        rounds,
+        n_tokens,
+        lambda data: Generator.restore(data, target, draft_model=draft_for(mode, paths), n_threads=1),
+    )

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from generator_support import draft_for, resume_matches, sampling, tiny_generator
+from generator_support import sampling, tiny_generator, tiny_resume_matches
 from specstate import ConfigMismatchError, Generator, GeneratorSettings, Model, inspect_checkpoint
 
 TESTS = Path(__file__).resolve().parent
@@ -63,18 +63,16 @@ def test_adaptive_resume_is_exact_in_every_mode(
 ) -> None:
     costs = data.draw(curves(n_draft))
 
-    def make() -> Generator:
-        return tiny_generator(
-            mode, tiny_map, sampled=sampled, n_draft=n_draft, draft_policy="adaptive", cost_curve=costs
-        )
-
-    target = Model(tiny_map["qwen35"])
-    resumed, uninterrupted = resume_matches(
-        make,
-        target.tokenize(REPEATING),
+    resumed, uninterrupted = tiny_resume_matches(
+        tiny_map,
+        mode,
+        REPEATING,
         rounds,
         150,
-        lambda data: Generator.restore(data, target, draft_model=draft_for(mode, tiny_map), n_threads=1),
+        sampled=sampled,
+        n_draft=n_draft,
+        draft_policy="adaptive",
+        cost_curve=costs,
     )
     assert resumed == uninterrupted
 

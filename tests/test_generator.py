@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from generator_support import MODES, TINY_CTX, draft_for, resume_matches, sampling, tiny_generator
+from generator_support import MODES, TINY_CTX, resume_matches, sampling, tiny_generator, tiny_resume_matches
 from reference import agreement, plain_greedy
 from specstate import GenerationError, Generator, Model, inspect_checkpoint
 
@@ -85,17 +85,7 @@ def test_speculation_on_smollm2_matches_plain_greedy(smollm2: Model, smollm2_dra
 def test_resume_is_exact_in_every_mode(
     tiny_map: dict[str, Path], mode: str, sampled: bool, rounds: int, n_draft: int, text: str
 ) -> None:
-    def make() -> Generator:
-        return tiny_generator(mode, tiny_map, sampled=sampled, n_draft=n_draft)
-
-    target = Model(tiny_map["qwen35"])
-    resumed, uninterrupted = resume_matches(
-        make,
-        target.tokenize(text),
-        rounds,
-        60,
-        lambda data: Generator.restore(data, target, draft_model=draft_for(mode, tiny_map), n_threads=1),
-    )
+    resumed, uninterrupted = tiny_resume_matches(tiny_map, mode, text, rounds, 60, sampled=sampled, n_draft=n_draft)
     assert resumed == uninterrupted
 
 
