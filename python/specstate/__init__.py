@@ -40,6 +40,7 @@ from specstate._native import (  # noqa: E402
 )
 from specstate._typing import (  # noqa: E402
     CheckpointInfo,
+    DeviceInfo,
     GeneratorConfig,
     GeneratorSettings,
     Message,
@@ -63,6 +64,7 @@ __all__ = [
     "CheckpointInfo",
     "Context",
     "ContextCapacity",
+    "DeviceInfo",
     "DraftSession",
     "Eagle3Session",
     "Generator",
