@@ -102,12 +102,11 @@ gpu-check-wheels: $(VENV)/.installed
 	$(BIN)/pip download -q --disable-pip-version-check -d dist-gpu-check gguf==0.19.0 numpy==2.4.6 rich==15.0.0
 	du -sh dist-gpu-check
 
-# The GPU check's steps on this machine's CPU, with the CUDA wheel and the nvidia-cublas wheel (the `cuda` extra).
-gpu-check-dry-run: gpu-check-wheels
-	$(BIN)/pip download -q --disable-pip-version-check -d dist-gpu-check-cpu --no-deps nvidia-cublas==13.10.0.20
-	cp dist-gpu-check-cpu/*.whl dist-gpu-check/
-	scripts/gpu-check.sh --dry-run --wheels dist-gpu-check --json benchmarks/results/gpu-check-dry-run.json
-	rm dist-gpu-check/nvidia_cublas-*.whl
+# The GPU check's steps on this machine's CPU with the CUDA wheel; libcublas from the PyPI toolkit (CUDA_HOME), as
+# it comes from the machine's toolkit there.
+gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
+	CUDA_HOME=$$(echo $(CUDA_ROOT)) scripts/gpu-check.sh --dry-run --wheels dist-gpu-check \
+		--json benchmarks/results/gpu-check-dry-run.json
 
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
@@ -136,4 +135,4 @@ bench-lifecycle: develop
 	$(BIN)/python benchmarks/lifecycle_memory.py --cycles 10000 --json benchmarks/results/lifecycle.json
 
 clean:
-	rm -rf $(VENV) .venv-asan $(CUDA_VENV) dist dist-cuda dist-gpu-check dist-gpu-check-cpu .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .venv-asan $(CUDA_VENV) dist dist-cuda dist-gpu-check .pytest_cache .mypy_cache .hypothesis
