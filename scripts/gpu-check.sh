@@ -74,5 +74,5 @@ fi
 cd "$work"  # import the installed wheel, not the source tree
 "$work/venv/bin/python" -c 'import json, specstate; print(json.dumps(specstate.native_info(), indent=1))'
 args=(--json "$json" --gpu-layers -1 --threads "$(nproc)")
-[ $dry = 1 ] && args+=(--dry-run --threads 2)
+[ $dry = 1 ] && args+=(--dry-run --threads 1)
 timeout 480 "$work/venv/bin/python" "$root/scripts/gpu_check.py" "${args[@]}"

@@ -10,7 +10,8 @@ and writes one JSON file:
 * ``resume``: per mode, a checkpoint taken on the GPU restored on the GPU (token for token against an
   uninterrupted run) and on the CPU (restores and runs; whether its tokens are equal is recorded);
 * ``speed``: plain decode tokens/s, the time to verify 1, 2, 4, 8, 16 rows, and ``none`` against ``ngram``
-  and ``draft`` (the draft is the target itself: full acceptance, the upper bound of speculation).
+  and ``draft`` (the draft is the target itself), greedy and with seeded sampling, with the acceptance rates
+  (a random-weight model repeats itself, so acceptance is high: the figures are near speculation's upper bound).
 
 A mode that fails on the device is recorded with its error and the rest goes on. ``--dry-run`` shrinks the
 sizes so that the same steps finish in a minute or two on a CPU.
@@ -211,9 +212,10 @@ def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]
     return costs
 
 
-def speed(path: Path, n_gpu_layers: int, n_threads: int, n_tokens: int, repeats: int) -> dict[str, Any]:
-    model = Model(path, n_gpu_layers=n_gpu_layers)
-    draft = Model(path, n_gpu_layers=n_gpu_layers)
+def mode_speeds(
+    model: Model, draft: Model, n_threads: int, n_tokens: int, repeats: int, sampled: bool
+) -> dict[str, Any]:
+    """Best-of-``repeats`` tokens/s of ``none``, ``ngram`` and ``draft`` (``draft``: the same file, loaded again)."""
     prompt = [(3 * i) % 250 + 1 for i in range(48)] * 3  # repeats itself: prompt lookup has something to find
     modes: dict[str, Any] = {}
     for mode in ("none", "ngram", "draft"):
@@ -225,6 +227,7 @@ def speed(path: Path, n_gpu_layers: int, n_threads: int, n_tokens: int, repeats:
                 draft_model=draft if mode == "draft" else None,
                 n_ctx=1024,
                 n_threads=n_threads,
+                **sampling(sampled),
             )
             generator.generate(prompt, max_tokens=n_tokens)
             runs.append((generator.tokens_per_second, generator.acceptance_rate, generator.tokens))
@@ -237,10 +240,18 @@ def speed(path: Path, n_gpu_layers: int, n_threads: int, n_tokens: int, repeats:
         modes[mode]["same_tokens_as_none"] = modes[mode]["tokens"] == modes["none"]["tokens"]
     for row in modes.values():
         del row["tokens"]
+    return modes
+
+
+def speed(path: Path, n_gpu_layers: int, n_threads: int, n_tokens: int, repeats: int) -> dict[str, Any]:
+    """Decode, verification cost by rows, and the modes greedy and sampled."""
+    model, draft = Model(path, n_gpu_layers=n_gpu_layers), Model(path, n_gpu_layers=n_gpu_layers)
+    greedy = mode_speeds(model, draft, n_threads, n_tokens, repeats, sampled=False)
     return {
-        "decode_tokens_per_second": modes["none"]["tokens_per_second"],
+        "decode_tokens_per_second": greedy["none"]["tokens_per_second"],
         "verify_ms_by_rows": verify_costs(model, n_threads, repeats=max(5, 4 * repeats)),
-        "modes": modes,
+        "modes_greedy": greedy,
+        "modes_sampled": mode_speeds(model, draft, n_threads, n_tokens, repeats, sampled=True),
     }
 
 
