@@ -130,7 +130,8 @@ def native_info() -> NativeInfo:
     were compiled for; ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (name, description, type, memory in bytes): the
     CPU, then each GPU of a backend compiled in that finds one. A CUDA build on
-    a machine without a GPU or NVIDIA driver lists the CPU alone.
+    a machine without a GPU or NVIDIA driver lists the CPU alone. Asking a GPU
+    for its free memory creates a CUDA context on it (once per process).
     """
 
 def _raise_for_status(status: int) -> None:
