@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel bench bench-speculation bench-cpu bench-chat bench-cluster \
+.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -63,6 +63,51 @@ fmt:
 wheel: system-deps $(VENV)/.installed
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin build --release --out dist
 
+# The CUDA wheel (issue 11): ggml's CUDA backend compiled with a CUDA 13 toolkit installed from PyPI
+# (requirements-cuda.txt; no system CUDA), SASS for each architecture in CUDA_ARCHS (80 = A100, 90 = H100/H200).
+# Not part of `make test`: ggml's CUDA kernels take most of an hour to compile on 2 cores. Own target directory.
+CUDA_ARCHS ?= 90
+CUDA_VENV ?= .venv-cuda-toolkit
+CUDA_TARGET_DIR ?= $(HOME)/.cache/specstate-target-cuda
+CUDA_ROOT = $(abspath $(CUDA_VENV))/lib/python3*/site-packages/nvidia/cu13
+empty :=
+space := $(empty) $(empty)
+# "80;90" -> "80-real;90-real" (SASS only; an entry with its own suffix, e.g. 90-virtual, is kept as it is).
+CUDA_ARCHITECTURES = $(subst $(space),;,$(foreach a,$(subst ;, ,$(CUDA_ARCHS)),$(if $(findstring -,$(a)),$(a),$(a)-real)))
+
+$(CUDA_VENV)/.installed: requirements-cuda.txt
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-cuda.txt
+	# Wheels carry no symlinks: the unversioned names that CMake and the linker look for.
+	cd $(CUDA_ROOT)/lib && for l in cudart cublas cublasLt; do ln -sf lib$$l.so.13 lib$$l.so; done
+	touch $@
+
+# --auditwheel skip: libcublas comes from the nvidia-cublas wheel (extra `cuda`) through the extension's RPATH,
+# and must not be copied into the wheel.
+wheel-cuda: system-deps $(VENV)/.installed $(CUDA_VENV)/.installed
+	@# Other architectures than last time: llama.cpp is configured again (the sys crate cannot tell).
+	@if [ "$$(cat $(CUDA_TARGET_DIR)/cuda-architectures 2>/dev/null)" != '$(CUDA_ARCHITECTURES)' ]; then \
+		rm -rf $(CUDA_TARGET_DIR)/llama-cmake-cache $(CUDA_TARGET_DIR)/release/build/llama-cpp-sys-4-*; fi
+	mkdir -p $(CUDA_TARGET_DIR) && echo '$(CUDA_ARCHITECTURES)' > $(CUDA_TARGET_DIR)/cuda-architectures
+	root=$$(echo $(CUDA_ROOT)) && \
+	CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) CUDAToolkit_ROOT=$$root CMAKE_TOOLCHAIN_FILE=$(abspath cmake/cuda.cmake) \
+	SPECSTATE_CUDA_ARCHITECTURES='$(CUDA_ARCHITECTURES)' PATH=$$root/bin:$(abspath $(BIN)):$$PATH \
+	$(BIN)/maturin build --release --features python,cuda --auditwheel skip --out dist-cuda
+
+# What travels to a GPU machine for scripts/gpu-check.sh (no network there): the CUDA wheel and the small wheels
+# the check needs. numpy is also taken from the machine's own packages (PyTorch) when its Python differs.
+gpu-check-wheels: $(VENV)/.installed
+	rm -rf dist-gpu-check && mkdir -p dist-gpu-check
+	cp $$(ls -t dist-cuda/specstate-*.whl | head -1) dist-gpu-check/
+	$(BIN)/pip download -q --disable-pip-version-check -d dist-gpu-check gguf==0.19.0 numpy==2.4.6 rich==15.0.0
+	du -sh dist-gpu-check
+
+# The GPU check's steps on this machine's CPU with the CUDA wheel; libcublas from the PyPI toolkit (CUDA_HOME), as
+# it comes from the machine's toolkit there.
+gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
+	CUDA_HOME=$$(echo $(CUDA_ROOT)) scripts/gpu-check.sh --dry-run --wheels dist-gpu-check \
+		--json benchmarks/results/gpu-check-dry-run.json
+
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
 
@@ -95,4 +140,4 @@ bench-lifecycle: develop
 	$(BIN)/python benchmarks/lifecycle_memory.py --cycles 10000 --json benchmarks/results/lifecycle.json
 
 clean:
-	rm -rf $(VENV) .venv-asan dist .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .venv-asan $(CUDA_VENV) dist dist-cuda dist-gpu-check .pytest_cache .mypy_cache .hypothesis

@@ -19,7 +19,6 @@ Usage: python benchmarks/run.py [--runs 5] [--threads 2] [--skip-peers]
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
@@ -38,6 +37,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from llama_cpp_spec import KERNEL_FLAGS, llama_cpp_source  # noqa: E402
 from specstate import Model, native_info  # noqa: E402
 from specstate.bench import (  # noqa: E402
     CODE_PROMPT,
@@ -53,14 +53,6 @@ from speculation import PROMPTS, build_peers, prompt_figures  # noqa: E402
 
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
-KERNEL_FLAGS = [
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX=ON",
-    "-DGGML_AVX2=ON",
-    "-DGGML_FMA=ON",
-    "-DGGML_F16C=ON",
-    "-DGGML_BMI2=ON",
-]
 TARGET_DIR = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "specstate-target"))
 
 
@@ -94,17 +86,6 @@ def peer_python() -> Path:
             env=env,
         )
     return python
-
-
-def llama_cpp_source() -> Path:
-    """The llama.cpp source inside the pinned crate (fetched by cargo)."""
-    version = native_info()["llama_cpp_sys_version"]
-    home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
-    found = glob.glob(str(home / "registry" / "src" / "*" / f"llama-cpp-sys-4-{version}" / "llama.cpp"))
-    if not found:
-        subprocess.run(["cargo", "fetch"], cwd=ROOT, check=True)
-        found = glob.glob(str(home / "registry" / "src" / "*" / f"llama-cpp-sys-4-{version}" / "llama.cpp"))
-    return Path(found[0])
 
 
 def llama_bench() -> Path:

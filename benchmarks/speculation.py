@@ -6,8 +6,9 @@ to back with the order rotating (``specstate.bench.interleave``), so each ratio 
 per-round pairs measured in the same stretch of time, printed with its range. Contenders: plain decoding
 (``none``); ``ngram`` with fixed draft lengths 4, 8 and 16; ``ngram`` with the adaptive draft policy
 (at most 16); llama-cpp-python's prompt lookup (``num_pred_tokens=10``, a persistent process of the
-benchmark's peer venv); llama.cpp's own n-gram speculation (``common_speculative``, ngram-simple,
-through the driver in ``benchmarks/llama_spec``). Everything is built before the first measurement.
+benchmark's peer venv); llama.cpp's own n-gram speculation (``common_speculative``, ngram-simple
+with 4-token n-grams and drafts of up to 16, through the driver in ``benchmarks/llama_spec``).
+Everything is built before the first measurement.
 
 The bound printed for the adaptive policy is what its own cost curve and the run's acceptance allow:
 ``max_k (1 + a + ... + a^k) / cost(k + 1)`` with ``a`` = accepted / drafted, the best rate a policy
@@ -50,6 +51,9 @@ ADAPTIVE = "ngram adaptive"
 NONE = "none"
 LOOKUP = "llama-cpp-python prompt lookup"
 LLAMA_CPP = "llama.cpp ngram-simple"
+#: llama.cpp's ngram-simple looks up 12-token n-grams by default and then never drafts on the story prompt;
+#: it runs here with specstate's lookup length (4) and drafts of up to 16 tokens, like for like.
+LLAMA_CPP_SIZES = (4, 16)
 
 
 def log(message: str) -> None:
@@ -131,7 +135,13 @@ class Contenders:
         from llama_cpp_spec import llama_cpp_ngram
 
         figures = llama_cpp_ngram(
-            self.peers["llama_spec"], self.peers["model"], self.prompt, self.args.tokens, self.args.threads, 16
+            self.peers["llama_spec"],
+            self.peers["model"],
+            self.prompt,
+            self.args.tokens,
+            self.args.threads,
+            16,
+            sizes=LLAMA_CPP_SIZES,
         )
         accepted, drafted = figures["accepted"], figures["drafted"]
         self.last[LLAMA_CPP] = {"acceptance": accepted / drafted if drafted else 0.0, "tokens": figures["tokens"]}

@@ -99,6 +99,86 @@ pub fn compiled_backends() -> Vec<&'static str> {
     backends
 }
 
+/// One device llama.cpp can place work on, from ggml's backend device registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// ggml's short name (`CPU`, `CUDA0`, ...).
+    pub name: String,
+    /// A longer description (the CPU's or GPU's model name).
+    pub description: String,
+    /// `cpu`, `gpu`, `igpu` (integrated GPU), `accel` (accelerator used beside the CPU) or `meta`.
+    pub kind: &'static str,
+    /// Memory of the device in bytes (system memory for the CPU).
+    pub memory_total: usize,
+    /// Of which free now, in bytes.
+    pub memory_free: usize,
+}
+
+/// ggml's device type as a lowercase word.
+fn device_kind(kind: sys::ggml_backend_dev_type) -> &'static str {
+    match kind {
+        sys::GGML_BACKEND_DEVICE_TYPE_CPU => "cpu",
+        sys::GGML_BACKEND_DEVICE_TYPE_GPU => "gpu",
+        sys::GGML_BACKEND_DEVICE_TYPE_IGPU => "igpu",
+        sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => "accel",
+        sys::GGML_BACKEND_DEVICE_TYPE_META => "meta",
+        _ => "unknown",
+    }
+}
+
+/// Copy a string ggml owns (null counts as empty).
+///
+/// # Safety
+/// `raw` is null or a NUL-terminated string that stays valid for the call.
+unsafe fn owned_string(raw: *const std::os::raw::c_char) -> String {
+    if raw.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(raw) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The devices llama.cpp sees, in ggml's registry order (the CPU, then any GPU
+/// of a backend compiled in). A CUDA build on a machine without a GPU or driver
+/// lists the CPU alone: ggml's CUDA backend then registers no device.
+pub fn devices() -> Vec<Device> {
+    crate::native::ensure_backend();
+    // SAFETY: the registry is initialised on first use, process-wide and
+    // thread-safe; counting takes no arguments.
+    let count = unsafe { sys::ggml_backend_dev_count() };
+    (0..count)
+        .filter_map(|index| {
+            // SAFETY: `index` is below the count just read; registered devices
+            // are never removed, so the handle is valid for the process.
+            let device = unsafe { sys::ggml_backend_dev_get(index) };
+            if device.is_null() {
+                return None;
+            }
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: `device` is a valid registered device (above); the name
+            // and description are strings it owns, copied out at once, and
+            // the memory query writes the two `usize`s it is given.
+            let (name, description, kind) = unsafe {
+                sys::ggml_backend_dev_memory(device, &mut free, &mut total);
+                (
+                    owned_string(sys::ggml_backend_dev_name(device)),
+                    owned_string(sys::ggml_backend_dev_description(device)),
+                    sys::ggml_backend_dev_type(device),
+                )
+            };
+            Some(Device {
+                name,
+                description,
+                kind: device_kind(kind),
+                memory_total: total,
+                memory_free: free,
+            })
+        })
+        .collect()
+}
+
 /// llama.cpp's own description of the build (`llama_print_system_info`).
 pub fn system_info() -> String {
     // SAFETY: returns a pointer to a static, NUL-terminated buffer owned by
@@ -145,6 +225,20 @@ mod tests {
     #[test]
     fn this_machine_runs_the_compiled_kernels() {
         assert_eq!(missing_cpu_features(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn the_cpu_is_a_device() {
+        let devices = devices();
+        let cpu = devices
+            .iter()
+            .find(|device| device.kind == "cpu")
+            .unwrap_or_else(|| panic!("no CPU device in {devices:?}"));
+        assert!(!cpu.name.is_empty());
+        assert!(cpu.memory_total > 0 && cpu.memory_free <= cpu.memory_total);
+        if !cfg!(any(feature = "cuda", feature = "metal")) {
+            assert_eq!(devices.len(), 1, "{devices:?}");
+        }
     }
 
     #[test]

@@ -33,6 +33,31 @@ def greedy(context: Context, prompt: list[int], n_tokens: int, seq_id: int = 0) 
 # --- models -----------------------------------------------------------------------------------------
 
 
+def test_native_info_lists_the_devices_llama_cpp_sees() -> None:
+    info = specstate.native_info()
+    cpus = [device for device in info["devices"] if device["type"] == "cpu"]
+    assert len(cpus) == 1, info["devices"]
+    assert cpus[0]["name"] and cpus[0]["description"]
+    assert 0 < cpus[0]["memory_free"] <= cpus[0]["memory_total"]
+    if info["backends"] == ["cpu"]:  # the default build: the CPU alone
+        assert info["devices"] == cpus
+
+
+def test_all_layers_on_the_gpu_loads_and_generates_on_a_cpu_build(llama_model: Model) -> None:
+    if any(device["type"] != "cpu" for device in specstate.native_info()["devices"]):
+        pytest.skip("a GPU is present: offloaded arithmetic may differ in the last bits")
+    everything = Model(llama_model.path, n_gpu_layers=-1)
+    prompt = llama_model.tokenize("the same tokens")
+    expected = greedy(Context(llama_model, n_ctx=64, n_threads=1), prompt, 12)
+    assert greedy(Context(everything, n_ctx=64, n_threads=1), prompt, 12) == expected
+
+
+@pytest.mark.parametrize("n_gpu_layers", [-2, -1000])
+def test_n_gpu_layers_below_minus_one_is_refused(llama_model: Model, n_gpu_layers: int) -> None:
+    with pytest.raises(ValueError, match="n_gpu_layers must be -1"):
+        Model(llama_model.path, n_gpu_layers=n_gpu_layers)
+
+
 def test_tiny_llama_describes_itself(llama_model: Model) -> None:
     assert llama_model.architecture == "llama"
     assert llama_model.n_vocab == models.N_VOCAB

@@ -14,6 +14,8 @@ The dictionaries the package takes and returns are typed (``TypedDict``):
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from specstate._cpu import check_cpu as _check_cpu
 
 _check_cpu()
@@ -40,6 +42,7 @@ from specstate._native import (  # noqa: E402
 )
 from specstate._typing import (  # noqa: E402
     CheckpointInfo,
+    DeviceInfo,
     DraftPolicy,
     GeneratorConfig,
     GeneratorSettings,
@@ -52,7 +55,17 @@ from specstate.errors import *  # noqa: E402, F403 (every exception class, as er
 from specstate.generator import Generator, encode_prompt  # noqa: E402
 from specstate.sessions import Eagle3Session, MtpSession  # noqa: E402
 
-__version__: str = native_info()["specstate_version"]
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("specstate")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+        return native_info()["specstate_version"]
+
+
+#: From the installed metadata rather than native_info(): that lists the devices, and on a CUDA build asking a GPU
+#: for its free memory creates a CUDA context on it, which an import must not do.
+__version__: str = _version()
 
 __all__ = [
     "MAX_SPECULATIVE_DRAFT_TOKENS",
@@ -64,6 +77,7 @@ __all__ = [
     "CheckpointInfo",
     "Context",
     "ContextCapacity",
+    "DeviceInfo",
     "DraftPolicy",
     "DraftSession",
     "Eagle3Session",

@@ -127,7 +127,11 @@ def native_info() -> NativeInfo:
     ``llama-cpp-sys-4``); ``llama_cpp_build`` and ``llama_cpp_commit`` (the
     llama.cpp it vendors); ``backends`` compiled in (``cpu``, ``cuda``,
     ``metal``); ``cpu_baseline`` and the ``simd_features`` ggml's CPU kernels
-    were compiled for; ``system_info``, llama.cpp's own summary.
+    were compiled for; ``system_info``, llama.cpp's own summary; ``devices``,
+    the devices llama.cpp sees (name, description, type, memory in bytes): the
+    CPU, then each GPU of a backend compiled in that finds one. A CUDA build on
+    a machine without a GPU or NVIDIA driver lists the CPU alone. Asking a GPU
+    for its free memory creates a CUDA context on it (once per process).
     """
 
 def _raise_for_status(status: int) -> None:
@@ -142,7 +146,9 @@ class Model:
 
     Raises ``ModelLoadError`` (an ``OSError``) naming the path for a missing,
     unreadable, non-GGUF, truncated or unsupported file. MTP (nextn) heads are
-    loaded where the model has them.
+    loaded where the model has them. ``n_gpu_layers`` layers are offloaded to a
+    GPU backend when one is built in and finds a device (``-1``: all; 0, the
+    default: none); below ``-1`` raises ``ValueError``.
     """
 
     def __new__(cls, path: str | PathLike[str], *, n_gpu_layers: int = 0) -> Model: ...

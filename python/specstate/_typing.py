@@ -13,6 +13,7 @@ from specstate._native import Model
 
 __all__ = [
     "CheckpointInfo",
+    "DeviceInfo",
     "DraftPolicy",
     "GeneratorConfig",
     "GeneratorSettings",
@@ -36,6 +37,22 @@ class Message(TypedDict):
     content: str
 
 
+class DeviceInfo(TypedDict):
+    """One device llama.cpp sees (an entry of :class:`NativeInfo`'s ``devices``).
+
+    ``name`` is ggml's short name (``CPU``, ``CUDA0``); ``description`` the
+    CPU's or GPU's model; ``type`` one of ``cpu``, ``gpu``, ``igpu``,
+    ``accel``, ``meta``; ``memory_total`` and ``memory_free`` in bytes (system
+    memory for the CPU).
+    """
+
+    name: str
+    description: str
+    type: str
+    memory_total: int
+    memory_free: int
+
+
 class NativeInfo(TypedDict):
     """What :func:`specstate.native_info` returns.
 
@@ -43,7 +60,9 @@ class NativeInfo(TypedDict):
     ``llama-cpp-sys-4``); ``llama_cpp_build`` and ``llama_cpp_commit`` (the
     llama.cpp it vendors); ``backends`` compiled in (``cpu``, ``cuda``,
     ``metal``); ``cpu_baseline`` and the ``simd_features`` ggml's CPU kernels
-    were compiled for; ``system_info``, llama.cpp's own summary.
+    were compiled for; ``system_info``, llama.cpp's own summary; ``devices``,
+    the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
+    machine without a GPU or driver lists the CPU alone).
     """
 
     specstate_version: str
@@ -54,6 +73,7 @@ class NativeInfo(TypedDict):
     cpu_baseline: str
     simd_features: list[str]
     system_info: str
+    devices: list[DeviceInfo]
 
 
 class _NgramLengths(TypedDict, total=False):

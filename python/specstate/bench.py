@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CODE_PROMPT",
-    "PairRatio",
     "QUOTE_PROMPT",
     "STORY_PROMPT",
     "CheckpointFigures",
+    "PairRatio",
     "SpeculationFigures",
     "checkpoint_figures",
     "decode_speed",

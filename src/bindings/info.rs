@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 
 use crate::native_info as build;
 
@@ -18,6 +18,17 @@ pub(crate) fn native_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("cpu_baseline", build::CPU_BASELINE)?;
     info.set_item("simd_features", build::compiled_simd_features())?;
     info.set_item("system_info", build::system_info())?;
+    let devices = PyList::empty(py);
+    for device in build::devices() {
+        let entry = PyDict::new(py);
+        entry.set_item("name", device.name)?;
+        entry.set_item("description", device.description)?;
+        entry.set_item("type", device.kind)?;
+        entry.set_item("memory_total", device.memory_total)?;
+        entry.set_item("memory_free", device.memory_free)?;
+        devices.append(entry)?;
+    }
+    info.set_item("devices", devices)?;
     Ok(info)
 }
 

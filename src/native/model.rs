@@ -103,12 +103,19 @@ fn still_same_file(path: &Path, file: &File) -> bool {
 }
 
 impl Model {
-    /// Load `path`, offloading `n_gpu_layers` layers to a GPU backend if one is built in.
+    /// Load `path`, offloading `n_gpu_layers` layers to a GPU backend if one is built in
+    /// (`-1`: all of them, llama.cpp's own convention; a build or machine without a GPU keeps
+    /// every layer on the CPU whatever the number). Below `-1` is an invalid argument.
     ///
     /// The file's fingerprint (SHA-256 and size) is taken from the file that
     /// is loaded: it is read from the handle opened here, and a file replaced
     /// or modified while llama.cpp loads it is refused.
     pub fn load(path: &Path, n_gpu_layers: i32) -> NativeResult<Self> {
+        if n_gpu_layers < -1 {
+            return Err(NativeError::InvalidArgument(format!(
+                "n_gpu_layers must be -1 (all layers) or at least 0, not {n_gpu_layers}"
+            )));
+        }
         let mut file = open_gguf_file(path)?;
         let digest = file_digest(path, &mut file)?;
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())

@@ -1,0 +1,151 @@
+"""llama.cpp's own n-gram speculation, as a peer row for specstate's ``ngram`` mode.
+
+What it measures: greedy generation speed (tokens/s after the first generated
+token, prefill excluded, as ``specstate.bench.speculation_figures`` measures
+it), drafted and accepted token counts, and the tokens themselves, of
+llama.cpp's ``common_speculative`` n-gram drafters (``ngram-simple`` by
+default; ``ngram-map-k`` and ``ngram-cache`` on request) on the same model,
+prompts, thread count and draft length as specstate.
+
+Why a driver of our own (``benchmarks/llama_spec/main.cpp``): the llama.cpp
+source inside the pinned llama-cpp-sys-4 crate ships neither ``examples/``
+(where speculative-simple lives) nor the full server sources, so no stock
+tool runs n-gram speculation. The driver is written against the public
+``llama.h`` / ``common/speculative.h`` API and built here with cmake + ninja,
+with the same x86-64-v3 kernel flags as the other peers in ``run.py``.
+
+Usage: python benchmarks/llama_cpp_spec.py [--threads 2] [--n-draft 8] [--spec-type ngram-simple]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER_SOURCE = ROOT / "benchmarks" / "llama_spec"
+BUILD_DIR = Path.home() / ".cache" / "specstate-bench" / "llama-spec-build"
+# The kernel flags of every peer built here (llama-bench, llama-cpp-python, this driver): x86-64-v3.
+KERNEL_FLAGS = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+]
+SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-cache")
+
+
+def llama_cpp_source() -> Path:
+    """The llama.cpp source inside the pinned llama-cpp-sys-4 crate (fetched by cargo if missing)."""
+    from specstate import native_info
+
+    version = native_info()["llama_cpp_sys_version"]
+    home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
+    pattern = str(home / "registry" / "src" / "*" / f"llama-cpp-sys-4-{version}" / "llama.cpp")
+    found = glob.glob(pattern)
+    if not found:
+        subprocess.run(["cargo", "fetch"], cwd=ROOT, check=True)
+        found = glob.glob(pattern)
+    return Path(found[0])
+
+
+def build_tool(name: str) -> str:
+    """`cmake` or `ninja`: from PATH, else from this interpreter's virtual environment."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise FileNotFoundError(f"{name} not found (pip install {name})")
+    return found
+
+
+def configure_command(source: Path, build: Path) -> list[str]:
+    """The cmake configure command of the driver, against the llama.cpp at `source`."""
+    return [
+        build_tool("cmake"),
+        "-S",
+        str(DRIVER_SOURCE),
+        "-B",
+        str(build),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={build_tool('ninja')}",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DLLAMA_SRC={source}",
+        *KERNEL_FLAGS,
+    ]
+
+
+def build_llama_spec(build: Path = BUILD_DIR, jobs: int = 2) -> Path:
+    """The driver binary, configured once and (re)built with ninja when its sources changed."""
+    if not (build / "build.ninja").exists():
+        print("[bench] building llama-spec with cmake (10+ minutes on 2 cores)", file=sys.stderr, flush=True)
+        subprocess.run(configure_command(llama_cpp_source(), build), check=True)
+    subprocess.run(
+        [build_tool("cmake"), "--build", str(build), "--target", "llama-spec", "-j", str(jobs)],
+        check=True,
+        capture_output=True,
+    )
+    return build / "bin" / "llama-spec"
+
+
+def llama_cpp_ngram(
+    binary: Path,
+    model: Path,
+    prompt_text: str,
+    n_tokens: int,
+    threads: int,
+    n_draft: int,
+    spec_type: str = "ngram-simple",
+    sizes: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One greedy run of the driver: tokens/s (prefill excluded), drafted, accepted and the tokens.
+
+    `sizes` (lookup n-gram, draft m-gram) overrides llama.cpp's defaults (12, 48) for ngram-simple and
+    ngram-map-k; ngram-simple only drafts when the m-gram is at least as long as the n-gram. Drafts are
+    cut to `n_draft` either way.
+    """
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as handle:
+        handle.write(prompt_text)
+    try:
+        command = [str(binary), str(model), handle.name, str(n_tokens), str(threads), str(n_draft), spec_type]
+        command += [str(size) for size in sizes or ()]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(handle.name)
+    figures = json.loads(out.strip().splitlines()[-1])
+    return {key: figures[key] for key in ("tokens_per_s", "drafted", "accepted", "tokens")}
+
+
+def main() -> None:
+    """One run per benchmark prompt, printed as JSON lines (a quick check, not a benchmark)."""
+    from specstate.bench import CODE_PROMPT, QUOTE_PROMPT, STORY_PROMPT
+    from specstate.smollm2 import smollm2_path
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-draft", type=int, default=8)
+    parser.add_argument("--n-tokens", type=int, default=160)
+    parser.add_argument("--spec-type", choices=SPEC_TYPES, default="ngram-simple")
+    args = parser.parse_args()
+    binary = build_llama_spec()
+    prompts = {"story": STORY_PROMPT, "code": CODE_PROMPT, "quotes": QUOTE_PROMPT}
+    for name, prompt in prompts.items():
+        figures = llama_cpp_ngram(
+            binary, smollm2_path(), prompt, args.n_tokens, args.threads, args.n_draft, args.spec_type
+        )
+        rate = figures["accepted"] / figures["drafted"] if figures["drafted"] else 0.0
+        summary = {k: figures[k] for k in ("tokens_per_s", "drafted", "accepted")}
+        print(json.dumps({"prompt": name, **summary, "acceptance": round(rate, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
