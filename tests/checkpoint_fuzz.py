@@ -134,7 +134,7 @@ META_KEYS = (
 #: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3) and
 #: adaptive draft policy state (format 4).
 META_FIELDS = (*META_KEYS, "conversation", "adaptive")
-ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "idle")
+ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle")
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
 MAX_TRIALS = (4096 + 2) * 8 * 256
@@ -338,12 +338,19 @@ def adaptive_problem(value: Any, version: int) -> str | None:
         return "an adaptive policy before version 4"
     adaptive = _as_struct(value, ADAPTIVE_FIELDS)
     if adaptive is None or set(adaptive) != set(ADAPTIVE_FIELDS):
-        return "adaptive is not an object of cost_us, hits, trials and idle"
-    costs = adaptive["cost_us"]
-    if not isinstance(costs, list) or not all(_is_int(c) and 0 <= c <= U32 for c in costs):
+        return "adaptive is not an object of cost_us, hits, trials, streak and idle"
+
+    def u32s(value: Any, length: int | None = None) -> bool:
+        if not isinstance(value, list) or (length is not None and len(value) != length):
+            return False
+        return all(_is_int(v) and 0 <= v <= U32 for v in value)
+
+    if not u32s(adaptive["cost_us"]):
         return "cost_us is not a list of u32"
-    if not all(_is_int(adaptive[key]) and 0 <= adaptive[key] <= U32 for key in ADAPTIVE_FIELDS[1:]):
-        return "an adaptive count is not a u32"
+    if not (u32s(adaptive["hits"], 2) and u32s(adaptive["trials"], 2)):
+        return "hits or trials is not two u32"
+    if not isinstance(adaptive["streak"], bool) or not (_is_int(adaptive["idle"]) and 0 <= adaptive["idle"] <= U32):
+        return "streak is not a boolean or idle not a u32"
     return None
 
 
@@ -352,9 +359,11 @@ def adaptive_fit_problem(adaptive: dict[str, Any], n_draft: int) -> str | None:
     costs = adaptive["cost_us"]
     if len(costs) != n_draft + 1 or not all(1 <= c <= MAX_COST_MICROS for c in costs):
         return "the cost curve does not fit n_draft"
-    hits, trials = adaptive["hits"], adaptive["trials"]
-    if not 1 <= trials <= MAX_TRIALS or hits > trials or adaptive["idle"] > PROBE_AFTER:
-        return "adaptive counts out of range"
+    for hits, trials in zip(adaptive["hits"], adaptive["trials"]):
+        if not 1 <= trials <= MAX_TRIALS or hits > trials:
+            return "adaptive counts out of range"
+    if adaptive["idle"] > PROBE_AFTER:
+        return "idle rounds beyond the probe interval"
     return None
 
 

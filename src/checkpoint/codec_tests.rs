@@ -891,15 +891,17 @@ fn a_bad_adaptive_state_is_corrupt() {
     s.meta.adaptive = Some(adaptive(s.meta.n_draft));
     let bytes = encode(&s);
     type Change = fn(&mut Value);
-    let cases: [(Change, &str); 7] = [
+    let cases: [(Change, &str); 9] = [
         (|m| m["adaptive"]["cost_us"] = json!([1, 2]), "needs 5"),
         (|m| m["adaptive"]["cost_us"][2] = json!(0), "between 1 and"),
         (|m| m["adaptive"]["cost_us"][2] = json!(-1), "invalid value"),
         (
-            |m| m["adaptive"]["hits"] = json!(1_000_000),
+            |m| m["adaptive"]["hits"][1] = json!(1_000_000),
             "hits <= trials",
         ),
-        (|m| m["adaptive"]["trials"] = json!(0), "1 <= trials"),
+        (|m| m["adaptive"]["trials"][0] = json!(0), "1 <= trials"),
+        (|m| m["adaptive"]["trials"] = json!([768]), "invalid length"),
+        (|m| m["adaptive"]["streak"] = json!(1), "invalid type"),
         (|m| m["adaptive"]["idle"] = json!(17), "probe interval"),
         (|m| m["adaptive"]["extra"] = json!(1), "unknown field"),
     ];

@@ -92,10 +92,12 @@ pub struct Meta {
 pub struct AdaptiveMeta {
     /// Microseconds to verify 1, 2, ... `n_draft + 1` rows.
     pub cost_us: Vec<u32>,
-    /// Accepted draft tokens, decayed, in fixed point.
-    pub hits: u32,
-    /// Verified draft tokens up to the first rejection, decayed, in fixed point.
-    pub trials: u32,
+    /// Accepted draft tokens, decayed, in fixed point: after a rejection, after a whole draft accepted.
+    pub hits: [u32; 2],
+    /// Verified draft tokens up to the first rejection, decayed, in fixed point, in the same two situations.
+    pub trials: [u32; 2],
+    /// Whether the last round with evidence had its draft accepted whole.
+    pub streak: bool,
     /// Plain rounds in a row without evidence.
     pub idle: u32,
 }
@@ -106,6 +108,7 @@ impl From<&AdaptiveState> for AdaptiveMeta {
             cost_us: state.cost_us.clone(),
             hits: state.hits,
             trials: state.trials,
+            streak: state.streak,
             idle: state.idle,
         }
     }
@@ -118,6 +121,7 @@ impl AdaptiveMeta {
             cost_us: self.cost_us.clone(),
             hits: self.hits,
             trials: self.trials,
+            streak: self.streak,
             idle: self.idle,
         };
         state

@@ -12,6 +12,10 @@
 //!   next draft token is accepted with probability `alpha` given that the
 //!   previous one was), a draft of `k` tokens commits `1 + alpha + ... +
 //!   alpha^k` tokens on average, and the round costs `cost(k + 1)`.
+//!   Acceptance comes in streaks (a quotation is copied token for token until
+//!   it ends), so two counts are kept: one for rounds that follow a round
+//!   whose draft was accepted whole, one for the others; each round reads and
+//!   updates the count of its situation.
 //!
 //! The draft length is the `k` in `0..=limit` with the most expected tokens
 //! per microsecond, `0` (decode plainly) included. When a plain round is
@@ -36,8 +40,11 @@ use crate::native::{Batch, Context};
 const SCALE: u32 = 256;
 /// Every count decays by an eighth per round that gives evidence.
 const DECAY_SHIFT: u32 = 3;
-/// The counts a generation starts from: two hits in three trials.
-const PRIOR: (u32, u32) = (2 * SCALE, 3 * SCALE);
+/// The counts a generation starts from, `(hits, trials)` in each situation:
+/// two in three after a rejection (or at the start), and nine in ten after a
+/// draft accepted whole (copying tends to go on), so that a streak's drafts
+/// grow long from its second round.
+const PRIOR: [(u32, u32); 2] = [(2 * SCALE, 3 * SCALE), (9 * SCALE, 10 * SCALE)];
 /// Rounds without evidence after which a drafter that does not propose for
 /// free is probed with a one-token draft.
 pub const PROBE_AFTER: u32 = 16;
@@ -55,10 +62,14 @@ const REPETITIONS: usize = 2;
 pub struct AdaptiveState {
     /// `cost_us[r - 1]`: microseconds to decode `r` rows, for `r` in `1..=n_draft + 1`.
     pub cost_us: Vec<u32>,
-    /// Accepted draft tokens, decayed, times [`SCALE`].
-    pub hits: u32,
-    /// Verified draft tokens up to the first rejection, decayed, times [`SCALE`].
-    pub trials: u32,
+    /// Accepted draft tokens, decayed, times [`SCALE`]: after a rejection
+    /// (or at the start), and after a draft accepted whole.
+    pub hits: [u32; 2],
+    /// Verified draft tokens up to the first rejection, decayed, times
+    /// [`SCALE`], in the same two situations.
+    pub trials: [u32; 2],
+    /// Whether the last round that gave evidence had its draft accepted whole.
+    pub streak: bool,
     /// Plain rounds in a row that gave no evidence.
     pub idle: u32,
 }
@@ -81,8 +92,9 @@ impl AdaptiveState {
     pub fn new(cost_us: Vec<u32>) -> Self {
         Self {
             cost_us,
-            hits: PRIOR.0,
-            trials: PRIOR.1,
+            hits: PRIOR.map(|(hits, _)| hits),
+            trials: PRIOR.map(|(_, trials)| trials),
+            streak: false,
             idle: 0,
         }
     }
@@ -107,11 +119,12 @@ impl AdaptiveState {
                 "the cost curve holds {bad} microseconds; each cost must be between 1 and {MAX_COST_MICROS}"
             ));
         }
-        if self.trials == 0 || self.trials > MAX_TRIALS || self.hits > self.trials {
-            return Err(format!(
-                "acceptance counts {} of {} are not 0 <= hits <= trials, 1 <= trials <= {MAX_TRIALS}",
-                self.hits, self.trials
-            ));
+        for (hits, trials) in self.hits.into_iter().zip(self.trials) {
+            if trials == 0 || trials > MAX_TRIALS || hits > trials {
+                return Err(format!(
+                    "acceptance counts {hits} of {trials} are not 0 <= hits <= trials, 1 <= trials <= {MAX_TRIALS}"
+                ));
+            }
         }
         if self.idle > PROBE_AFTER {
             return Err(format!(
@@ -122,9 +135,11 @@ impl AdaptiveState {
         Ok(())
     }
 
-    /// The estimated probability that a draft token is accepted.
+    /// The estimated probability that a draft token is accepted, in the
+    /// situation of the next round.
     pub fn acceptance(&self) -> f64 {
-        f64::from(self.hits) / f64::from(self.trials.max(1))
+        let at = usize::from(self.streak);
+        f64::from(self.hits[at]) / f64::from(self.trials[at].max(1))
     }
 
     /// Cost in microseconds of a verify batch of `rows` rows.
@@ -157,9 +172,10 @@ impl AdaptiveState {
             Evidence::Verified | Evidence::Forced => return,
         };
         self.idle = 0;
-        self.hits = decayed(self.hits) + hits * SCALE;
-        self.trials = (decayed(self.trials) + trials * SCALE).clamp(1, MAX_TRIALS);
-        self.hits = self.hits.min(self.trials);
+        let at = usize::from(self.streak);
+        self.trials[at] = (decayed(self.trials[at]) + trials * SCALE).clamp(1, MAX_TRIALS);
+        self.hits[at] = (decayed(self.hits[at]) + hits * SCALE).min(self.trials[at]);
+        self.streak = hits == trials;
     }
 }
 
@@ -304,6 +320,25 @@ mod tests {
     }
 
     #[test]
+    fn streaks_and_the_rounds_after_a_rejection_are_told_apart() {
+        let mut policy = AdaptiveState::new(cpu_curve(17));
+        // Quotations (whole drafts accepted) between stretches of other text (rejected drafts).
+        for _ in 0..10 {
+            for _ in 0..4 {
+                policy.observe(&round(8, 8), Evidence::Verified);
+            }
+            for _ in 0..3 {
+                policy.observe(&round(8, 0), Evidence::Verified);
+            }
+        }
+        assert!(!policy.streak && policy.acceptance() < 0.9);
+        let after_rejection = policy.choose(16, true);
+        policy.observe(&round(8, 8), Evidence::Verified);
+        assert!(policy.streak && policy.acceptance() > 0.9);
+        assert!(policy.choose(16, true) > after_rejection);
+    }
+
+    #[test]
     fn acceptance_follows_recent_rounds() {
         let mut policy = AdaptiveState::new(cpu_curve(9));
         assert!((policy.acceptance() - 2.0 / 3.0).abs() < 1e-9);
@@ -361,17 +396,17 @@ mod tests {
                 ..good.clone()
             },
             AdaptiveState {
-                hits: 5,
-                trials: 4,
+                hits: [5, 1],
+                trials: [4, 4],
                 ..good.clone()
             },
             AdaptiveState {
-                trials: 0,
-                hits: 0,
+                trials: [3, 0],
+                hits: [0, 0],
                 ..good.clone()
             },
             AdaptiveState {
-                trials: MAX_TRIALS + 1,
+                trials: [3, MAX_TRIALS + 1],
                 ..good.clone()
             },
             AdaptiveState {
@@ -391,6 +426,8 @@ mod tests {
         for _ in 0..1000 {
             policy.observe(&round(max, max - 1), Evidence::Verified);
         }
-        assert!(policy.trials <= MAX_TRIALS && policy.hits <= policy.trials);
+        for at in 0..2 {
+            assert!(policy.trials[at] <= MAX_TRIALS && policy.hits[at] <= policy.trials[at]);
+        }
     }
 }
