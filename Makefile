@@ -85,10 +85,12 @@ $(CUDA_VENV)/.installed: requirements-cuda.txt
 # --auditwheel skip: libcublas comes from the nvidia-cublas wheel (extra `cuda`) through the extension's RPATH,
 # and must not be copied into the wheel.
 wheel-cuda: system-deps $(VENV)/.installed $(CUDA_VENV)/.installed
-	@# Other architectures than last time: llama.cpp is configured again (the sys crate cannot tell).
-	@if [ "$$(cat $(CUDA_TARGET_DIR)/cuda-architectures 2>/dev/null)" != '$(CUDA_ARCHITECTURES)' ]; then \
-		rm -rf $(CUDA_TARGET_DIR)/llama-cmake-cache $(CUDA_TARGET_DIR)/release/build/llama-cpp-sys-4-*; fi
-	mkdir -p $(CUDA_TARGET_DIR) && echo '$(CUDA_ARCHITECTURES)' > $(CUDA_TARGET_DIR)/cuda-architectures
+	@# Other architectures or another cmake/cuda.cmake than last time: llama.cpp is configured again (the sys
+	@# crate cannot tell, and CMake keeps its cached settings).
+	@stamp="$(CUDA_ARCHITECTURES) $$(sha256sum cmake/cuda.cmake | cut -c1-16)"; \
+	if [ "$$(cat $(CUDA_TARGET_DIR)/cuda-configuration 2>/dev/null)" != "$$stamp" ]; then \
+		rm -rf $(CUDA_TARGET_DIR)/llama-cmake-cache $(CUDA_TARGET_DIR)/release/build/llama-cpp-sys-4-*; fi; \
+	mkdir -p $(CUDA_TARGET_DIR) && echo "$$stamp" > $(CUDA_TARGET_DIR)/cuda-configuration
 	root=$$(echo $(CUDA_ROOT)) && \
 	CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) CUDAToolkit_ROOT=$$root CMAKE_TOOLCHAIN_FILE=$(abspath cmake/cuda.cmake) \
 	SPECSTATE_CUDA_ARCHITECTURES='$(CUDA_ARCHITECTURES)' PATH=$$root/bin:$(abspath $(BIN)):$$PATH \

@@ -13,3 +13,8 @@ set(GGML_CUDA_NO_VMM ON CACHE BOOL "ggml: do not try to use CUDA VMM")
 set(GGML_CUDA_FA_ALL_QUANTS OFF CACHE BOOL "ggml: compile all quants for FlashAttention")
 # One GPU per process here; NCCL is not in the toolkit wheels.
 set(GGML_CUDA_NCCL OFF CACHE BOOL "ggml: use NVIDIA Collective Comm. Library")
+# The extension is a shared object, and the sys crate links ggml's static archives into it: every object must be
+# position-independent. The `cmake` crate adds -fPIC to the C and C++ flags only; this covers the host code nvcc
+# compiles for ggml's .cu files too (-Xcompiler=-fPIC). Measured: without it the first complete build failed at the
+# final link ("relocation R_X86_64_PC32 cannot be used against symbol 'stderr'; recompile with -fPIC").
+set(CMAKE_POSITION_INDEPENDENT_CODE ON CACHE BOOL "position-independent code for every target")
