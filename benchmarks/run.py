@@ -122,7 +122,10 @@ def llama_bench() -> Path:
 
 
 def build_native_loop() -> None:
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "native_decode"], cwd=ROOT, check=True)
+    """Build the native loop into TARGET_DIR (make's CARGO_TARGET_DIR or its default), where native_loop() runs it."""
+    env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET_DIR))
+    command = ["cargo", "build", "--release", "--quiet", "--example", "native_decode"]
+    subprocess.run(command, cwd=ROOT, check=True, env=env)
 
 
 def native_loop(model: Path, threads: int, runs: int) -> float:
