@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::chat::{Conversation, Message};
 use crate::checkpoint::format::{FORMAT_VERSION, MAX_SECTIONS};
-use crate::checkpoint::meta::{check_n_ctx_cap, AdaptiveMeta, ModelFingerprint};
+use crate::checkpoint::meta::{check_n_ctx_cap, ModelFingerprint};
 use crate::checkpoint::state::{STATE_SIZE, STATE_SIZE_V1};
 use crate::engine::AdaptiveState;
 use crate::sampling::SamplingParams;
@@ -860,9 +860,8 @@ fn a_conversation_travels_in_meta_from_version_3() {
     assert_eq!((old.version, old.meta.conversation), (2, None));
 }
 
-fn adaptive(n_draft: u32) -> AdaptiveMeta {
-    let state = AdaptiveState::new((1..=n_draft + 1).map(|r| 1000 * r).collect());
-    AdaptiveMeta::from(&state)
+fn adaptive(n_draft: u32) -> AdaptiveState {
+    AdaptiveState::new((1..=n_draft + 1).map(|r| 1000 * r).collect())
 }
 
 #[test]

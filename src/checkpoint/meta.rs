@@ -83,52 +83,7 @@ pub struct Meta {
     /// The adaptive draft policy's state (format version 4); present exactly
     /// when the generation's draft policy is `adaptive`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adaptive: Option<AdaptiveMeta>,
-}
-
-/// The adaptive draft policy's state as `meta` holds it ([`AdaptiveState`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdaptiveMeta {
-    /// Microseconds to verify 1, 2, ... `n_draft + 1` rows.
-    pub cost_us: Vec<u32>,
-    /// Accepted draft tokens, decayed, in fixed point: after a rejection, after a whole draft accepted.
-    pub hits: [u32; 2],
-    /// Verified draft tokens up to the first rejection, decayed, in fixed point, in the same two situations.
-    pub trials: [u32; 2],
-    /// Whether the last round with evidence had its draft accepted whole.
-    pub streak: bool,
-    /// Plain rounds in a row without evidence.
-    pub idle: u32,
-}
-
-impl From<&AdaptiveState> for AdaptiveMeta {
-    fn from(state: &AdaptiveState) -> Self {
-        Self {
-            cost_us: state.cost_us.clone(),
-            hits: state.hits,
-            trials: state.trials,
-            streak: state.streak,
-            idle: state.idle,
-        }
-    }
-}
-
-impl AdaptiveMeta {
-    /// The policy state, checked against the generation's `n_draft`.
-    pub fn state(&self, n_draft: u32) -> Result<AdaptiveState, CheckpointError> {
-        let state = AdaptiveState {
-            cost_us: self.cost_us.clone(),
-            hits: self.hits,
-            trials: self.trials,
-            streak: self.streak,
-            idle: self.idle,
-        };
-        state
-            .validate(n_draft)
-            .map_err(|e| corrupt(format!("meta.adaptive: {e}")))?;
-        Ok(state)
-    }
+    pub adaptive: Option<AdaptiveState>,
 }
 
 impl Meta {
@@ -235,10 +190,13 @@ impl Meta {
     /// The adaptive policy's state (`None` for the fixed policy), checked
     /// against the configuration's `n_draft`.
     pub fn adaptive_state(&self) -> Result<Option<AdaptiveState>, CheckpointError> {
-        self.adaptive
-            .as_ref()
-            .map(|adaptive| adaptive.state(self.n_draft))
-            .transpose()
+        let Some(state) = &self.adaptive else {
+            return Ok(None);
+        };
+        state
+            .validate(self.n_draft)
+            .map_err(|e| corrupt(format!("meta.adaptive: {e}")))?;
+        Ok(Some(state.clone()))
     }
 
     /// The mode named by `mode` and `ngram` (sizes present in `ngram` mode only).

@@ -54,7 +54,7 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
     );
     meta.conversation = generator.conversation().cloned();
     meta.n_threads = Some(generator.n_threads());
-    meta.adaptive = generator.state().adaptive.as_ref().map(Into::into);
+    meta.adaptive = generator.state().adaptive.clone();
     let meta = meta
         .to_json()
         .map_err(|e| GeneratorError::Invalid(e.to_string()))?;

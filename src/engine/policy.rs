@@ -58,8 +58,10 @@ const MAX_TRIALS: u32 = (crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32
 /// Timed repetitions of each batch size (the fastest counts).
 const REPETITIONS: usize = 2;
 
-/// The adaptive policy's state: part of a generation's state and of its checkpoints.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The adaptive policy's state: part of a generation's state and of its
+/// checkpoints (`meta.adaptive`, checked with [`AdaptiveState::validate`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AdaptiveState {
     /// `cost_us[r - 1]`: microseconds to decode `r` rows, for `r` in `1..=n_draft + 1`.
     pub cost_us: Vec<u32>,
