@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry=1 ;;
         --wheels) wheels=$(cd "$2" && pwd); shift ;;
-        --json) json=$2; shift ;;
+        --json) json=$(realpath -m "$2"); shift ;;  # the check runs in a scratch directory
         *) echo "usage: $0 [--dry-run] [--wheels DIR] [--json PATH]" >&2; exit 2 ;;
     esac
     shift
@@ -71,6 +71,7 @@ if [ -z "$extra" ]; then
     echo "gpu-check: libcublas.so.13 from ${cublas:-the default loader search}"
 fi
 
+mkdir -p "$(dirname "$json")"
 cd "$work"  # import the installed wheel, not the source tree
 "$work/venv/bin/python" -c 'import json, specstate; print(json.dumps(specstate.native_info(), indent=1))'
 args=(--json "$json" --gpu-layers -1 --threads "$(nproc)")
