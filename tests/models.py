@@ -399,9 +399,11 @@ class _Sizes:
         return self.n_embd // self.n_head
 
 
-def _common_metadata(arch: str, sizes: _Sizes, *, n_layer_all: int, rope_dims: int) -> _MetadataFill:
+def _common_metadata(
+    arch: str, sizes: _Sizes, *, n_layer_all: int, rope_dims: int, context_length: int = _CONTEXT_LENGTH
+) -> _MetadataFill:
     meta = _MetadataFill(arch)
-    meta.uint32("context_length", _CONTEXT_LENGTH)
+    meta.uint32("context_length", context_length)
     meta.uint32("embedding_length", sizes.n_embd)
     meta.uint32("block_count", n_layer_all)
     meta.uint32("feed_forward_length", sizes.n_ff)
@@ -515,6 +517,7 @@ def build_llama(
     n_ff: int = 128,
     noise: float = DEFAULT_NOISE,
     chat_template: str | None = None,
+    context_length: int = _CONTEXT_LENGTH,
 ) -> Path:
     """Write a tiny ``llama`` model to ``path`` and return ``path``.
 
@@ -522,14 +525,19 @@ def build_llama(
     ``attn_norm``, ``attn_q``/``attn_k``/``attn_v``/``attn_output``,
     ``ffn_norm``, ``ffn_gate``/``ffn_up``/``ffn_down`` (all f32). ``noise``
     scales every block's attention-output and FFN-down projections.
-    ``chat_template`` goes to ``tokenizer.chat_template``.
+    ``chat_template`` goes to ``tokenizer.chat_template``; ``context_length``
+    is the trained context length (the most ``n_ctx`` a model accepts).
     """
     seed = _check_seed(seed)
     sizes = _check_sizes(n_embd, n_head, n_head_kv, n_ff)
     noise = _check_noise(noise, n_embd)
     if n_layer <= 0 or n_ff <= 0:
         raise ValueError("n_layer and n_ff must be positive")
-    meta = _common_metadata("llama", sizes, n_layer_all=n_layer, rope_dims=sizes.head_dim)
+    if not 1 <= context_length < 2**32:
+        raise ValueError(f"context_length must be between 1 and 2**32 - 1, not {context_length}")
+    meta = _common_metadata(
+        "llama", sizes, n_layer_all=n_layer, rope_dims=sizes.head_dim, context_length=context_length
+    )
     return _write(path, "llama", meta, _llama_tensors(seed, n_layer, sizes, noise), chat_template)
 
 

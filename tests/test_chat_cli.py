@@ -17,11 +17,20 @@ import models
 from specstate import Generator, Model, inspect_checkpoint
 from test_chat import TINY_TEMPLATE
 
+#: A reply's most tokens when the test interrupts it: its text (over 1.3 characters a token) outgrows what a
+#: pseudo-terminal holds unread (about 20 KB on Linux) plus the test's first read (4 KB), so the reply is still
+#: running when Ctrl-C comes however late a loaded machine lets the test type it (a 4000-token reply had been
+#: written whole into the terminal's buffer before a starved test got to type Ctrl-C).
+LONG_REPLY = 24_000
+#: Room for two such replies and their prompts.
+LONG_CONTEXT = 65_536
+
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny llama model with a hand-written chat template in its metadata."""
-    return models.build_llama(tmp_path_factory.mktemp("chat-cli") / "chat.gguf", chat_template=TINY_TEMPLATE)
+    """The tiny llama model with a hand-written chat template in its metadata (and room for two long replies)."""
+    path = tmp_path_factory.mktemp("chat-cli") / "chat.gguf"
+    return models.build_llama(path, chat_template=TINY_TEMPLATE, context_length=LONG_CONTEXT)
 
 
 def chat(*args: str, lines: str) -> subprocess.CompletedProcess[str]:
@@ -118,8 +127,8 @@ class Terminal:
 
 def test_interactive_ctrl_c_stops_a_reply_and_keeps_the_conversation(chat_model: Path, tmp_path: Path) -> None:
     saved = tmp_path / "conv.ckpt"
-    args = ["--model", str(chat_model), "--mode", "ngram", "--threads", "1", "--n-ctx", "4096"]
-    terminal = Terminal([*args, "--max-tokens", "4000", "--save", str(saved)])
+    args = ["--model", str(chat_model), "--mode", "ngram", "--threads", "1", "--n-ctx", str(LONG_CONTEXT)]
+    terminal = Terminal([*args, "--max-tokens", str(LONG_REPLY), "--save", str(saved)])
     terminal.read_until("> ")
     terminal.type("Tell me a story.\n")
     terminal.read_until("Tell me a story.\r\n")  # the echo
