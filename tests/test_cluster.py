@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +17,17 @@ import ray  # the `ray` extra, in requirements-dev.txt: without it these tests f
 
 import models
 from generator_support import MODES, TINY_CTX, sampling, tiny_generator
-from specstate.cluster import Handle, PlacementError, Pool
+from specstate.cluster import (
+    GenerationPreempted,
+    GenerationStateError,
+    Handle,
+    PlacementError,
+    Pool,
+    PoolError,
+    UnknownGenerationError,
+    UnknownWorkerError,
+    WorkerLost,
+)
 from specstate.errors import ModelMismatchError
 
 PROMPT = "Once upon a time"
@@ -121,38 +135,151 @@ def test_a_generation_preempted_while_it_regenerates_resumes_exactly(pool: Pool,
     pool.add_worker(n_threads=1)
 
 
+def kill_from_outside(pool: Pool, worker: int) -> None:
+    """SIGKILL a worker's process behind the pool's back (as the kernel's OOM killer would)."""
+    os.kill(pool.worker_pid(worker), signal.SIGKILL)
+
+
+def test_a_worker_killed_behind_the_pools_back_is_passed_over_quietly(
+    pool: Pool, tiny_map: dict[str, Path], capfd: pytest.CaptureFixture[str]
+) -> None:
+    parked = submit(pool, "ngram")
+    parked_pieces = pool.stream(parked)
+    parked_text = next(parked_pieces)
+    pool.preempt(parked)
+    # Nothing runs: placement goes by worker id, so the added workers come last, in their order.
+    first, *_ = pool.workers()
+    spare, _, last = pool.add_worker(), pool.add_worker(), pool.add_worker()
+    kill_from_outside(pool, first)
+    handle = submit(pool, "none")  # the least loaded worker is dead: the next one takes it
+    kill_from_outside(pool, spare)
+    pool.resume(parked)  # on the two least loaded workers: the dead spare, then a live one
+    kill_from_outside(pool, last)
+    source = pool.worker_of(handle)
+    target = pool.migrate(handle)  # the least loaded other worker (the dead last one) is passed over
+    assert target not in (source, first, spare, last) and pool.worker_of(parked) not in (first, spare)
+    assert not {first, spare, last} & set(pool.workers())
+    parked_text += "".join(parked_pieces)
+    assert (pool.result(handle), parked_text) == (reference(tiny_map, "none")[1], reference(tiny_map, "ngram")[1])
+    time.sleep(1)  # Ray's driver would have printed its notice of each death by now
+    assert "worker died" not in "".join(capfd.readouterr())  # the driver's output is the library's own
+
+
+def test_a_stream_stops_at_a_preemption_and_the_next_continues_where_it_stopped(
+    pool: Pool, tiny_map: dict[str, Path]
+) -> None:
+    handle = submit(pool, "mtp", sampled=True)
+    pieces = pool.stream(handle)
+    text = "".join(next(pieces) for _ in range(3))
+    pool.preempt(handle)
+    with pytest.raises(GenerationPreempted) as caught:  # after the pieces produced before the preemption
+        for piece in pieces:
+            text += piece
+    assert (caught.value.generation, caught.value.state, caught.value.operation) == (handle.id, "preempted", "stream")
+    with pytest.raises(GenerationPreempted, match="result"):
+        pool.result(handle)
+    pool.resume(handle)
+    text += "".join(pool.stream(handle))  # from where the first stream stopped
+    expected = reference(tiny_map, "mtp", sampled=True)[1]
+    assert text == expected and pool.result(handle) == expected  # the result is the whole text
+    assert "".join(pool.stream(handle)) == ""  # everything was handed out
+
+
+def test_the_pools_misuse_raises_its_own_typed_errors(pool: Pool) -> None:
+    handle = submit(pool, "none", tokens=4)
+    with pytest.raises(GenerationStateError, match="it is running") as running:
+        pool.resume(handle)
+    pool.result(handle)
+    with pytest.raises(GenerationStateError, match="it is finished") as finished:
+        pool.migrate(handle)
+    with pytest.raises(GenerationStateError, match="it is finished"):
+        pool.resume(handle)
+    with pytest.raises(UnknownWorkerError, match="no worker 999") as unknown:
+        pool.kill(999)
+    with pytest.raises(UnknownGenerationError, match="no generation 'g-1'"):
+        pool.stream(Handle("g-1"))
+    assert (finished.value.generation, finished.value.state, finished.value.operation) == (
+        handle.id,
+        "finished",
+        "migrate",
+    )
+    assert unknown.value.worker == 999 and isinstance(unknown.value, LookupError)
+    errors = [
+        running.value,
+        finished.value,
+        unknown.value,
+        UnknownGenerationError("g-1"),
+        GenerationPreempted("g1", "stream"),
+    ]
+    for error in [*errors, PlacementError("worker 3 is not alive", 3), WorkerLost(2, ["g1", "g2"])]:
+        copy = pickle.loads(pickle.dumps(error))
+        assert isinstance(error, PoolError) and type(copy) is type(error)
+        assert (str(copy), vars(copy)) == (str(error), vars(error))
+
+
 @pytest.fixture(scope="module")
 def foreign_qwen35(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model of the same shape and names, but another file (seed 1)."""
     return models.build_qwen35_mtp(tmp_path_factory.mktemp("foreign") / "qwen35.gguf", seed=1)
 
 
+@pytest.fixture(scope="module")
+def foreign(pool: Pool, tiny_map: dict[str, Path], foreign_qwen35: Path) -> int:
+    """A worker with another qwen35 file."""
+    return pool.add_worker({**tiny_map, "qwen35": foreign_qwen35})
+
+
+@pytest.fixture(scope="module")
+def wide(pool: Pool) -> int:
+    """A worker that decodes with 2 threads (the last test that uses it kills it)."""
+    return pool.add_worker(n_threads=2)
+
+
 def test_a_worker_refuses_a_checkpoint_of_other_model_files(
-    pool: Pool, tiny_map: dict[str, Path], foreign_qwen35: Path
+    pool: Pool, tiny_map: dict[str, Path], foreign: int
 ) -> None:
-    foreign = pool.add_worker({**tiny_map, "qwen35": foreign_qwen35})
     handle = submit(pool, "ngram")
     pieces = pool.stream(handle)
     text = next(pieces)
     pool.preempt(handle)
-    with pytest.raises(ModelMismatchError):
+    with pytest.raises(ModelMismatchError) as refused:
         pool.resume(handle, worker=foreign)
+    assert type(refused.value) is ModelMismatchError  # the library's own error, not Ray's wrapping of it
+    assert str(refused.value).startswith("the checkpoint's target model is") and vars(refused.value)["role"] == "target"
     assert pool.worker_of(handle) is None  # still preempted, its checkpoint kept
     assert pool.resume(handle) != foreign  # the pool itself never places it there
     text += "".join(pieces)
     tokens, expected = reference(tiny_map, "ngram")
     assert pool.tokens(handle) == tokens and text == expected
-    pool.kill(foreign)
 
 
-def test_placement_keeps_the_thread_count(pool: Pool, tiny_map: dict[str, Path]) -> None:
-    wide = pool.add_worker(n_threads=2)
-    handle = submit(pool, "draft")
+def test_placement_keeps_the_thread_count(pool: Pool, wide: int) -> None:
+    handle = submit(pool, "draft", tokens=16)  # 2 threads on a loaded 2-core machine are slow: a short one
     assert pool.worker_of(handle) != wide  # new generations get the pool's thread count
     pool.preempt(handle)
     with pytest.raises(PlacementError, match="2 threads"):
         pool.resume(handle, worker=wide)
     assert pool.resume(handle, worker=wide, exact=False) == wide  # allowed when asked: exact up to near-ties
     pool.result(handle)
-    assert len(pool.tokens(handle)) == TOKENS
-    pool.kill(wide)
+    assert len(pool.tokens(handle)) == 16
+
+
+def test_a_migration_that_cannot_happen_leaves_the_generation_running_where_it_was(
+    pool: Pool, tiny_map: dict[str, Path], foreign: int, wide: int
+) -> None:
+    handle = submit(pool, "ngram")
+    pieces = pool.stream(handle)
+    text = next(pieces)
+    source = pool.worker_of(handle)
+    targets = [(wide, True, "decodes with 2 threads"), (foreign, True, "model files"), (wide, False, "not alive")]
+    for target, exact, reason in targets:
+        if reason == "not alive":
+            kill_from_outside(pool, wide)  # the pool does not know it yet
+        with pytest.raises(PlacementError, match=reason) as refused:
+            pool.migrate(handle, worker=target, exact=exact)
+        assert pool.worker_of(handle) == source  # checked before it was preempted: still running there
+        assert refused.value.worker == target
+    text += "".join(pieces)
+    assert text == reference(tiny_map, "ngram")[1]
+    stats = pool.stats(handle)
+    assert (stats.migrations, stats.preempted_seconds) == (0, [])

@@ -29,6 +29,11 @@ fingerprint) and the same thread count (llama.cpp sums batched verification in
 an order that depends on it), on the same backend. The pool places a
 generation only on workers that decode with its thread count; ``exact=False``
 lets :meth:`Pool.resume` place it elsewhere, exact only up to near-ties.
+
+Misuse and failures raise the pool's errors (:class:`PoolError` and its
+subclasses, each with its fields as attributes, and picklable); an error that a
+worker's own code raised (such as
+:class:`~specstate.errors.ModelMismatchError`) reaches the caller as itself.
 """
 
 from __future__ import annotations
@@ -41,26 +46,174 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NoReturn
 
 try:
     import ray
-    from ray.exceptions import ObjectLostError, RayActorError
+    import ray._private.worker as ray_worker
+    from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(f"specstate.cluster needs Ray: pip install 'specstate[ray]' ({error})") from error
 
 from specstate import Generator, Model, model_fingerprint
 from specstate._typing import GeneratorSettings
 
-__all__ = ["GenerationStats", "Handle", "PlacementError", "Pool", "WorkerLost"]
+__all__ = [
+    "GenerationPreempted",
+    "GenerationStateError",
+    "GenerationStats",
+    "Handle",
+    "PlacementError",
+    "Pool",
+    "PoolError",
+    "UnknownGenerationError",
+    "UnknownWorkerError",
+    "WorkerLost",
+]
+
+logger = logging.getLogger(__name__)
 
 
-class PlacementError(RuntimeError):
-    """No live worker can run the generation exactly (models or thread count), or the one named cannot."""
+class PoolError(RuntimeError):
+    """Base of the errors of :class:`Pool`. Each is built from its fields (attributes of the same names),
+    its ``str()`` is made from them, and it pickles."""
+
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), tuple(getattr(self, name) for name in self._fields))
 
 
-class WorkerLost(RuntimeError):
-    """A worker died and a generation on it has no surviving worker to resume on."""
+class PlacementError(PoolError):
+    """No live worker can run the generation exactly (models or thread count), or the one named cannot.
+
+    Attributes:
+        reason: what was refused, and why.
+        worker: the worker named by the caller (``None`` when the pool was to choose).
+    """
+
+    _fields = ("reason", "worker")
+
+    def __init__(self, reason: str, worker: int | None = None) -> None:
+        super().__init__(reason, worker)
+        self.reason = reason
+        self.worker = worker
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class WorkerLost(PoolError):
+    """A worker died and generations on it have no surviving worker to resume on. They are left preempted,
+    with their latest checkpoints: :meth:`Pool.resume` them once a worker that can run them is added.
+
+    Attributes:
+        worker: the worker that died.
+        generations: the ids (:attr:`Handle.id`) of the generations left preempted.
+    """
+
+    _fields = ("worker", "generations")
+
+    def __init__(self, worker: int, generations: list[str]) -> None:
+        super().__init__(worker, generations)
+        self.worker = worker
+        self.generations = generations
+
+    def __str__(self) -> str:
+        return (
+            f"worker {self.worker} died and no live worker can run generation(s) {', '.join(self.generations)}: "
+            "they are preempted with their latest checkpoints (resume them after add_worker())"
+        )
+
+
+class UnknownWorkerError(PoolError, LookupError):
+    """No worker of the pool has this id.
+
+    Attributes:
+        worker: the id given.
+    """
+
+    _fields = ("worker",)
+
+    def __init__(self, worker: int) -> None:
+        super().__init__(worker)
+        self.worker = worker
+
+    def __str__(self) -> str:
+        return f"the pool has no worker {self.worker!r}"
+
+
+class UnknownGenerationError(PoolError, LookupError):
+    """The handle is not one of the pool's generations (another pool's, or the pool is closed).
+
+    Attributes:
+        generation: the handle's id.
+    """
+
+    _fields = ("generation",)
+
+    def __init__(self, generation: str) -> None:
+        super().__init__(generation)
+        self.generation = generation
+
+    def __str__(self) -> str:
+        return f"the pool has no generation {self.generation!r}"
+
+
+class GenerationStateError(PoolError):
+    """A call that the generation's state does not allow: resuming one that is not preempted, migrating
+    one that is finished.
+
+    Attributes:
+        generation: the generation's id.
+        state: ``"running"``, ``"preempted"`` or ``"finished"``.
+        operation: the method called.
+    """
+
+    _fields: ClassVar[tuple[str, ...]] = ("generation", "state", "operation")
+
+    def __init__(self, generation: str, state: str, operation: str) -> None:
+        super().__init__(generation, state, operation)
+        self.generation = generation
+        self.state = state
+        self.operation = operation
+
+    def __str__(self) -> str:
+        return f"cannot {self.operation} generation {self.generation}: it is {self.state}"
+
+
+class GenerationPreempted(GenerationStateError):
+    """:meth:`Pool.stream` or :meth:`Pool.result` reached a preemption: every token produced before it
+    has been handed out. After :meth:`Pool.resume`, :meth:`Pool.stream` continues where it stopped.
+
+    Attributes:
+        generation: the generation's id.
+        operation: ``"stream"`` or ``"result"``.
+    """
+
+    _fields = ("generation", "operation")
+
+    def __init__(self, generation: str, operation: str) -> None:
+        super().__init__(generation, "preempted", operation)
+
+    def __str__(self) -> str:
+        return (
+            f"generation {self.generation} is preempted: resume() it, then {self.operation}() goes on where it stopped"
+        )
+
+
+def _raise_cause(error: RayTaskError) -> NoReturn:
+    """Raise what a worker's code raised, as itself: Ray wraps it in a RayTaskError whose text is the
+    worker's whole traceback."""
+    raise error.cause from None
+
+
+def _get(reference: Any) -> Any:
+    """``ray.get``, with an error raised by the worker's code given as itself."""
+    try:
+        return ray.get(reference)
+    except RayTaskError as error:
+        _raise_cause(error)
 
 
 class _Worker:
@@ -75,6 +228,9 @@ class _Worker:
         """The worker's process, thread count and model fingerprints (SHA-256 by name)."""
         fingerprints = {name: model_fingerprint(model)[0] for name, model in self.models.items()}
         return {"pid": os.getpid(), "n_threads": self.n_threads, "models": fingerprints}
+
+    def ping(self) -> None:
+        """Nothing: a call that completes only while the worker's process lives."""
 
     def _draft(self, draft: str | None) -> Model | None:
         return None if draft is None else self.models[draft]
@@ -117,6 +273,10 @@ class _Worker:
         return data
 
 
+def _utf8_decoder() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
 @dataclass
 class GenerationStats:
     """What happened to one generation."""
@@ -150,6 +310,8 @@ class _Generation:
     worker: int | None = None
     tokens: list[int] = field(default_factory=list)
     pieces: list[bytes] = field(default_factory=list)
+    handed: int = 0  # pieces that the caller's streams have taken
+    decoder: codecs.IncrementalDecoder = field(default_factory=_utf8_decoder)  # of the caller's streams
     produced: int = 0  # tokens the current worker run has produced (streamed or replayed)
     pending: Any = None  # the outstanding advance
     checkpoint: Any = None  # latest confirmed checkpoint (an ObjectRef) and the tokens handed out at it
@@ -157,8 +319,12 @@ class _Generation:
     unconfirmed: Any = None  # a checkpoint requested, confirmed by the next advance that completes
     unconfirmed_tokens: int = 0
     done: bool = False
-    preempted: bool = False
+    preempted: bool = False  # parked: not running until resumed (also after its worker died without a survivor)
     stats: GenerationStats = field(default_factory=GenerationStats)
+
+    @property
+    def state(self) -> str:
+        return "finished" if self.done else "preempted" if self.preempted else "running"
 
 
 @dataclass
@@ -170,6 +336,14 @@ class _WorkerEntry:
     alive: bool = True
 
 
+def _quiet_raylet(quiet: bool) -> None:
+    """Whether the driver prints the raylet's notices: Ray's driver prints them (a dozen lines, such as
+    "A worker died or was killed ..." for a worker killed from outside) on its standard output even with
+    ``log_to_driver=False``. This module switch of Ray's, the one its debugger uses, is the only one that
+    stops them; the pool reports a dead worker on its own logger."""
+    ray_worker._worker_logs_enabled = not quiet
+
+
 class Pool:
     """Ray actor workers running generations; see the module docstring.
 
@@ -178,7 +352,8 @@ class Pool:
         workers: how many workers to start.
         n_threads: threads each worker decodes with.
         address: an existing Ray cluster (``ray.init(address=...)``); by default a local instance is
-            started (or the one this process already joined is used).
+            started (or the one this process already joined is used). A Ray instance that the pool starts
+            prints nothing on the driver's output; one that the caller started keeps its own settings.
         chunk: tokens asked of a worker per call (a generation's tokens do not depend on it).
     """
 
@@ -196,6 +371,7 @@ class Pool:
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            _quiet_raylet(True)
         # Workers spread over the cluster's nodes; a dead one is not restarted (the pool recovers its generations).
         self._actor_class = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy="SPREAD")(_Worker)
         self._models = {name: str(Path(path).resolve()) for name, path in models.items()}
@@ -218,6 +394,7 @@ class Pool:
         self._generations.clear()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
+            _quiet_raylet(False)
 
     def __enter__(self) -> Pool:
         return self
@@ -237,21 +414,24 @@ class Pool:
         return worker
 
     def workers(self) -> list[int]:
-        """The live workers' ids."""
+        """The ids of the workers not known to be dead (one killed from outside counts as dead once
+        a call to it has failed)."""
         return [worker for worker, entry in self._workers.items() if entry.alive]
 
     def worker_pid(self, worker: int) -> int:
-        """The process id of a worker."""
-        return self._workers[worker].pid
+        """The process id of a worker (:class:`UnknownWorkerError` for an id the pool never gave)."""
+        return self._entry(worker).pid
 
     def kill(self, worker: int) -> None:
-        """Kill a worker's process (as a crash would); its generations recover when their calls fail."""
-        ray.kill(self._workers[worker].actor, no_restart=True)
-        self._workers[worker].alive = False
+        """Kill a worker's process (as a crash would); its generations recover when their calls fail.
+        Killing a dead worker does nothing; an id the pool never gave raises :class:`UnknownWorkerError`."""
+        entry = self._entry(worker)
+        ray.kill(entry.actor, no_restart=True)
+        entry.alive = False
 
     def worker_of(self, handle: Handle) -> int | None:
         """The worker a generation runs on (``None`` while preempted or finished)."""
-        return self._generations[handle.id].worker
+        return self._generation(handle).worker
 
     # --- generations -----------------------------------------------------------------------------
 
@@ -267,7 +447,9 @@ class Pool:
         **settings: Any,
     ) -> Handle:
         """Start a generation of up to ``max_tokens`` tokens (settings as :class:`~specstate.Generator` takes
-        them, but ``n_threads``: the worker's); ``target``/``draft`` name the pool's models."""
+        them, but ``n_threads``: the worker's); ``target``/``draft`` name the pool's models. Placed on
+        ``worker``, or by default on the least loaded worker with the pool's model files and thread count
+        (a dead one is passed over). When it cannot start, nothing is registered."""
         if max_tokens < 0 or (checkpoint_every is not None and checkpoint_every < 1):
             raise ValueError("max_tokens must not be negative and checkpoint_every must be at least 1")
         allowed = set(GeneratorSettings.__optional_keys__) - {"n_threads", "draft_model"}
@@ -278,11 +460,11 @@ class Pool:
             )
         if worker is None:  # on the pool's own model files and thread count, the least loaded worker
             fingerprints, n_threads = self._models_of(self._home, target, draft), self.n_threads
-            chosen = self._place(None, fingerprints, n_threads)
+            candidates = self._candidates(fingerprints, n_threads)
         else:
             entry = self._live(worker)
             fingerprints, n_threads = self._models_of(entry.models, target, draft), entry.n_threads
-            chosen = worker
+            candidates = [worker]
         generation = _Generation(
             handle=Handle(f"g{next(self._ids)}"),
             prompt=prompt,
@@ -293,46 +475,61 @@ class Pool:
             checkpoint_every=checkpoint_every,
             fingerprints=fingerprints,
             n_threads=n_threads,
+            done=max_tokens == 0,
         )
+        if not generation.done and not self._launch(generation, candidates):
+            self._unplaced(worker, fingerprints, n_threads)
         self._generations[generation.handle.id] = generation
-        if max_tokens == 0:
-            generation.done = True
-            return generation.handle
-        self._launch(generation, [chosen])
         return generation.handle
 
     def stream(self, handle: Handle) -> Iterator[str]:
-        """Yield the generation's text as it is committed, from its start (each token once)."""
-        generation = self._generations[handle.id]
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        seen = 0
+        """Yield the generation's text as it is committed, running the pool meanwhile.
+
+        The caller's streams of a generation share one position: a stream starts where the previous one
+        stopped (at the start the first time), so joining every stream's pieces gives the text once. At a
+        preemption, once everything produced before it is handed out, the stream raises
+        :class:`GenerationPreempted`; after :meth:`resume`, a new stream (or one that was waiting at a
+        piece when the generation was preempted) continues where it stopped."""
+        return self._stream(self._generation(handle))
+
+    def _stream(self, generation: _Generation) -> Iterator[str]:
         while True:
-            while seen < len(generation.pieces):
-                text = decoder.decode(generation.pieces[seen])
-                seen += 1
+            while generation.handed < len(generation.pieces):
+                piece = generation.pieces[generation.handed]
+                generation.handed += 1
+                text = generation.decoder.decode(piece)
                 if text:
                     yield text
-            if generation.done or generation.pending is None:
+            if generation.done:
                 break
+            if generation.pending is None:
+                raise GenerationPreempted(generation.handle.id, "stream")
             self.pump()
-        tail = decoder.decode(b"", final=True)
+        tail = generation.decoder.decode(b"", final=True)
         if tail:
             yield tail
 
     def result(self, handle: Handle) -> str:
-        """The whole text (runs the pool until the generation is over or preempted)."""
-        return "".join(self.stream(handle))
+        """The whole text, from its start (runs the pool until the generation is over; raises
+        :class:`GenerationPreempted` if it is preempted first). The streams' position does not move."""
+        generation = self._generation(handle)
+        while not generation.done:
+            if generation.pending is None:
+                raise GenerationPreempted(generation.handle.id, "result")
+            self.pump()
+        return b"".join(generation.pieces).decode("utf-8", errors="replace")
 
     def tokens(self, handle: Handle) -> list[int]:
         """The tokens streamed so far."""
-        return list(self._generations[handle.id].tokens)
+        return list(self._generation(handle).tokens)
 
     def stats(self, handle: Handle) -> GenerationStats:
         """Migrations, recoveries, replayed and divergent tokens, timings."""
-        return self._generations[handle.id].stats
+        return self._generation(handle).stats
 
     def done(self, handle: Handle) -> bool:
-        return self._generations[handle.id].done
+        """Whether the generation is over."""
+        return self._generation(handle).done
 
     def run(self) -> None:
         """Pump until every generation that is not preempted is over."""
@@ -343,8 +540,9 @@ class Pool:
 
     def preempt(self, handle: Handle) -> None:
         """Stop the generation at its next round boundary, put its checkpoint in the object store,
-        and free the worker's contexts."""
-        generation = self._generations[handle.id]
+        and free the worker's contexts. Does nothing to a generation that is preempted or finished
+        (also when its last outstanding call finishes it)."""
+        generation = self._generation(handle)
         if generation.done or generation.preempted:
             return
         generation.preempted = True
@@ -360,7 +558,7 @@ class Pool:
         reference = actor.checkpoint_and_release.remote(generation.handle.id)
         try:
             ray.wait([reference], fetch_local=False)
-            ray.get(actor.describe.remote())  # the actor is alive, so the checkpoint call succeeded
+            ray.get(actor.ping.remote())  # the actor is alive, so the checkpoint call succeeded
         except RayActorError:
             self._lost(generation.worker)
             return
@@ -372,37 +570,87 @@ class Pool:
 
     def resume(self, handle: Handle, worker: int | None = None, *, exact: bool = True) -> int:
         """Continue a preempted generation on ``worker`` (by default the least loaded one that can
-        run it exactly); returns the worker. A worker without the generation's model files refuses
-        (:class:`~specstate.errors.ModelMismatchError`) and the generation stays preempted."""
-        generation = self._generations[handle.id]
+        run it exactly, a dead one passed over); returns the worker. A worker without the generation's
+        model files refuses (:class:`~specstate.errors.ModelMismatchError`) and the generation stays
+        preempted, as it does on any other error. :class:`GenerationStateError` if it is not preempted."""
+        generation = self._generation(handle)
         if not generation.preempted or generation.done:
-            raise RuntimeError("the generation is not preempted")
-        chosen = self._place(worker, generation.fingerprints, generation.n_threads if exact else None)
+            raise GenerationStateError(generation.handle.id, generation.state, "resume")
+        n_threads = generation.n_threads if exact else None
+        if worker is None:
+            candidates = self._candidates(generation.fingerprints, n_threads)
+        else:
+            self._placeable(worker, n_threads)
+            candidates = [worker]
         started = time.perf_counter()
-        self._launch(generation, [chosen])
+        if not self._launch(generation, candidates):
+            self._unplaced(worker, generation.fingerprints, n_threads)
         generation.preempted = False
         generation.stats.resumed_seconds.append(time.perf_counter() - started)
-        return chosen
+        assert generation.worker is not None
+        return generation.worker
 
     def migrate(self, handle: Handle, worker: int | None = None, *, exact: bool = True) -> int:
-        """Preempt, then resume on ``worker`` (by default another one that can run it exactly)."""
-        generation = self._generations[handle.id]
-        source = generation.worker
-        self.preempt(handle)
+        """Preempt, then resume on ``worker`` (by default another one that can run it exactly, or its own
+        when no other can); returns the worker it runs on.
+
+        The target is checked first (alive, the generation's model files, its thread count unless
+        ``exact=False``): :class:`PlacementError` leaves the generation running where it was. If the
+        target fails after the checkpoint was taken (it died, or refused it), the generation resumes
+        where it was (or, that worker dead too, on another one) and the error is raised. A generation
+        whose outstanding call finishes it is not moved (the worker it finished on is returned);
+        :class:`GenerationStateError` for one that was finished already."""
+        generation = self._generation(handle)
         if generation.done:
-            return source if source is not None else -1
-        if worker is None:
-            fits = self._least_loaded(generation.fingerprints, generation.n_threads if exact else None)
-            others = [w for w in fits if w != source]
-            worker = others[0] if others else None
-        chosen = self.resume(handle, worker, exact=exact)
+            raise GenerationStateError(generation.handle.id, generation.state, "migrate")
+        source = generation.worker  # None when it was preempted: then it stays so if the migration fails
+        chosen = self._migration_target(generation, worker, generation.n_threads if exact else None)
+        self.preempt(handle)
+        if generation.done:  # its outstanding call finished it: nothing to move
+            assert source is not None
+            return source
+        started = time.perf_counter()
+        try:
+            moved = self._launch(generation, [chosen])
+        except Exception:
+            self._fall_back(generation, source, chosen)
+            raise
+        if not moved:
+            self._fall_back(generation, source, chosen)
+            raise self._not_alive(chosen)
+        generation.preempted = False
+        generation.stats.resumed_seconds.append(time.perf_counter() - started)
         generation.stats.migrations += 1
         return chosen
+
+    def _migration_target(self, generation: _Generation, worker: int | None, n_threads: int | None) -> int:
+        """The worker a migration goes to, checked before the generation is touched: ``worker`` if it can
+        run the generation, else the least loaded live one other than its own (its own when no other is)."""
+        if worker is not None:
+            self._placeable(worker, n_threads, generation.fingerprints)
+            if not self._responds(worker):
+                raise self._not_alive(worker)
+            return worker
+        fits = self._least_loaded(generation.fingerprints, n_threads)
+        for other in sorted(fits, key=lambda w: w == generation.worker):  # its own worker last
+            if self._responds(other):
+                return other
+        self._unplaced(None, generation.fingerprints, n_threads)
+
+    def _fall_back(self, generation: _Generation, source: int | None, target: int) -> None:
+        """After a failed migration: resume the generation on ``source``, or (dead too) on another live
+        worker than ``target``; none, or no ``source`` (it was preempted): it stays preempted."""
+        if source is None:
+            return
+        others = [w for w in self._least_loaded(generation.fingerprints, generation.n_threads) if w != target]
+        if self._launch(generation, [source, *others]):
+            generation.preempted = False
 
     # --- the driver loop -------------------------------------------------------------------------
 
     def pump(self, timeout: float | None = None) -> None:
-        """Wait for one outstanding worker call and handle it (recovering from a dead worker)."""
+        """Wait for one outstanding worker call and handle it (recovering from a dead worker). An error
+        that a generation's worker raised ends the generation and is raised here, as itself."""
         pending = {g.pending: g for g in self._generations.values() if g.pending is not None}
         if not pending:
             return
@@ -412,12 +660,15 @@ class Pool:
             if generation.pending is not reference:  # relaunched meanwhile (its worker died)
                 continue
             generation.pending = None
+            assert generation.worker is not None
             try:
                 tokens, pieces, over = ray.get(reference)
             except RayActorError:
-                assert generation.worker is not None
                 self._lost(generation.worker)
                 continue
+            except RayTaskError as error:
+                self._end(generation)
+                _raise_cause(error)
             self._accept(generation, tokens, pieces, over)
 
     def _accept(self, generation: _Generation, tokens: list[int], pieces: list[bytes], over: bool) -> None:
@@ -436,14 +687,19 @@ class Pool:
             generation.tokens.append(token)
             generation.pieces.append(piece)
         if over or len(generation.tokens) >= generation.max_tokens:
-            generation.done = True
-            self._workers[generation.worker].actor.release.remote(generation.handle.id)  # type: ignore[index]
-            generation.worker = None
+            self._end(generation)
             return
         if generation.preempted:
             return
         self._maybe_checkpoint(generation)
         self._advance(generation)
+
+    def _end(self, generation: _Generation) -> None:
+        """The generation is over: its worker drops it."""
+        generation.done, generation.preempted = True, False
+        if generation.worker is not None:
+            self._workers[generation.worker].actor.release.remote(generation.handle.id)
+        generation.worker = None
 
     def _maybe_checkpoint(self, generation: _Generation) -> None:
         every = generation.checkpoint_every
@@ -468,6 +724,18 @@ class Pool:
 
     # --- placement and recovery ------------------------------------------------------------------
 
+    def _generation(self, handle: Handle) -> _Generation:
+        generation = self._generations.get(handle.id)
+        if generation is None:
+            raise UnknownGenerationError(handle.id)
+        return generation
+
+    def _entry(self, worker: int) -> _WorkerEntry:
+        entry = self._workers.get(worker)
+        if entry is None:
+            raise UnknownWorkerError(worker)
+        return entry
+
     @staticmethod
     def _models_of(models: Mapping[str, str], target: str, draft: str | None) -> dict[str, str]:
         """The fingerprints, among ``models``, of the files a generation of ``target``/``draft`` runs on."""
@@ -477,11 +745,35 @@ class Pool:
             raise PlacementError(f"no model named {missing[0]!r}")
         return {name: models[name] for name in names}
 
+    @staticmethod
+    def _not_alive(worker: int) -> PlacementError:
+        return PlacementError(f"worker {worker} is not alive", worker)
+
+    @staticmethod
+    def _threads(n_threads: int | None) -> str:
+        return "any thread count" if n_threads is None else f"{n_threads} threads"
+
     def _live(self, worker: int) -> _WorkerEntry:
-        entry = self._workers.get(worker)
-        if entry is None or not entry.alive:
-            raise PlacementError(f"worker {worker} is not alive")
+        entry = self._entry(worker)
+        if not entry.alive:
+            raise self._not_alive(worker)
         return entry
+
+    def _responds(self, worker: int) -> bool:
+        """Whether the worker's process is alive (a round trip to it); a dead one is marked so."""
+        try:
+            ray.get(self._workers[worker].actor.ping.remote())
+        except RayActorError:
+            self._died(worker)
+            return False
+        return True
+
+    def _died(self, worker: int) -> None:
+        """A call to the worker failed: it is dead (its generations recover when their own calls fail)."""
+        entry = self._workers[worker]
+        if entry.alive:
+            entry.alive = False
+            logger.info("worker %d (pid %d) died", worker, entry.pid)
 
     def _least_loaded(self, fingerprints: Mapping[str, str], n_threads: int | None) -> list[int]:
         """Live workers holding these model files (and decoding with ``n_threads``, unless None),
@@ -498,25 +790,42 @@ class Pool:
         ]
         return sorted(fits, key=lambda w: (load[w], w))
 
-    def _place(self, worker: int | None, fingerprints: Mapping[str, str], n_threads: int | None) -> int:
-        """``worker`` if it is alive and decodes with ``n_threads`` (None: any count); without one,
-        the least loaded worker that can run these model files with that count."""
-        if worker is not None:
-            entry = self._live(worker)
-            if n_threads is not None and entry.n_threads != n_threads:
-                raise PlacementError(
-                    f"worker {worker} decodes with {entry.n_threads} threads and the generation with "
-                    f"{n_threads}: not exact (pass exact=False to allow it)"
-                )
-            return worker
+    def _candidates(self, fingerprints: Mapping[str, str], n_threads: int | None) -> list[int]:
+        """The workers to try, in order, for a generation of these model files and thread count."""
         fits = self._least_loaded(fingerprints, n_threads)
         if not fits:
-            raise PlacementError(f"no live worker has the model files {sorted(fingerprints)} and {n_threads} threads")
-        return fits[0]
+            self._unplaced(None, fingerprints, n_threads)
+        return fits
 
-    def _launch(self, generation: _Generation, workers: list[int]) -> None:
+    def _unplaced(self, worker: int | None, fingerprints: Mapping[str, str], n_threads: int | None) -> NoReturn:
+        """No worker took the generation: ``worker`` (named by the caller) is dead, or none fits."""
+        if worker is not None:
+            raise self._not_alive(worker)
+        raise PlacementError(
+            f"no live worker has the model files {sorted(fingerprints)} and {self._threads(n_threads)}"
+        )
+
+    def _placeable(self, worker: int, n_threads: int | None, fingerprints: Mapping[str, str] | None = None) -> None:
+        """Refuse ``worker`` if it is not alive, does not decode with ``n_threads`` (None: any count), or
+        (when given) does not hold these model files."""
+        entry = self._live(worker)
+        if n_threads is not None and entry.n_threads != n_threads:
+            raise PlacementError(
+                f"worker {worker} decodes with {entry.n_threads} threads and the generation with "
+                f"{n_threads}: not exact (pass exact=False to allow it)",
+                worker,
+            )
+        other = sorted(name for name, sha in (fingerprints or {}).items() if entry.models.get(name) != sha)
+        if other:
+            raise PlacementError(
+                f"worker {worker} does not hold the generation's model files {other}: it would refuse its checkpoint",
+                worker,
+            )
+
+    def _launch(self, generation: _Generation, workers: list[int]) -> bool:
         """Start the generation (from its latest checkpoint, or its prompt) on the first of ``workers``
-        that is alive, and ask it for tokens. A dead worker is marked so and the next one tried."""
+        that is alive, and ask it for tokens; returns whether one was. A dead worker is marked so and the
+        next one tried; an error that the worker's code raised (a refused checkpoint) is raised as itself."""
         for worker in workers:
             actor = self._workers[worker].actor
             try:
@@ -528,15 +837,15 @@ class Pool:
                         generation.target,
                         generation.draft,
                     )
-                    ray.get(call)
+                    _get(call)
                     produced = 0
                 else:
                     call = actor.restore.remote(
                         generation.handle.id, generation.checkpoint, generation.target, generation.draft
                     )
-                    produced = ray.get(call)
+                    produced = _get(call)
             except RayActorError:
-                self._workers[worker].alive = False  # its own generations recover when their calls fail
+                self._died(worker)
                 continue
             except ObjectLostError:  # the node holding the checkpoint is gone: start again from the prompt
                 generation.checkpoint, generation.checkpoint_tokens = None, 0
@@ -545,20 +854,25 @@ class Pool:
                 raise RuntimeError("a restored generation does not continue where its checkpoint was taken")
             generation.worker, generation.produced, generation.unconfirmed = worker, produced, None
             self._advance(generation)
-            return
-        raise WorkerLost(f"generation {generation.handle.id} has no live worker to run on")
+            return True
+        return False
 
     def _lost(self, worker: int) -> None:
-        """A worker died: resume each of its generations on a survivor from its latest checkpoint."""
-        self._workers[worker].alive = False
-        for generation in self._generations.values():
+        """A worker died: resume each of its generations on a survivor from its latest checkpoint. Those
+        that no survivor can run are left preempted (:class:`WorkerLost`)."""
+        self._died(worker)
+        stranded = []
+        for generation in list(self._generations.values()):
             if generation.worker != worker or generation.done:
                 continue
             generation.worker, generation.pending, generation.unconfirmed = None, None, None
             generation.stats.recoveries += 1
             if generation.preempted:  # resumed from its latest checkpoint when asked
                 continue
-            candidates = self._least_loaded(generation.fingerprints, generation.n_threads)
-            if not candidates:
-                raise WorkerLost(f"generation {generation.handle.id} has no surviving worker to resume on")
-            self._launch(generation, candidates)
+            generation.preempted = True  # until it runs again
+            if self._launch(generation, self._least_loaded(generation.fingerprints, generation.n_threads)):
+                generation.preempted = False
+            else:
+                stranded.append(generation.handle.id)
+        if stranded:
+            raise WorkerLost(worker, stranded)
