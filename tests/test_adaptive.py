@@ -143,7 +143,7 @@ def test_the_policy_travels_in_checkpoints(smollm2: Model, smollm2_file: Path, t
     fixed = Generator(smollm2, **fixed_settings)
     with pytest.raises(ConfigMismatchError) as refused:
         fixed.load(data)
-    assert refused.value.field == "draft_policy"  # type: ignore[attr-defined]
+    assert refused.value.field == "draft_policy"
     path = tmp_path / "adaptive.ckpt"
     generator.save(path)
     worker = [sys.executable, str(TESTS / "generator_worker.py"), "ngram", "-", "-", "-", str(path), "64"]

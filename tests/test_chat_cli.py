@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import models
+from checkpoint_codec import rewrite_meta
 from specstate import Generator, Model, inspect_checkpoint
 from test_chat import TINY_TEMPLATE
 
@@ -78,6 +79,26 @@ def test_resume_refuses_a_generation_that_is_not_a_chat(chat_model: Path, tmp_pa
     generator.save(saved)
     result = chat("--resume", str(saved), "--model", str(chat_model), lines="a\n")
     assert result.returncode == 2 and "is not a conversation" in result.stderr
+
+
+def test_resume_refuses_a_recorded_thread_count_above_the_cpus_unless_given(chat_model: Path, tmp_path: Path) -> None:
+    generator = Generator(Model(chat_model), n_threads=1)
+    generator.chat("a", max_tokens=4)
+    saved = tmp_path / "many-threads.ckpt"
+    saved.write_bytes(rewrite_meta(generator.checkpoint(), n_threads=len(os.sched_getaffinity(0)) + 1))
+    command = [sys.executable, "-m", "specstate", "chat", "--resume", str(saved), "--model", str(chat_model)]
+    refused = subprocess.run(command, input="b\n", capture_output=True, text=True, timeout=600, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.startswith("specstate: error: ") and "--threads" in refused.stderr
+    given = subprocess.run(
+        [*command, "--threads", "1", "--max-tokens", "4"],
+        input="b\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert given.returncode == 0 and given.stdout.strip(), given.stderr
 
 
 class Terminal:

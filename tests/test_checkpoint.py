@@ -26,6 +26,7 @@ from specstate import (
     ModelMismatchError,
     NotACheckpointError,
     SectionTooLargeError,
+    ThreadCountError,
     TruncatedCheckpointError,
     UnsupportedVersionError,
     inspect_checkpoint,
@@ -170,7 +171,7 @@ def test_another_mode_or_configuration_is_refused(tiny_map: dict[str, Path], che
     generator.generate("other", max_tokens=5)
     error = assert_refused_and_unchanged(generator, checkpoint)
     assert isinstance(error, ConfigMismatchError)
-    assert error.field in ("mode", "n_draft", "sampling")  # type: ignore[attr-defined]
+    assert error.field in ("mode", "n_draft", "sampling")
 
 
 def test_a_good_load_replaces_the_generation(tiny_map: dict[str, Path], checkpoint: bytes) -> None:
@@ -262,3 +263,30 @@ def test_a_restore_decodes_with_the_recorded_thread_count_by_default(tiny_map: d
     model = generator.model
     assert Generator.restore(data, model)._native.n_threads == 1
     assert Generator.restore(data, model, n_threads=2)._native.n_threads == 2
+
+
+def test_a_recorded_thread_count_above_the_cpus_needs_an_explicit_one(tiny_map: dict[str, Path]) -> None:
+    """A file cannot push the thread count past the CPUs: the caller chooses a count, and it is obeyed."""
+    generator = tiny_generator("ngram", tiny_map)  # n_threads=1
+    generator.generate("abc", max_tokens=4)
+    data = generator.checkpoint()
+    generator.generate(max_tokens=6)
+    cpus = len(os.sched_getaffinity(0))
+    model = generator.model
+    for recorded in (cpus + 1, 512):
+        forged = codec.rewrite_meta(data, n_threads=recorded)
+        with pytest.raises(ThreadCountError) as caught:
+            Generator.restore(forged, model)
+        error = caught.value
+        assert isinstance(error, ConfigMismatchError) and error.field == "n_threads"
+        assert error.recorded == recorded and 1 <= error.available <= cpus
+        assert "n_threads=" in str(error) and "--threads" in str(error) and "near-ties" in str(error)
+        assert vars(pickle.loads(pickle.dumps(error))) == vars(error)
+        restored = Generator.restore(forged, model, n_threads=1)  # an explicit count is obeyed
+        assert restored._native.n_threads == 1
+        restored.generate(max_tokens=6)
+        assert restored.tokens == generator.tokens
+        with pytest.raises(ValueError, match="n_threads"):  # and bounded as for a new generator
+            Generator.restore(forged, model, n_threads=513)
+    at_the_limit = codec.rewrite_meta(data, n_threads=error.available)
+    assert Generator.restore(at_the_limit, model)._native.n_threads == error.available

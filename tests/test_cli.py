@@ -81,6 +81,31 @@ def test_resume_finds_the_model_next_to_the_checkpoint(tiny_map: dict[str, Path]
     assert again.returncode == 0, again.stderr
 
 
+def test_resume_refuses_a_recorded_thread_count_above_the_cpus_unless_given(
+    tiny_map: dict[str, Path], tmp_path: Path
+) -> None:
+    generator = tiny_generator("ngram", tiny_map)
+    generator.generate("threads", max_tokens=4)
+    ckpt = tmp_path / "many-threads.ckpt"
+    ckpt.write_bytes(rewrite_meta(generator.checkpoint(), n_threads=len(os.sched_getaffinity(0)) + 1))
+    options = ["--model", str(tiny_map["qwen35"]), "--max-tokens", "3", "--quiet"]
+    line = one_error_line(specstate("resume", str(ckpt), *options))
+    assert line.startswith("specstate: error: ") and "CPUs available" in line and "--threads" in line, line
+    given = specstate("resume", str(ckpt), *options, "--threads", "1")
+    assert given.returncode == 0, given.stderr
+
+
+def test_mmap_loads_mapped_models(tiny_map: dict[str, Path], tmp_path: Path) -> None:
+    options = ["--model", str(tiny_map["qwen35"]), "--threads", "1", "--quiet", "--max-tokens"]
+    ckpt = tmp_path / "mapped.ckpt"
+    mapped = specstate("generate", "--n-ctx", "256", *options, "6", "--mmap", "--save", str(ckpt), "mapped")
+    read = specstate("generate", "--n-ctx", "256", *options, "6", "mapped")
+    assert mapped.returncode == 0 and read.returncode == 0, mapped.stderr + read.stderr
+    assert mapped.stdout == read.stdout
+    resumed = specstate("resume", str(ckpt), *options, "3", "--mmap")
+    assert resumed.returncode == 0, resumed.stderr
+
+
 def test_inspect_describes_and_checks_models(tiny_map: dict[str, Path], tmp_path: Path) -> None:
     generator = tiny_generator("eagle3", tiny_map)
     generator.generate("inspect me", max_tokens=12)

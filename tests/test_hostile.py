@@ -7,7 +7,9 @@ behaviour); arguments out of range end in a ``ValueError`` naming the argument.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -18,13 +20,16 @@ from pathlib import Path
 import pytest
 
 import checkpoint_codec as codec
+import models
 from generator_support import TINY_CTX, assert_refused_and_unchanged, draft_for, tiny_generator
-from specstate import Batch, Context, Generator, Model
+from specstate import Batch, Context, Generator, Model, model_fingerprint
 from specstate.errors import (
     ConfigMismatchError,
     ContextError,
     CorruptCheckpointError,
+    ModelChangedError,
     ModelLoadError,
+    ModelMismatchError,
     SessionError,
 )
 
@@ -254,9 +259,91 @@ def test_the_fingerprint_is_of_the_file_that_was_loaded(tiny_map: dict[str, Path
     generator.generate([1, 2, 3], max_tokens=2)
     path.write_bytes(original[:-8] + bytes(8))  # another file now sits at the path
     recorded = codec.meta(generator.checkpoint())["target_model"]
-    import hashlib
-
     assert recorded["sha256"] == hashlib.sha256(original).hexdigest()
+
+
+def _greedy_tokens(model: Model) -> list[int]:
+    generator = Generator(model, n_ctx=64, n_batch=16, n_threads=1)
+    generator.generate([1, 2, 3], max_tokens=12)
+    return generator.tokens
+
+
+@pytest.fixture()
+def two_models(tmp_path: Path) -> tuple[Path, bytes, bytes]:
+    """A tiny llama at a path of its own, its bytes, and those of another llama of the same size."""
+    path = models.build_llama(tmp_path / "model.gguf", seed=0)
+    other = models.build_llama(tmp_path / "other.gguf", seed=1)
+    assert _greedy_tokens(Model(other)) != _greedy_tokens(Model(path))  # the weights tell them apart
+    original, replacement = path.read_bytes(), other.read_bytes()
+    assert len(original) == len(replacement)
+    return path, original, replacement
+
+
+def test_a_loaded_model_does_not_follow_writes_to_its_file(two_models: tuple[Path, bytes, bytes]) -> None:
+    """By default the weights are read into memory: writing the file in place, or truncating it, changes nothing."""
+    path, original, replacement = two_models
+    pristine = path.with_name("pristine.gguf")
+    pristine.write_bytes(original)
+    reference = _greedy_tokens(Model(pristine))
+    model = Model(path)
+    assert not model.use_mmap
+    with path.open("r+b") as file:  # in place: the same inode, as `cp` or `rsync --inplace` write it
+        file.write(replacement)
+    assert _greedy_tokens(model) == reference
+    assert model_fingerprint(model) == (hashlib.sha256(original).hexdigest(), len(original))
+    truncated = run_isolated(  # a mapped file cut short would end the process with SIGBUS
+        f"""
+        import os
+        from specstate import Generator, Model
+        model = Model({str(pristine)!r})
+        os.truncate({str(pristine)!r}, 0)
+        generator = Generator(model, n_ctx=64, n_batch=16, n_threads=1)
+        generator.generate([1, 2, 3], max_tokens=12)
+        print(generator.tokens)
+        """
+    )
+    assert truncated.returncode == 0, truncated.stderr
+    assert truncated.stdout.strip() == str(reference)
+
+
+def test_a_mapped_model_whose_file_changed_takes_part_in_no_checkpoint(
+    two_models: tuple[Path, bytes, bytes], tmp_path: Path
+) -> None:
+    path, _, replacement = two_models
+    model = Model(path, use_mmap=True)
+    assert model.use_mmap
+    generator = Generator(model, n_ctx=64, n_batch=16, n_threads=1)
+    generator.generate([1, 2, 3], max_tokens=4)
+    data = generator.checkpoint()
+    with path.open("r+b") as file:
+        file.write(replacement)
+    with pytest.raises(ModelChangedError) as caught:
+        generator.checkpoint()
+    error = caught.value
+    assert error.path == str(path) and str(path) in str(error) and "use_mmap" in str(error)
+    assert vars(pickle.loads(pickle.dumps(error))) == vars(error)
+    saved = tmp_path / "run.ckpt"
+    with pytest.raises(ModelChangedError):
+        generator.save(saved)
+    assert not saved.exists()
+    with pytest.raises(ModelChangedError, match=r"model\.gguf"):
+        Generator.restore(data, model, n_threads=1)
+    with pytest.raises(ModelMismatchError):  # a model loaded now is of the new bytes
+        Generator.restore(data, Model(path), n_threads=1)
+
+
+def test_a_mapped_model_keeps_its_file_when_another_replaces_the_path(
+    two_models: tuple[Path, bytes, bytes], tmp_path: Path
+) -> None:
+    """A rename puts a new file at the path; the mapping keeps the one loaded, so its checkpoints stay true."""
+    path, original, replacement = two_models
+    model = Model(path, use_mmap=True)
+    generator = Generator(model, n_ctx=64, n_batch=16, n_threads=1)
+    generator.generate([1, 2, 3], max_tokens=4)
+    staged = tmp_path / "staged.gguf"
+    staged.write_bytes(replacement)
+    os.replace(staged, path)
+    assert codec.meta(generator.checkpoint())["target_model"]["sha256"] == hashlib.sha256(original).hexdigest()
 
 
 def test_a_freed_batch_cannot_stand_in_for_a_new_one(qwen35_model: Model) -> None:

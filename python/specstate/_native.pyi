@@ -149,12 +149,24 @@ class Model:
     loaded where the model has them. ``n_gpu_layers`` layers are offloaded to a
     GPU backend when one is built in and finds a device (``-1``: all; 0, the
     default: none); below ``-1`` raises ``ValueError``.
+
+    The weights are read into memory (``use_mmap=False``, the default), so a
+    later write to the file changes nothing. ``use_mmap=True`` maps the file
+    instead, as llama.cpp does by default (faster to load, pages shared
+    between processes): then a write into the file changes the live weights
+    and truncating it kills the process with ``SIGBUS`` at the next decode,
+    so a checkpoint written or restored with a model whose file changed since
+    it was loaded (size, modification or status-change time) is refused with
+    ``ModelChangedError``. The fingerprint (SHA-256) is of the bytes loaded.
     """
 
-    def __new__(cls, path: str | PathLike[str], *, n_gpu_layers: int = 0) -> Model: ...
+    def __new__(cls, path: str | PathLike[str], *, n_gpu_layers: int = 0, use_mmap: bool = False) -> Model: ...
     @property
     def path(self) -> str:
         """The path the model was loaded from."""
+    @property
+    def use_mmap(self) -> bool:
+        """Whether the weights are computed from a mapping of the file (``use_mmap=True``)."""
     @property
     def n_vocab(self) -> int:
         """Tokens in the vocabulary."""
@@ -470,7 +482,7 @@ class Generator:
     def undelivered(self) -> int:
         """Committed tokens not yet handed out."""
     def checkpoint(self) -> bytes:
-        """The whole checkpoint of the current boundary."""
+        """The whole checkpoint of the current boundary (``ModelChangedError`` for a changed mapped model)."""
     @staticmethod
     def restore(
         data: bytes,
@@ -483,7 +495,9 @@ class Generator:
         """A generator continuing a checkpoint on these models (validated first).
 
         The checkpoint's context length may be at most `max_n_ctx` (default:
-        the target model's trained context length).
+        the target model's trained context length). Without `n_threads`, the
+        recorded thread count is used, and one above the CPUs available raises
+        `ThreadCountError`.
         """
     def load(self, data: bytes) -> None:
         """Replace this generation with a checkpoint, reusing the contexts; on failure nothing changes."""

@@ -81,6 +81,15 @@ def _add_sampling(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0, help="RNG seed")
 
 
+def _add_mmap(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mmap",
+        action="store_true",
+        help="map the model files instead of reading them into memory (faster to load; a checkpoint is refused "
+        "once a mapped file has been written)",
+    )
+
+
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -90,7 +99,7 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         help="threads (0: the CPUs available; default: all of them for a new generation, "
-        "the checkpoint's own count for a resumed one)",
+        "the checkpoint's own count for a resumed one, which must not exceed the CPUs available)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
@@ -116,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_sampling(generate)
     _add_output(generate)
+    _add_mmap(generate)
 
     resume = commands.add_parser("resume", help="continue a saved generation exactly")
     resume.add_argument("checkpoint", type=Path)
@@ -127,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("--draft-model", type=Path, help="draft model (draft and eagle3 modes)")
     _add_output(resume)
+    _add_mmap(resume)
 
     inspect = commands.add_parser("inspect", help="describe a checkpoint")
     inspect.add_argument("checkpoint", type=Path)
@@ -163,16 +174,19 @@ def _add_chat_parser(commands: Any) -> None:
     chat.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
     chat.add_argument("--save", type=Path, help="checkpoint file written after every reply")
     chat.add_argument(
-        "--threads", type=int, help="threads (0: the CPUs available; default: all, or the checkpoint's count)"
+        "--threads",
+        type=int,
+        help="threads (0: the CPUs available; default: all, or the checkpoint's count if no more than the CPUs)",
     )
     chat.add_argument("--quiet", action="store_true", help="no status line")
+    _add_mmap(chat)
     _add_sampling(chat)
 
 
-def _load(path: Path, what: str) -> Model:
+def _load(path: Path, what: str, use_mmap: bool = False) -> Model:
     if not path.exists():
         raise UsageError(f"{what} {path} does not exist")
-    return Model(path)
+    return Model(path, use_mmap=use_mmap)
 
 
 def _prompt_tokens(model: Model, prompt: str, literal: bool) -> list[int]:
@@ -327,8 +341,8 @@ def _generator_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     _check_output_options(args)
-    model = _load(args.model, "model")
-    draft = _load(args.draft_model, "draft model") if args.draft_model else None
+    model = _load(args.model, "model", args.mmap)
+    draft = _load(args.draft_model, "draft model", args.mmap) if args.draft_model else None
     generator = Generator(model, draft_model=draft, **_generator_settings(args))
     run_generation(generator, _prompt_tokens(model, args.prompt, args.literal), args)
 
@@ -363,8 +377,8 @@ def _restore_saved(checkpoint: Path, args: argparse.Namespace) -> Generator:
     target_path = _find_model(checkpoint, args.model, info["target_model"], "target")
     draft_path = _find_model(checkpoint, args.draft_model, info["draft_model"], "draft")
     assert target_path is not None
-    model = _load(target_path, "model")
-    draft = _load(draft_path, "draft model") if draft_path else None
+    model = _load(target_path, "model", args.mmap)
+    draft = _load(draft_path, "draft model", args.mmap) if draft_path else None
     return Generator.restore(data, model, draft_model=draft, n_threads=args.threads)
 
 
@@ -404,8 +418,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
     else:
         if args.model is None:
             raise UsageError("--model is needed to start a conversation")
-        model = _load(args.model, "model")
-        draft = _load(args.draft_model, "draft model") if args.draft_model else None
+        model = _load(args.model, "model", args.mmap)
+        draft = _load(args.draft_model, "draft model", args.mmap) if args.draft_model else None
         generator = Generator(model, draft_model=draft, **_generator_settings(args))
     run_chat(generator, args, template, save)
 
@@ -464,7 +478,8 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     matches: dict[str, bool] = {}
     for role, entry in _model_entries(info):
         if given[role] is not None:
-            sha, size = model_fingerprint(_load(given[role], f"{role} model"))
+            # Only fingerprinted, never run: mapped rather than read into memory.
+            sha, size = model_fingerprint(_load(given[role], f"{role} model", use_mmap=True))
             matches[role] = entry is not None and entry["sha256"] == sha and entry["size"] == size
     if args.json:  # JSON escapes control characters itself
         print(json.dumps({**info, "checksum_ok": True, "models_match": matches}, indent=2))

@@ -26,6 +26,7 @@ __all__ = [
     "ExcessiveStateError",
     "GenerationError",
     "InvalidStateError",
+    "ModelChangedError",
     "ModelLoadError",
     "ModelMismatchError",
     "NativeExceptionError",
@@ -40,6 +41,7 @@ __all__ = [
     "StateSizeChangedError",
     "StateUnavailableError",
     "ThreadAffinityError",
+    "ThreadCountError",
     "TruncatedCheckpointError",
     "UnknownStatusError",
     "UnsupportedVersionError",
@@ -78,6 +80,34 @@ class ModelLoadError(OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.reason))
+
+
+class ModelChangedError(OSError):
+    """The file of a model loaded with ``use_mmap=True`` was written after it was loaded.
+
+    llama.cpp computes from the mapping, so the model's weights may no longer
+    be the bytes its fingerprint names: no checkpoint is written (or restored)
+    with it. Load the model again.
+
+    Attributes:
+        path: the path the model was loaded from.
+        change: what changed (size, modification or status-change time).
+    """
+
+    def __init__(self, path: str, change: str) -> None:
+        super().__init__(path, change)
+        self.path = path
+        self.change = change
+
+    def __str__(self) -> str:
+        return (
+            f"model {self.path} was loaded with use_mmap=True and its file has changed since ({self.change}): "
+            "its weights may no longer be the ones its fingerprint names, so no checkpoint is written or "
+            "restored with it; load the model again"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.change))
 
 
 class ContextError(RuntimeError):
@@ -165,6 +195,23 @@ class ModelMismatchError(CheckpointError):
 
 class ConfigMismatchError(CheckpointError):
     """Another mode or configuration than the generator's (fields ``field``, ``checkpoint``, ``generator``)."""
+
+    field: str
+    checkpoint: str
+    generator: str
+
+
+class ThreadCountError(ConfigMismatchError):
+    """The checkpoint records more threads than the CPUs available, and the caller named none.
+
+    Fields ``recorded`` and ``available`` (and, as a ``ConfigMismatchError``,
+    ``field`` ``"n_threads"``, ``checkpoint`` and ``generator``). Pass
+    ``n_threads`` (``--threads``) to restore it: a count other than the
+    recorded one continues exactly only up to near-ties.
+    """
+
+    recorded: int
+    available: int
 
 
 class SpeculativeStateError(Exception):

@@ -115,7 +115,7 @@ class Generator:
         ``n_threads`` defaults to the thread count the checkpoint was taken
         with: llama.cpp's batched verification sums in an order that depends
         on it, so another count continues exactly only up to near-ties (0: the
-        CPUs available).
+        CPUs available). A recorded count above the CPUs raises ``ThreadCountError``.
         """
         generator = cls.__new__(cls)
         generator._native = _native.Generator.restore(
@@ -137,7 +137,11 @@ class Generator:
         self._reset_text()
 
     def checkpoint(self) -> bytes:
-        """Everything the generation needs to resume, in one versioned, checksummed blob."""
+        """Everything the generation needs to resume, in one versioned, checksummed blob.
+
+        A model loaded with ``use_mmap=True`` whose file has been written since
+        raises :class:`~specstate.errors.ModelChangedError`: nothing is written.
+        """
         return self._native.checkpoint()
 
     def save(self, path: str | os.PathLike[str]) -> None:

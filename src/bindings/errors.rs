@@ -51,6 +51,7 @@ pub(crate) mod classes {
         ExcessiveStateError,
         GenerationError,
         InvalidStateError,
+        ModelChangedError,
         ModelLoadError,
         ModelMismatchError,
         NativeExceptionError,
@@ -64,6 +65,7 @@ pub(crate) mod classes {
         StateSizeChangedError,
         StateUnavailableError,
         ThreadAffinityError,
+        ThreadCountError,
         TruncatedCheckpointError,
         UnknownStatusError,
         UnsupportedVersionError,
@@ -102,6 +104,9 @@ impl From<NativeError> for PyErr {
             NativeError::InvalidArgument(message) => PyValueError::new_err(message),
             NativeError::Decode(status) => classes::DecodeError::new_err((status,)),
             NativeError::SequenceState(message) => classes::SequenceStateError::new_err((message,)),
+            NativeError::ModelChanged { path, change } => {
+                classes::ModelChangedError::new_err((path.display().to_string(), change))
+            }
         }
     }
 }
@@ -230,8 +235,30 @@ fn checkpoint_fields<'py>(
             fields.set_item("generator", generator)?;
             c::ConfigMismatchError::type_object(py)
         }
+        E::ExcessiveThreads {
+            recorded,
+            available,
+        } => thread_count_fields(py, &fields, *recorded, *available)?,
     };
     Ok((class, fields))
+}
+
+/// `ThreadCountError`'s fields: its own, and those of a `ConfigMismatchError`.
+fn thread_count_fields<'py>(
+    py: Python<'py>,
+    fields: &Bound<'py, PyDict>,
+    recorded: u32,
+    available: u32,
+) -> PyResult<Bound<'py, pyo3::types::PyType>> {
+    fields.set_item("field", "n_threads")?;
+    fields.set_item("checkpoint", recorded.to_string())?;
+    fields.set_item(
+        "generator",
+        format!("at most {available} (the CPUs available)"),
+    )?;
+    fields.set_item("recorded", recorded)?;
+    fields.set_item("available", available)?;
+    Ok(classes::ThreadCountError::type_object(py))
 }
 
 impl From<CheckpointError> for PyErr {

@@ -274,7 +274,9 @@ impl PyGenerator {
         let decoded = checkpoint::decode(data)?;
         let runtime = match n_threads {
             Some(n_threads) => RuntimeOptions { n_threads },
-            None => decoded.meta.recorded_runtime(),
+            None => decoded
+                .meta
+                .recorded_runtime(crate::native::available_cpus().unsigned_abs())?,
         };
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);

@@ -72,11 +72,18 @@ impl PyModel {
 #[pymethods]
 impl PyModel {
     #[new]
-    #[pyo3(signature = (path, *, n_gpu_layers = WideInt(0)), text_signature = "(path, *, n_gpu_layers=0)")]
-    fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: WideInt) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, n_gpu_layers = WideInt(0), use_mmap = false),
+           text_signature = "(path, *, n_gpu_layers=0, use_mmap=False)")]
+    fn new(py: Python<'_>, path: PathBuf, n_gpu_layers: WideInt, use_mmap: bool) -> PyResult<Self> {
         let n_gpu_layers: i32 = n_gpu_layers.narrow("n_gpu_layers")?;
-        let model = py.detach(|| Model::load(&path, n_gpu_layers))?;
+        let model = py.detach(|| Model::load_with(&path, n_gpu_layers, use_mmap))?;
         Ok(Self::describe(model))
+    }
+
+    /// Whether the weights are computed from a mapping of the file (`use_mmap=True`).
+    #[getter]
+    fn use_mmap(&self) -> bool {
+        self.inner.use_mmap()
     }
 
     /// The path the model was loaded from.

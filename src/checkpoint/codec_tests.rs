@@ -919,7 +919,14 @@ fn the_thread_count_is_recorded_from_version_3() {
     s.meta.n_threads = Some(2);
     let bytes = encode(&s);
     let decoded = decode(&bytes).unwrap();
-    assert_eq!(decoded.meta.recorded_runtime().n_threads, 2);
+    assert_eq!(decoded.meta.recorded_runtime(2).unwrap().n_threads, 2);
+    assert_eq!(
+        decoded.meta.recorded_runtime(1),
+        Err(CheckpointError::ExcessiveThreads {
+            recorded: 2,
+            available: 1
+        })
+    );
     assert_eq!(
         decode(&valid(Mode::Draft))
             .unwrap()

@@ -137,6 +137,20 @@ pub enum CheckpointError {
         /// Value in the generator.
         generator: String,
     },
+    /// The checkpoint records more threads than the CPUs available, and the
+    /// caller gave no thread count.
+    #[error(
+        "the checkpoint was decoded with {recorded} threads (meta.n_threads), more than the \
+         {available} CPUs available here: pass the thread count explicitly to restore it \
+         (n_threads=, --threads on the command line; 0: the CPUs available), knowing that a \
+         count other than the recorded one continues exactly only up to near-ties"
+    )]
+    ExcessiveThreads {
+        /// The thread count in the checkpoint.
+        recorded: u32,
+        /// The CPUs this process may run on.
+        available: u32,
+    },
 }
 
 /// A [`CheckpointError::Corrupt`] saying `what`.

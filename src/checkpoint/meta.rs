@@ -148,9 +148,21 @@ impl Meta {
 
     /// The runtime options a restore uses unless the caller gives others:
     /// the recorded thread count (0, the CPUs available, if none is recorded).
-    pub fn recorded_runtime(&self) -> crate::settings::RuntimeOptions {
-        crate::settings::RuntimeOptions {
-            n_threads: self.n_threads.map_or(0, |n| n as i32),
+    /// A file may not push the thread count past the `available` CPUs: a
+    /// larger recorded count is refused ([`CheckpointError::ExcessiveThreads`]),
+    /// and the caller chooses a count instead.
+    pub fn recorded_runtime(
+        &self,
+        available: u32,
+    ) -> Result<crate::settings::RuntimeOptions, CheckpointError> {
+        match self.n_threads {
+            Some(recorded) if recorded > available => Err(CheckpointError::ExcessiveThreads {
+                recorded,
+                available,
+            }),
+            recorded => Ok(crate::settings::RuntimeOptions {
+                n_threads: recorded.map_or(0, |n| n as i32),
+            }),
         }
     }
 

@@ -28,6 +28,17 @@ pub fn fingerprint(model: &Model) -> ModelFingerprint {
     }
 }
 
+/// Refuse models loaded with `use_mmap` whose files were written since they
+/// were loaded: their weights may no longer be the bytes their fingerprints
+/// name, so they take part in no checkpoint, written or restored.
+fn check_unchanged(target: &Model, draft: Option<&Model>) -> Result<(), Error> {
+    target.check_unchanged().map_err(GeneratorError::from)?;
+    if let Some(draft) = draft {
+        draft.check_unchanged().map_err(GeneratorError::from)?;
+    }
+    Ok(())
+}
+
 /// What a checkpoint is written from. The small sections are captured here;
 /// the contexts' sequence states are written straight from llama.cpp into
 /// the output by [`Capture::encode_into`], so a capture needs no second copy.
@@ -47,6 +58,10 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
         )
         .into());
     }
+    check_unchanged(
+        generator.target_model(),
+        generator.draft_model().map(|m| m.as_ref()),
+    )?;
     let mut meta = Meta::new(
         generator.config(),
         fingerprint(generator.target_model()),
@@ -165,6 +180,7 @@ pub fn restore(
 ) -> Result<Generator, Error> {
     runtime.validate().map_err(GeneratorError::from)?;
     check_models(checkpoint, &target, draft.as_deref())?;
+    check_unchanged(&target, draft.as_deref())?;
     let config = checkpoint.meta.config()?;
     check_context_cap(&config, &target, max_n_ctx)?;
     let mut generator = Generator::new(target, draft, config, runtime).map_err(|error| {
@@ -195,6 +211,10 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
     check_config(checkpoint, generator.config())?;
     check_models(
         checkpoint,
+        generator.target_model(),
+        generator.draft_model().map(|m| m.as_ref()),
+    )?;
+    check_unchanged(
         generator.target_model(),
         generator.draft_model().map(|m| m.as_ref()),
     )?;

@@ -107,11 +107,13 @@ fn check_params(
     Ok(())
 }
 
-/// Threads when none are asked for: the CPUs this process may run on.
+/// The CPUs this process may run on (its affinity mask and CPU quota, as
+/// `std::thread::available_parallelism` reads them; 1 if unknown): the
+/// threads used when none are asked for, and the most a checkpoint may ask.
 ///
 /// llama.cpp's own default (4) oversubscribes smaller machines, where its
 /// spinning worker threads then slow decoding by orders of magnitude.
-fn default_threads() -> i32 {
+pub fn available_cpus() -> i32 {
     std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(i32::MAX))
 }
 
@@ -177,7 +179,7 @@ impl Context {
         let threads = if params.n_threads > 0 {
             params.n_threads
         } else {
-            default_threads()
+            available_cpus()
         };
         raw_params.n_threads = threads;
         raw_params.n_threads_batch = threads;

@@ -13,7 +13,7 @@ mod model;
 pub use backend::ensure_backend;
 pub use batch::{Batch, MAX_BATCH_ROWS};
 pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
-pub use context::{Context, ContextKind, ContextParams, MAX_SEQUENCES, MAX_THREADS};
+pub use context::{available_cpus, Context, ContextKind, ContextParams, MAX_SEQUENCES, MAX_THREADS};
 pub use model::Model;
 
 use std::path::PathBuf;
@@ -41,6 +41,18 @@ pub enum NativeError {
     /// Sequence state could not be read or written.
     #[error("{0}")]
     SequenceState(String),
+    /// The file of a model loaded with `use_mmap` was written after loading.
+    #[error(
+        "model {path} was loaded with use_mmap=True and its file has changed since ({change}): \
+         its weights may no longer be the ones its fingerprint names, so no checkpoint is \
+         written or restored with it; load the model again"
+    )]
+    ModelChanged {
+        /// The path the model was loaded from.
+        path: PathBuf,
+        /// What changed (size, times, or the error reading them).
+        change: String,
+    },
 }
 
 /// A token id outside a vocabulary: the one rule for every token a caller gives.

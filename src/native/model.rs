@@ -21,6 +21,83 @@ pub struct Model {
     path: PathBuf,
     /// SHA-256 (hex) and size of the file loaded.
     digest: (String, u64),
+    /// Loaded with `use_mmap`: the file llama.cpp maps (held open, so it
+    /// is the mapped file whatever later happens to the path) and its stamp
+    /// as loaded. `None` when the weights were copied into memory.
+    mapped: Option<(File, FileStamp)>,
+}
+
+/// What a write to a file changes, read without reading the file: its
+/// identity (device, inode), size, and modification and status-change times
+/// in nanoseconds (and its link count). Any write through the file system
+/// changes the status-change time (ctime), which no process can set back
+/// (`touch` sets the modification time only), so an equal stamp means
+/// unchanged bytes, up to the file system's timestamp granularity (a write
+/// in the same clock tick as the write before the stamp was taken).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    device: u64,
+    inode: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    links: u64,
+}
+
+impl FileStamp {
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let ns =
+                |seconds: i64, nanos: i64| i128::from(seconds) * 1_000_000_000 + i128::from(nanos);
+            Self {
+                device: metadata.dev(),
+                inode: metadata.ino(),
+                size: metadata.len(),
+                mtime_ns: ns(metadata.mtime(), metadata.mtime_nsec()),
+                ctime_ns: ns(metadata.ctime(), metadata.ctime_nsec()),
+                links: metadata.nlink(),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let ns = metadata
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos() as i128);
+            Self {
+                device: 0,
+                inode: 0,
+                size: metadata.len(),
+                mtime_ns: ns,
+                ctime_ns: ns,
+                links: 1,
+            }
+        }
+    }
+
+    /// What differs from `then` that may have changed the bytes, in words
+    /// (`None`: nothing). A new status-change time that comes with a new link
+    /// count is the file being renamed over, removed or linked, not written:
+    /// its bytes are the same.
+    fn changes_since(&self, then: &Self) -> Option<String> {
+        let mut changes = Vec::new();
+        if (self.device, self.inode) != (then.device, then.inode) {
+            changes.push("another file is at the path".to_owned());
+        }
+        if self.size != then.size {
+            changes.push(format!("size {} -> {} bytes", then.size, self.size));
+        }
+        if self.mtime_ns != then.mtime_ns {
+            changes.push("modification time".to_owned());
+        }
+        if self.ctime_ns != then.ctime_ns && self.links == then.links {
+            changes.push("status-change time".to_owned());
+        }
+        (!changes.is_empty()).then(|| changes.join(", "))
+    }
 }
 
 // SAFETY: a `llama_model` is read-only once loaded; llama.cpp creates contexts
@@ -87,36 +164,48 @@ fn file_digest(path: &Path, file: &mut File) -> NativeResult<(String, u64)> {
     Ok((hex, size))
 }
 
-/// Whether the file at `path` is still the one `file` has open, unchanged.
-fn still_same_file(path: &Path, file: &File) -> bool {
-    let (Ok(now), Ok(opened)) = (std::fs::metadata(path), file.metadata()) else {
-        return false;
+/// How the file at `path` and the file `file` has open differ from `stamp`
+/// (`None`: both are the file stamped, unchanged).
+fn change_since(path: &Path, file: &File, stamp: &FileStamp) -> Option<String> {
+    let now = |metadata: std::io::Result<std::fs::Metadata>| match metadata {
+        Ok(metadata) => FileStamp::of(&metadata).changes_since(stamp),
+        Err(error) => Some(error.to_string()),
     };
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        if (now.dev(), now.ino()) != (opened.dev(), opened.ino()) {
-            return false;
-        }
-    }
-    now.len() == opened.len() && now.modified().ok() == opened.modified().ok()
+    now(file.metadata()).or_else(|| now(std::fs::metadata(path)))
 }
 
 impl Model {
+    /// Load `path` with its weights copied into memory (see [`Model::load_with`]).
+    pub fn load(path: &Path, n_gpu_layers: i32) -> NativeResult<Self> {
+        Self::load_with(path, n_gpu_layers, false)
+    }
+
     /// Load `path`, offloading `n_gpu_layers` layers to a GPU backend if one is built in
     /// (`-1`: all of them, llama.cpp's own convention; a build or machine without a GPU keeps
     /// every layer on the CPU whatever the number). Below `-1` is an invalid argument.
     ///
-    /// The file's fingerprint (SHA-256 and size) is taken from the file that
-    /// is loaded: it is read from the handle opened here, and a file replaced
-    /// or modified while llama.cpp loads it is refused.
-    pub fn load(path: &Path, n_gpu_layers: i32) -> NativeResult<Self> {
+    /// Without `use_mmap` llama.cpp reads the weights into memory, so later
+    /// writes to the file change nothing. With it llama.cpp maps the file
+    /// and computes from the mapping: a write into the file changes the live
+    /// weights (and a truncation kills the process with SIGBUS at the next
+    /// decode); [`Model::check_unchanged`] tells whether that happened.
+    ///
+    /// The file's fingerprint (SHA-256 and size) is of the bytes loaded: it
+    /// is read from the handle opened here, and a file replaced or written
+    /// while llama.cpp loads it (another stamp after the load than before the
+    /// fingerprint) is refused.
+    pub fn load_with(path: &Path, n_gpu_layers: i32, use_mmap: bool) -> NativeResult<Self> {
         if n_gpu_layers < -1 {
             return Err(NativeError::InvalidArgument(format!(
                 "n_gpu_layers must be -1 (all layers) or at least 0, not {n_gpu_layers}"
             )));
         }
         let mut file = open_gguf_file(path)?;
+        let stamp = FileStamp::of(
+            &file
+                .metadata()
+                .map_err(|error| load_error(path, error.to_string()))?,
+        );
         let digest = file_digest(path, &mut file)?;
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| load_error(path, "the path contains a NUL byte"))?;
@@ -124,6 +213,12 @@ impl Model {
         // SAFETY: returns a plain struct of defaults.
         let mut params = unsafe { sys::llama_model_default_params() };
         params.n_gpu_layers = n_gpu_layers;
+        if !use_mmap {
+            // Read every tensor up front (lazy reading maps the file too).
+            // With `use_mmap`, llama.cpp's defaults: map where the devices allow.
+            params.load_mode = sys::LLAMA_LOAD_MODE_NONE;
+            params.lazy_mode = sys::LLAMA_LAZY_MODE_OFF;
+        }
         // Load MTP (nextn) heads where the model has them: an MTP draft
         // context over a model loaded without them aborts inside llama.cpp.
         params.load_mtp = true;
@@ -136,18 +231,47 @@ impl Model {
                 "llama.cpp could not load it (truncated, corrupt or unsupported architecture)",
             )
         })?;
-        let model = Self {
+        let mut model = Self {
             raw,
             path: path.to_path_buf(),
             digest,
+            mapped: None,
         };
-        if !still_same_file(path, &file) {
+        if let Some(change) = change_since(path, &file, &stamp) {
             return Err(load_error(
                 path,
-                "the file changed while it was being loaded",
+                format!("the file changed while it was being loaded ({change})"),
             ));
         }
+        model.mapped = use_mmap.then_some((file, stamp));
         Ok(model)
+    }
+
+    /// Whether the weights are computed from a mapping of the file (`use_mmap`).
+    pub fn use_mmap(&self) -> bool {
+        self.mapped.is_some()
+    }
+
+    /// Refuse a mapped model whose file has been written since it was loaded
+    /// (its weights may no longer be the bytes its fingerprint names), with
+    /// [`NativeError::ModelChanged`]. A model loaded into memory always passes;
+    /// so does a mapped one whose path now names another file (the mapping
+    /// keeps the file loaded).
+    pub fn check_unchanged(&self) -> NativeResult<()> {
+        let Some((file, stamp)) = &self.mapped else {
+            return Ok(());
+        };
+        let change = match file.metadata() {
+            Ok(metadata) => FileStamp::of(&metadata).changes_since(stamp),
+            Err(error) => Some(error.to_string()),
+        };
+        match change {
+            None => Ok(()),
+            Some(change) => Err(NativeError::ModelChanged {
+                path: self.path.clone(),
+                change,
+            }),
+        }
     }
 
     /// SHA-256 (hex) and size of the model file, as it was when loaded.
