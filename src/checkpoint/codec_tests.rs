@@ -931,7 +931,8 @@ fn the_thread_count_is_recorded_from_version_3() {
         decode(&valid(Mode::Draft))
             .unwrap()
             .meta
-            .recorded_runtime()
+            .recorded_runtime(1)
+            .unwrap()
             .n_threads,
         0
     );
