@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 
 from checkpoint_codec import meta, rewrite_meta
 from generator_support import tiny_generator
+from save_support import stop_while_saving, temporaries
 from specstate import cli, errors
 
 
@@ -342,3 +345,81 @@ def test_inspect_escapes_control_characters(tiny_map: dict[str, Path], tmp_path:
 
 def test_printable() -> None:
     assert cli._printable("a\tb\x1b[0m\u202e\U000e0041 é…") == "a\\tb\\x1b[0m\\u202e\\U000e0041 é…"
+
+
+def specstate_within(seconds: float, *args: str) -> subprocess.CompletedProcess[str]:
+    """``specstate`` with nothing on standard input, failing the test if it runs longer (a hang)."""
+    command = [sys.executable, "-m", "specstate", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=seconds, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(
+    "command,name,kind",
+    [
+        (["resume", "{path}", "--model", "{tiny}"], "fifo", "a FIFO"),
+        (["inspect", "{path}"], "/dev/zero", "a character device"),
+        (["inspect", "{path}"], "directory", "a directory"),
+        (["inspect", "{path}"], "socket", "a socket"),
+        (["chat", "--resume", "{path}", "--model", "{tiny}"], "fifo", "a FIFO"),
+    ],
+)
+def test_a_checkpoint_that_is_not_a_regular_file_is_named_for_what_it_is(
+    tiny_map: dict[str, Path], tmp_path: Path, command: list[str], name: str, kind: str
+) -> None:
+    path = tmp_path / name
+    if name == "fifo":
+        os.mkfifo(path)
+    elif name == "directory":
+        path.mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    if name == "socket":
+        server.bind(str(path))
+    values = {"{path}": str(path), "{tiny}": str(tiny_map["qwen35"])}
+    with server:
+        line = one_error_line(specstate_within(60, *[values.get(a, a) for a in command]))
+    assert f"{path} is {kind}" in line and "does not exist" not in line, line
+
+
+@pytest.mark.parametrize("name", ["/dev/null", "/dev/full", "fifo", "link to /dev/null"])
+def test_a_save_destination_that_is_not_a_regular_file_fails_before_generating(
+    tiny_map: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / name.replace("/", "_") if not name.startswith("/") else Path(name)
+    if name == "fifo":
+        os.mkfifo(path)
+    elif name.startswith("link"):
+        path.symlink_to("/dev/null")
+    before = os.stat(path)
+    options = ["--model", str(tiny_map["llama"]), "--max-tokens", "4", "--n-ctx", "256", "--threads", "1"]
+    for command in (["generate", *options, "--save", str(path), "hi"], ["chat", *options, "--save", str(path)]):
+        line = one_error_line(specstate_within(60, *command))
+        kind = "a FIFO" if name == "fifo" else "a character device"
+        assert line == f"specstate: error: --save: {path} is {kind}, not a regular file", line
+        after = os.stat(path)
+        assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+
+
+def test_sigterm_during_a_save_removes_the_temporary(tiny_map: dict[str, Path], tmp_path: Path) -> None:
+    """The command saves after every token; it is stopped while a temporary exists, then sent SIGTERM."""
+    target = tmp_path / "run.ckpt"
+    target.write_bytes(b"old")
+    command = [sys.executable, "-m", "specstate", "generate", "--model", str(tiny_map["qwen35"]), "--n-ctx", "4096"]
+    command += ["--threads", "1", "--max-tokens", "4000", "--save", str(target), "--checkpoint-every", "1"]
+    process = subprocess.Popen(
+        [*command, "--quiet", "hi"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        caught = stop_while_saving(process, tmp_path, "run.ckpt")
+        assert caught, f"the command was never caught saving: {process.communicate(timeout=60)}"
+        os.kill(process.pid, signal.SIGTERM)
+        os.kill(process.pid, signal.SIGCONT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == "specstate: terminated", stderr
+    assert temporaries(tmp_path, "run.ckpt") == []
+    if target.read_bytes() != b"old":  # the save interrupted was not the first: the last one that completed
+        described = specstate("inspect", str(target))
+        assert described.returncode == 0, described.stderr

@@ -8,8 +8,10 @@ behaviour); arguments out of range end in a ``ValueError`` naming the argument.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
+import socket
 import struct
 import subprocess
 import sys
@@ -22,7 +24,7 @@ import pytest
 import checkpoint_codec as codec
 import models
 from generator_support import TINY_CTX, assert_refused_and_unchanged, draft_for, tiny_generator
-from specstate import Batch, Context, Generator, Model, model_fingerprint
+from specstate import Batch, Context, Generator, Model, _native, model_fingerprint
 from specstate.errors import (
     ConfigMismatchError,
     ContextError,
@@ -392,3 +394,80 @@ def test_method_integers_out_of_range_are_value_errors_naming_them(llama_model: 
     assert llama_model.is_eog(2**70) is False
     generator = Generator(llama_model, n_ctx=64, n_batch=16, n_threads=1)
     assert len(generator.generate([1, 2, 3], max_tokens=2**70)) > 0  # "all": up to the context's end
+
+
+# --- checkpoint paths that are not checkpoint files -------------------------------------------------
+
+
+def test_a_checkpoint_path_is_checked_before_it_is_read_and_read_within_the_format_s_bound(
+    tiny_map: dict[str, Path], tmp_path: Path
+) -> None:
+    """FIFOs, devices, sockets and directories are refused without blocking; files are read within bounds.
+
+    In a subprocess under a 4 GiB address-space limit, so that a hang is a timeout and a file read whole
+    is a ``MemoryError``, not the end of the test run.
+    """
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "directory").mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "socket"))
+    (tmp_path / "link to a fifo").symlink_to(tmp_path / "fifo")
+    with open(tmp_path / "too large", "wb") as sparse:  # sparse files: no disk space used
+        sparse.truncate(_native.MAX_CHECKPOINT_BYTES + 1)
+    with open(tmp_path / "8 GiB of zeros", "wb") as sparse:
+        sparse.truncate(8 << 30)
+    paths = {name: str(tmp_path / name) for name in os.listdir(tmp_path)}
+    paths.update({"/dev/zero": "/dev/zero", "/dev/null": "/dev/null"})
+    result = run_isolated(
+        f"""
+        import json, resource
+        from pathlib import Path
+        from generator_support import tiny_generator
+        from specstate import Generator
+        generator = tiny_generator("none", {{k: Path(v) for k, v in {json.dumps(stringify(tiny_map))}.items()}})
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+        outcomes = {{}}
+        for name, path in {json.dumps(paths)}.items():
+            for how in ("restore", "load"):
+                try:
+                    Generator.restore(path, generator.model) if how == "restore" else generator.load(path)
+                    outcomes[name + " " + how] = "accepted"
+                except Exception as error:
+                    fields = {{k: v for k, v in vars(error).items() if k in ("path", "kind", "size", "maximum")}}
+                    outcomes[name + " " + how] = [type(error).__name__, str(error), fields]
+        print(json.dumps(outcomes))
+        """,
+        timeout=60,
+    )
+    server.close()
+    assert result.returncode == 0, result.stderr
+    outcomes = json.loads(result.stdout)
+    kinds = {
+        "fifo": "a FIFO",
+        "link to a fifo": "a FIFO",
+        "socket": "a socket",
+        "/dev/zero": "a character device",
+        "/dev/null": "a character device",
+    }
+    maximum = _native.MAX_CHECKPOINT_BYTES
+    for how in ("restore", "load"):
+        for name, kind in kinds.items():
+            fields = {"path": paths[name], "kind": kind}
+            expected = ["NotARegularFileError", f"{paths[name]} is {kind}, not a regular file", fields]
+            assert outcomes[f"{name} {how}"] == expected
+        assert outcomes[f"directory {how}"][0] == "IsADirectoryError"
+        assert paths["directory"] in outcomes[f"directory {how}"][1]
+        error, message, fields = outcomes[f"too large {how}"]
+        assert error == "CheckpointTooLargeError" and fields == {
+            "path": paths["too large"],
+            "size": maximum + 1,
+            "maximum": maximum,
+        }
+        assert message == f"{paths['too large']} is at least {maximum + 1} bytes, " + (
+            f"more than the {maximum} bytes a checkpoint can hold"
+        )
+        assert outcomes[f"8 GiB of zeros {how}"][:2] == ["NotACheckpointError", "not a specstate checkpoint"]
+
+
+def stringify(paths: dict[str, Path]) -> dict[str, str]:
+    return {name: str(path) for name, path in paths.items()}

@@ -14,6 +14,7 @@ from typing_extensions import Unpack, disjoint_base
 from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo
 
 __all__ = [
+    "MAX_CHECKPOINT_BYTES",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
@@ -36,6 +37,9 @@ __all__ = [
     "validate_state_size",
 ]
 
+#: The longest checkpoint the format allows: every section at its bound, header, table and
+#: trailer (137,589,949,620 bytes, about 128.1 GiB). Reading a checkpoint from a path stops one byte past it.
+MAX_CHECKPOINT_BYTES: Final[int]
 #: Maximum speculative continuation bytes copied through the safe API (64 MiB).
 MAX_SPECULATIVE_STATE_BYTES: Final[int]
 #: Maximum concurrent sequence slots allocated by one speculative session (4,096).

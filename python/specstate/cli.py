@@ -5,7 +5,11 @@ second, acceptance rate) and summaries go to standard error. Every failure
 (bad input, an unreadable file, a refused checkpoint, an unexpected error)
 gives one line on standard error and exit status 2, never a traceback unless
 ``SPECSTATE_DEBUG=1``. Numeric options are checked before anything is loaded,
-and so is the directory of ``--save``.
+and so is the destination of ``--save``: its directory, and that it is not a
+directory, FIFO, device or socket (never replaced). A checkpoint to read must
+be a regular file; the message says what the path is otherwise. ``SIGTERM`` is
+handled as ``SIGINT`` is: cleanups run (a save in progress removes its
+temporary file), then ``specstate: terminated`` and exit status 143.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -36,6 +42,7 @@ from specstate import (
     inspect_checkpoint,
     model_fingerprint,
 )
+from specstate._files import read_checkpoint, special_kind
 from specstate.smollm2 import cache_dir
 
 __all__ = ["main"]
@@ -252,21 +259,25 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"--{bound.option.replace('_', '-')} {problem} (got {value})")
 
 
-def _check_save_path(path: Path | None) -> None:
-    """Refuse a --save destination that cannot be written, before any generation."""
+def _check_save_path(path: Path | None, option: str = "--save") -> None:
+    """Refuse a checkpoint destination that cannot be written, before any generation.
+
+    ``option`` names it in the message: ``--save``, or ``--resume`` for a conversation saved back.
+    """
     if path is None:
         return
     directory = Path(os.path.realpath(path)).parent
     if not directory.is_dir():
         raise UsageError(
-            f"--save: the directory {directory} does not exist"
+            f"{option}: the directory {directory} does not exist"
             if not directory.exists()
-            else f"--save: {directory} is not a directory"
+            else f"{option}: {directory} is not a directory"
         )
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"--save: the directory {directory} is not writable")
-    if path.is_dir():
-        raise UsageError(f"--save: {path} is a directory")
+        raise UsageError(f"{option}: the directory {directory} is not writable")
+    kind = special_kind(path)
+    if kind is not None:
+        raise UsageError(f"{option}: {path} is {kind}, not a regular file")
 
 
 def _check_output_options(args: argparse.Namespace) -> None:
@@ -411,7 +422,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     from specstate.chat_cli import run_chat
 
     save = args.save if args.save is not None else args.resume
-    _check_save_path(save)
+    _check_save_path(save, "--save" if args.save is not None else "--resume")
     template = _chat_template(args.template)
     if args.resume is not None:
         generator = _restore_conversation(args)
@@ -425,9 +436,16 @@ def cmd_chat(args: argparse.Namespace) -> None:
 
 
 def _read_checkpoint(path: Path) -> bytes:
-    if not path.is_file():
-        raise UsageError(f"checkpoint {path} does not exist")
-    return path.read_bytes()
+    """The checkpoint file's bytes (:func:`specstate._files.read_checkpoint`: never blocks, bounded).
+
+    A path that is missing, or is not a regular file, is one line saying which.
+    """
+    try:
+        return read_checkpoint(path)
+    except FileNotFoundError as error:
+        raise UsageError(f"checkpoint {path} does not exist") from error
+    except (IsADirectoryError, errors.NotARegularFileError) as error:
+        raise UsageError(f"checkpoint {path} is {special_kind(path) or 'not a regular file'}") from error
 
 
 def _verdict(match: bool | None) -> str:
@@ -545,23 +563,47 @@ def _report(error: BaseException, *, internal: bool) -> int:
     return 2
 
 
+class Terminated(BaseException):
+    """``SIGTERM`` received: raised in the main thread so that cleanups run, as for ``KeyboardInterrupt``."""
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    raise Terminated
+
+
+def _raise_on_sigterm() -> Any:
+    """Make ``SIGTERM`` raise :class:`Terminated` (the main thread only handles signals); the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminate)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status.
 
     Any failure is one line on standard error and exit status 2; with
-    ``SPECSTATE_DEBUG=1`` the traceback is printed before it.
+    ``SPECSTATE_DEBUG=1`` the traceback is printed before it. ``SIGINT``
+    (exit status 130) and ``SIGTERM`` (143) stop the command after its
+    cleanups: a save in progress removes its temporary file.
     """
     args = build_parser().parse_args(argv)
+    previous = _raise_on_sigterm()
     try:
         _check_numbers(args)
         COMMANDS[args.command](args)
     except KeyboardInterrupt:
         sys.stderr.write("specstate: interrupted\n")
         return 130
+    except Terminated:
+        sys.stderr.write("specstate: terminated\n")
+        return 128 + signal.SIGTERM
     except EXPECTED_ERRORS as error:
         return _report(error, internal=False)
     except Exception as error:
         return _report(error, internal=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

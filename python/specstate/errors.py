@@ -17,6 +17,7 @@ __all__ = [
     "CapacityError",
     "ChatTemplateError",
     "CheckpointError",
+    "CheckpointTooLargeError",
     "ChecksumMismatchError",
     "ConfigError",
     "ConfigMismatchError",
@@ -31,6 +32,7 @@ __all__ = [
     "ModelMismatchError",
     "NativeExceptionError",
     "NotACheckpointError",
+    "NotARegularFileError",
     "NotQuiescentError",
     "NullStateError",
     "SectionTooLargeError",
@@ -110,6 +112,32 @@ class ModelChangedError(OSError):
         return (type(self), (self.path, self.change))
 
 
+class NotARegularFileError(OSError):
+    """A checkpoint path that exists but is not a regular file (after symbolic links).
+
+    Raised, naming the path, by :meth:`~specstate.Generator.save` for a
+    destination that is a FIFO, a device (``/dev/null``, ``/dev/full``) or a
+    socket, which is never replaced, and by reading a checkpoint from such a
+    path, which never blocks on it. A directory is an :class:`IsADirectoryError`.
+
+    Attributes:
+        path: the path as named (for a save, with symbolic links resolved).
+        kind: what it is instead: ``"a FIFO"``, ``"a character device"``,
+            ``"a block device"``, ``"a socket"``.
+    """
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(path, kind)
+        self.path = path
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{self.path} is {self.kind}, not a regular file"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.kind))
+
+
 class ContextError(RuntimeError):
     """llama.cpp refused to create a context, or contexts do not fit together."""
 
@@ -187,6 +215,15 @@ class CorruptCheckpointError(CheckpointError):
 
 class SectionTooLargeError(CheckpointError):
     """A section exceeds its bound (fields ``section``, ``size``, ``maximum``)."""
+
+
+class CheckpointTooLargeError(CheckpointError):
+    """A checkpoint file longer than any checkpoint can be (fields ``path``, ``size``, ``maximum``).
+
+    ``maximum`` is ``specstate._native.MAX_CHECKPOINT_BYTES``: every section at
+    its bound. Reading a file stops one byte past it, so a huge or endless
+    file is refused instead of exhausting memory.
+    """
 
 
 class ModelMismatchError(CheckpointError):

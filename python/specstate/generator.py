@@ -35,16 +35,13 @@ What each mode guarantees:
 from __future__ import annotations
 
 import codecs
-import errno
 import os
-import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specstate import _native
+from specstate import _files, _native
 from specstate._native import Model
 from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode
 from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
@@ -67,9 +64,10 @@ def encode_prompt(model: Model, text: str, *, literal: bool = False) -> list[int
 
 
 def _read(source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> bytes:
+    """A checkpoint's bytes, given as bytes or read from a path (see :func:`specstate._files.read_checkpoint`)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source)
-    return Path(source).read_bytes()
+    return _files.read_checkpoint(source)
 
 
 class Generator:
@@ -112,6 +110,16 @@ class Generator:
         trained context length), so a file cannot make the process allocate
         memory the caller did not choose.
 
+        A path (symbolic links followed) must be a regular file: its type is
+        checked before it is opened and on the file opened, without blocking,
+        so a FIFO, a device or a socket raises
+        :class:`~specstate.errors.NotARegularFileError` (a directory
+        :class:`IsADirectoryError`) instead of hanging or reading forever, and
+        at most one byte past the largest checkpoint the format allows
+        (``specstate._native.MAX_CHECKPOINT_BYTES``) is read: a longer file
+        raises :class:`~specstate.errors.CheckpointTooLargeError`. A long file
+        that does not start as a checkpoint is refused from its first bytes.
+
         ``n_threads`` defaults to the thread count the checkpoint was taken
         with: llama.cpp's batched verification sums in an order that depends
         on it, so another count continues exactly only up to near-ties (0: the
@@ -132,6 +140,7 @@ class Generator:
         still refuse a state, the previous one is put back: on any error
         (``CheckpointError`` subclasses, ``ConfigMismatchError`` for another
         mode or configuration) this generator is left exactly as it was.
+        A path is read as :meth:`restore` reads it.
         """
         self._native.load(_read(source))
         self._reset_text()
@@ -159,13 +168,25 @@ class Generator:
         * A missing directory raises :class:`FileNotFoundError` (a path that
           is not a directory: :class:`NotADirectoryError`) naming it, before
           the checkpoint is taken; so does a destination that is a directory
-          (:class:`IsADirectoryError`).
+          (:class:`IsADirectoryError`) or that exists and is not a regular
+          file, links followed (``/dev/null``, ``/dev/full``, a FIFO, a socket:
+          :class:`~specstate.errors.NotARegularFileError`). A special file is
+          never replaced (it is checked again right before the rename).
+        * The temporary is ``.NAME.specstate-PID@HOST-XXXXXXXX.tmp``, locked
+          until it is renamed. Any exception during the save removes it
+          (``KeyboardInterrupt`` included, and a ``SIGTERM`` handler that
+          raises, as the ``specstate`` command installs; Python's default
+          ``SIGTERM`` ends the process at once, before any cleanup). A process
+          killed during a save leaves it; the next save of the same path
+          removes every such leftover it can prove is one: this host's name
+          for ``path``, a regular file of this user, its writer's process gone
+          and no lock held on it.
         """
         target = Path(os.path.realpath(path))
-        _check_destination(target)
-        mode = _mode_for(target)
+        _files.check_destination(target)
+        mode = _files.mode_for(target)
         data = self.checkpoint()
-        _replace_atomically(target, data, mode)
+        _files.replace_atomically(target, data, mode)
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -415,59 +436,3 @@ class Generator:
 def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     hits = [index for index in (text.find(s) for s in stop if s) if index >= 0]
     return min(hits) if hits else None
-
-
-_PROC_STATUS = "/proc/self/status"
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where ``/proc`` tells it (Linux)."""
-    try:
-        with open(_PROC_STATUS, encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0)  # elsewhere the only way to read it is to set it (briefly)
-    os.umask(old)
-    return old
-
-
-def _mode_for(target: Path) -> int:
-    """The permission bits a save gives ``target``: its own if it exists, else ``0o666 & ~umask``."""
-    try:
-        return stat.S_IMODE(target.stat().st_mode) & 0o777
-    except FileNotFoundError:
-        return 0o666 & ~_umask()
-
-
-def _check_destination(target: Path) -> None:
-    """Refuse, before any work, a destination whose directory is missing or that is a directory."""
-    directory = target.parent
-    if not directory.exists():
-        raise FileNotFoundError(errno.ENOENT, "cannot save a checkpoint: no such directory", str(directory))
-    if not directory.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "cannot save a checkpoint: not a directory", str(directory))
-    if target.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "cannot save a checkpoint over a directory", str(target))
-
-
-def _replace_atomically(target: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to a temporary file next to ``target`` with ``mode``, fsync, rename, fsync the directory."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            os.fchmod(out.fileno(), mode)
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -13,6 +13,7 @@ mod validators;
 
 use pyo3::prelude::*;
 
+use crate::checkpoint::MAX_CHECKPOINT_BYTES;
 use crate::speculative::{
     MAX_SPECULATIVE_DRAFT_TOKENS, MAX_SPECULATIVE_PROMPT_TOKENS, MAX_SPECULATIVE_SEQUENCES,
     MAX_SPECULATIVE_STATE_BYTES,
@@ -22,6 +23,7 @@ use crate::speculative::{
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     info::ensure_cpu_supported()?;
     errors::classes::import_all(module.py())?;
+    module.add("MAX_CHECKPOINT_BYTES", MAX_CHECKPOINT_BYTES)?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;

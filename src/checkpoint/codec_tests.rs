@@ -473,6 +473,14 @@ fn short_and_long_files_are_refused() {
 }
 
 #[test]
+fn the_largest_readable_file_is_every_section_at_its_bound() {
+    use crate::checkpoint::format::MAX_CHECKPOINT_BYTES;
+    let header_table_trailer = 32 + 24 * 6 + 4;
+    let payloads = (16 << 20) + (1 << 10) + (4 << 24) + 2 * (1 << 36) + (64 << 20);
+    assert_eq!(MAX_CHECKPOINT_BYTES, header_table_trailer + payloads);
+}
+
+#[test]
 fn a_changed_byte_is_a_checksum_mismatch() {
     let bytes = valid(Mode::Draft);
     let stored = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());

@@ -61,7 +61,7 @@ impl SectionKind {
     }
 
     /// The largest payload accepted.
-    pub fn maximum(self) -> u64 {
+    pub const fn maximum(self) -> u64 {
         match self {
             Self::Meta => 16 << 20,
             Self::State => 1 << 10,
@@ -71,6 +71,21 @@ impl SectionKind {
         }
     }
 }
+
+/// The largest checkpoint this build can read: the header, one table entry
+/// and the largest payload of each section kind (a kind appears at most
+/// once), and the trailer. A file longer than this cannot be a checkpoint, so
+/// a reader never needs to read more than one byte past it.
+pub const MAX_CHECKPOINT_BYTES: u64 = {
+    let kinds = SectionKind::ALL;
+    let mut total = (table_end(kinds.len()) + TRAILER_SIZE) as u64;
+    let mut index = 0;
+    while index < kinds.len() {
+        total += kinds[index].maximum();
+        index += 1;
+    }
+    total
+};
 
 /// Why a checkpoint was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -167,7 +182,7 @@ pub(super) fn u32_at(bytes: &[u8], offset: usize) -> u32 {
 }
 
 /// Where the section payloads start in a file of `count` sections.
-pub(super) fn table_end(count: usize) -> usize {
+pub(super) const fn table_end(count: usize) -> usize {
     HEADER_SIZE + TABLE_ENTRY_SIZE * count
 }
 

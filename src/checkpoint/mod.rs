@@ -21,7 +21,7 @@ mod operations;
 mod state;
 
 pub use codec::{decode, Checkpoint, EncodeError, Payload, Sections};
-pub use format::{CheckpointError, SectionKind, FORMAT_VERSION, MAGIC};
+pub use format::{CheckpointError, SectionKind, FORMAT_VERSION, MAGIC, MAX_CHECKPOINT_BYTES};
 pub use meta::{Meta, ModelFingerprint};
 pub use operations::{
     capture, check_config, check_models, fingerprint, load_into, restore, Capture,
