@@ -8,10 +8,21 @@ restore that continues as the original would. Cases run in worker
 subprocesses, so a crash is a failed case, not a dead test run.
 
 Base checkpoints: generators over the tiny models (``generator_support``; all
-five modes, greedy and sampled) and over SmolLM2-135M (modes ``none`` and
-``ngram``), each checkpointed at two boundaries of the same run. For each base
-the reference continuation is recorded: the unmodified checkpoint restored,
-then :data:`K` tokens generated.
+five modes, greedy and sampled, every one with the hybrid qwen35 MTP model as
+its target) and over SmolLM2-135M (modes ``none`` and ``ngram``), each
+checkpointed at two boundaries of the same run. For each base the reference
+continuation is recorded: the unmodified checkpoint restored, then :data:`K`
+tokens generated.
+
+The ``memory`` class sets the fields that size a restore's contexts together
+(``n_draft``, ``n_batch``, ``n_ctx``, and ``n_threads`` restored as recorded),
+so that they reach the allocation limits: rows per compute pass, and the hybrid
+target's rollback snapshots (one recurrent state per drafted token). Every
+case runs in a worker under an address-space limit (``RLIMIT_AS``, 2 GiB by
+default: the workers peak at about 0.6 GiB, and the largest contexts a restore
+allows by default take about 1.3 GiB), so a configuration the library should
+have refused shows up as a crash (llama.cpp aborts when an allocation fails)
+or an ``over-allocation`` instead of passing unnoticed.
 
 Expectations come from two places. :func:`predict` is an independent model of
 the checkpoint validation in Python (docs/checkpoint-format.md plus the
@@ -36,7 +47,8 @@ the mutation's own label decides:
 Outcomes that fail: ``crash`` (the worker died), ``hang`` (a case ran past the
 timeout), ``untyped:<type>`` (any other exception from the restore),
 ``generate-error:<type>`` (an exception while generating after an accepted
-restore), ``unexpected-accept`` / ``unexpected-accept-positions``,
+restore), ``over-allocation`` (llama.cpp could not create a context under the
+address-space limit), ``unexpected-accept`` / ``unexpected-accept-positions``,
 ``wrong-continuation``, ``refused-noop``, ``load-changed`` (a refused
 ``Generator.load`` changed the generator), ``harness-error``.
 
@@ -144,6 +156,17 @@ OPTIONAL_KEYS = frozenset({"ngram", "draft_model", "n_threads"})
 MAX_THREADS = 512
 FINGERPRINT_KEYS = ("sha256", "size", "file")
 MAX_DRAFT = 4096
+#: The most rows per compute pass a restore allocates unless the caller names max_n_batch
+#: (src/checkpoint/operations.rs, DEFAULT_MAX_N_BATCH).
+MAX_N_BATCH = 512
+#: The CPUs this process may run on, as the library counts them: a recorded thread count above
+#: them is refused when the caller names none.
+AVAILABLE_CPUS = len(os.sched_getaffinity(0))
+
+#: How a refused context reads (src/native/context.rs): under the workers' address-space limit, an
+#: allocation that does not fit. A case ending so is a failure ("over-allocation"): the restore
+#: should have refused the configuration before allocating.
+OVER_ALLOCATION = "llama.cpp refused the parameters"
 
 #: Environment variable of the harness's own fault injection (see :func:`worker_main`).
 INJECT_ENV = "CHECKPOINT_FUZZ_INJECT"
@@ -387,8 +410,11 @@ def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) 
     return None
 
 
-def meta_problem(value: Any, base: Base, history: int, version: int = 4) -> str | None:
-    """Why ``value`` (the parsed meta) must be refused for ``base``'s models, or None."""
+def meta_problem(value: Any, base: Base, history: int, version: int = 4, threads: int | None = 1) -> str | None:
+    """Why ``value`` (the parsed meta) must be refused for ``base``'s models, or None.
+
+    ``threads`` is the restore's ``n_threads`` (None: the recorded count).
+    """
     meta = _as_meta(value)
     if meta is None:
         return "meta is not an object"
@@ -402,6 +428,8 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 4) -> str 
         return "n_threads is not a u32"
     if n_threads is not None and (version < 3 or not 1 <= n_threads <= MAX_THREADS):
         return "n_threads out of range or before version 3"
+    if threads is None and n_threads is not None and n_threads > AVAILABLE_CPUS:
+        return "the recorded n_threads exceeds the CPUs available"
     missing = set(META_KEYS) - OPTIONAL_KEYS - set(meta)
     if missing:
         return f"missing meta key {sorted(missing)[0]!r}"
@@ -452,10 +480,27 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 4) -> str 
         return "n_draft out of range"
     if mode != "none" and n_draft + 1 > n_batch:
         return "n_batch must exceed n_draft"
+    problem = allocation_problem(base, mode, n_draft, n_batch)
+    if problem is not None:
+        return problem
     adaptive = _as_struct(meta.get("adaptive"), ADAPTIVE_FIELDS)
     if adaptive is not None and mode == "none":
         return "an adaptive policy in mode none"
     return None if adaptive is None else adaptive_fit_problem(adaptive, n_draft)
+
+
+def allocation_problem(base: Base, mode: str, n_draft: int, n_batch: int) -> str | None:
+    """Why a restore must not allocate these contexts by default (no max_n_batch), or None.
+
+    Compute buffers for at most MAX_N_BATCH rows per pass; on a recurrent or hybrid target in a
+    speculative mode, one rollback snapshot of the recurrent state per drafted token (at least
+    one), together at most the model's size.
+    """
+    if n_batch > MAX_N_BATCH:
+        return "n_batch beyond a restore's rows per pass"
+    if mode != "none" and max(n_draft, 1) * base.recurrent_state_bytes > base.model_size:
+        return "rollback snapshots outweigh the model"
+    return None
 
 
 def state_problem(state: dict[str, Any], n_tokens: int) -> str | None:
@@ -475,8 +520,8 @@ def state_problem(state: dict[str, Any], n_tokens: int) -> str | None:
     return None
 
 
-def predict(data: bytes, base: Base) -> str | None:
-    """Why the restore of ``data`` with ``base``'s models must be refused, or None.
+def predict(data: bytes, base: Base, threads: int | None = 1) -> str | None:
+    """Why the restore of ``data`` with ``base``'s models (and ``n_threads=threads``) must be refused, or None.
 
     An independent model of the validation: structure, checksum, bounds,
     layout, meta, state invariants, tokens, sections per mode and, in
@@ -527,7 +572,7 @@ def predict(data: bytes, base: Base) -> str | None:
     if len(tokens) % 4:
         return "tokens not a multiple of 4 bytes"
     state = decode_state(payloads["state"])
-    problem = meta_problem(meta, base, len(tokens) // 4, version)
+    problem = meta_problem(meta, base, len(tokens) // 4, version, threads)
     if problem is not None:
         return problem
     problem = state_problem(state, len(tokens) // 4)
@@ -570,6 +615,9 @@ class Base:
     meta: dict[str, Any]
     state: dict[str, Any]
     data: bytes = field(default=b"", repr=False)
+    #: The target's tensor bytes and the bytes of one recurrent state (a rollback snapshot; 0 without one).
+    model_size: int = 0
+    recurrent_state_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items() if key != "data"}
@@ -683,6 +731,8 @@ def build_bases(
                 reference=reference,
                 n_vocab=target_model.n_vocab,
                 n_ctx_train=n_ctx_train,
+                model_size=target_model.size,
+                recurrent_state_bytes=_recurrent_state_bytes(target_model),
                 version=layout.version,
                 meta=json.loads(meta_payload),
                 state=decode_state(state_payload),
@@ -707,6 +757,29 @@ def build_bases(
     return manifest
 
 
+def _recurrent_state_bytes(model: Any) -> int:
+    """Bytes of one recurrent state of ``model`` (f32 r and s rows of each recurrent layer, as
+    llama-hparams.cpp sizes them): what each rollback snapshot of a restored context holds.
+
+    Computed from the GGUF metadata of the tiny qwen35 model, independently of the library's own
+    measurement; 0 for an attention-only model.
+    """
+    if not (model.is_hybrid or model.is_recurrent):
+        return 0
+    if model.architecture != "qwen35":
+        raise ValueError(f"no recurrent state size for architecture {model.architecture!r}")
+    meta = model.metadata
+
+    def get(key: str) -> int:
+        return int(meta[f"qwen35.{key}"])
+
+    inner, state, groups = get("ssm.inner_size"), get("ssm.state_size"), get("ssm.group_count")
+    conv = (get("ssm.conv_kernel") - 1) * (inner + 2 * groups * state)
+    trunk = get("block_count") - get("nextn_predict_layers")
+    recurrent = sum(1 for il in range(trunk) if (il + 1) % get("full_attention_interval") != 0)
+    return 4 * (conv + state * inner) * recurrent
+
+
 def _trained_context(model: Any) -> int:
     metadata = model.metadata
     value = metadata.get(f"{model.architecture}.context_length")
@@ -728,6 +801,7 @@ class Case:
     label: Expect
     problem: str | None  # predict()'s reason to refuse
     load: bool
+    threads: int | None = 1  # the restore's n_threads (None: the recorded count)
 
     @property
     def expect(self) -> Expect:
@@ -742,6 +816,7 @@ class Case:
             "expect": self.expect,
             "why": self.problem,
             "load": self.load,
+            "threads": self.threads,
             "size": len(self.data),
         }
 
@@ -752,6 +827,8 @@ class Context:
     base: Base
     bases: list[Base]
     layout: Layout
+    #: The restore's n_threads; a mutation sets None to have the recorded count used.
+    threads: int | None = 1
 
     def other_boundary(self) -> Base:
         return next(b for b in self.bases if b.run == self.base.run and b.boundary != self.base.boundary)
@@ -1321,6 +1398,26 @@ def mutate_layout(ctx: Context) -> Mutation:
     return detail, assemble(Layout(layout.version, sections)), "any"
 
 
+def mutate_memory(ctx: Context) -> Mutation:
+    """The fields that size a restore's contexts (n_draft, n_batch, n_ctx; n_threads with the
+    recorded count used), set together so that they pass the other checks and reach the
+    allocation limits: rows per pass and, on the hybrid target, rollback snapshots."""
+    meta, history, train = ctx.base.meta, ctx.base.state["history"], ctx.base.n_ctx_train
+    n_draft = meta["n_draft"]
+    if meta["mode"] != "none":
+        n_draft = ctx.pick([n_draft, 8, 40, 89, 90, 91, 200, 511, 1000, MAX_DRAFT - 1])
+    n_batch = ctx.pick([n_draft + 1, 64, MAX_N_BATCH, MAX_N_BATCH + 1, 1001, 2048, MAX_DRAFT, train])
+    n_ctx = ctx.pick([max(history, n_batch), max(history, n_batch), max(history, n_batch), 1024, train, train + 1])
+    changes: dict[str, Any] = {"n_draft": n_draft, "n_batch": n_batch, "n_ctx": n_ctx}
+    if ctx.rng.random() < 0.5:
+        # The recorded count, within the CPUs or past them. (Not 2 to AVAILABLE_CPUS: accepted, they
+        # would spin threads against the other worker on the same cores, seconds per token.)
+        ctx.threads = None
+        changes["n_threads"] = ctx.pick([1, AVAILABLE_CPUS + 1, 64, MAX_THREADS])
+    detail = "memory " + " ".join(f"{key}={value}" for key, value in changes.items())
+    return detail, rewrite_meta(ctx.base.data, **changes), "any"
+
+
 def mutate_noop(ctx: Context) -> Mutation:
     choice = ctx.rng.randrange(3)
     if choice == 0:
@@ -1344,6 +1441,7 @@ CLASSES: dict[str, tuple[int, Callable[[Context], Mutation]]] = {
     "state-bytes": (8, mutate_state_bytes),
     "tokens": (6, mutate_tokens),
     "layout": (6, mutate_layout),
+    "memory": (5, mutate_memory),
     "noop": (1, mutate_noop),
 }
 
@@ -1360,7 +1458,7 @@ def make_case(seed: int, index: int, bases: list[Base], *, smollm2_share: float,
     load = rng.random() < load_share
     ctx = Context(rng, base, bases, parse(base.data))
     detail, data, label = CLASSES[klass][1](ctx)
-    return Case(index, base, klass, detail, data, label, predict(data, base), load)
+    return Case(index, base, klass, detail, data, label, predict(data, base, ctx.threads), load, ctx.threads)
 
 
 # --- running cases (in a worker) ---------------------------------------------------------------
@@ -1407,7 +1505,7 @@ class Runner:
         target, draft = self.models_for(case.base)
         phase("restore")
         result = self._attempt(
-            case, lambda: Generator.restore(case.data, target, draft_model=draft, n_threads=1), phase, ""
+            case, lambda: Generator.restore(case.data, target, draft_model=draft, n_threads=case.threads), phase, ""
         )
         if case.load:
             phase("load")
@@ -1441,6 +1539,9 @@ class Runner:
             generator = restore()
         except CheckpointError as error:
             outcome = f"typed:{_error_name(error)}"
+            if OVER_ALLOCATION in str(error):
+                # llama.cpp could not create a context: its allocation failed under the address-space limit.
+                return {"outcome": "over-allocation", "ok": False, "detail": f"{outcome}: {str(error)[:300]}"}
             if expect == "noop":
                 return {"outcome": "refused-noop", "ok": False, "detail": f"{outcome}: {error}"}
             return {"outcome": outcome, "ok": True, "detail": str(error)[:200]}
@@ -1467,6 +1568,14 @@ class Runner:
         if expect in ("noop", "exact"):
             return {"outcome": "wrong-continuation", "ok": False, "detail": detail}
         return {"outcome": "accepted-different", "ok": True, "detail": detail}
+
+
+def _vm_peak_mb() -> int:
+    """The worker's peak address space so far (VmPeak), in MiB: what the address-space limit bounds."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmPeak:"):
+            return int(line.split()[1]) >> 10
+    return 0
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -1519,7 +1628,8 @@ def worker_main(args: argparse.Namespace) -> int:
             result = {"outcome": "harness-error", "ok": False, "detail": traceback.format_exc()[-1500:]}
         del case
         gc.collect()
-        emit({"done": index, **result, "ms": round(1000 * (time.perf_counter() - began), 1)})
+        ms = round(1000 * (time.perf_counter() - began), 1)
+        emit({"done": index, **result, "ms": ms, "vm_peak_mb": _vm_peak_mb()})
     protocol.close()
     return 0
 
@@ -1554,7 +1664,7 @@ class FuzzConfig:
     startup_timeout: float = 300.0
     smollm2_share: float = 0.2
     load_share: float = 0.15
-    memory_limit_mb: int = 4096
+    memory_limit_mb: int = 2048
     chunk: int = 0  # cases per worker start (0: automatic)
 
 
@@ -1793,6 +1903,8 @@ def summarize(
         "load_outcomes": dict(loads.most_common()),
         "by_class": {k: dict(v.most_common()) for k, v in sorted(by_class.items())},
         "mean_ms_by_family": {k: round(sum(v) / len(v), 1) for k, v in sorted(timing.items())},
+        "memory_limit_mb": config.memory_limit_mb,
+        "peak_vm_mb": max((r.get("vm_peak_mb", 0) for r in results.values()), default=0),
         "failures": dict(failures.most_common()),
         "failing_cases": [{"index": index, **r} for index, r in failing[:50]],
         "crashes": outcomes["crash"],
@@ -1819,6 +1931,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("  Generator.load outcomes (sampled cases):")
         lines += [f"    {count:7d}  {outcome}" for outcome, count in summary["load_outcomes"].items()]
     lines.append("  mean ms per case: " + ", ".join(f"{k} {v}" for k, v in summary["mean_ms_by_family"].items()))
+    lines.append(
+        f"  largest worker address space {summary['peak_vm_mb']} MiB, "
+        f"under a limit of {summary['memory_limit_mb']} MiB per worker"
+    )
     lines.append(
         f"  crashes {summary['crashes']}, hangs {summary['hangs']}, untyped errors {summary['untyped']}, "
         f"unexpected accepts {summary['unexpected_accepts']}, failing cases {summary['failed']}"
@@ -1911,7 +2027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--load-share", type=float, default=0.15, help="share of the cases also loaded into a fresh generator"
     )
-    parser.add_argument("--memory-limit-mb", type=int, default=4096, help="address-space limit per worker")
+    parser.add_argument("--memory-limit-mb", type=int, default=2048, help="address-space limit per worker")
     if argv and argv[0] == "worker":
         parser.add_argument("worker")
         parser.add_argument("--bases", required=True)

@@ -35,6 +35,9 @@ def test_mutated_checkpoints_are_refused_with_typed_errors_or_continue_exactly(
         report
     )
     assert summary["failed"] == 0, report
+    # The hybrid target's memory-driving fields were forged, and the restores refused what they may not allocate.
+    assert summary["by_class"].get("memory") and summary["outcomes"].get("typed:AllocationLimitError"), report
+    assert summary["peak_vm_mb"] < summary["memory_limit_mb"], report
 
 
 def test_the_fuzzer_reports_crashes_hangs_and_dead_workers_and_carries_on(

@@ -255,6 +255,18 @@ def test_generator_usage_errors(tiny_map: dict[str, Path]) -> None:
         generator.generate("again", max_tokens=2)
 
 
+def test_a_hybrid_draft_model_is_refused_and_a_hybrid_target_rolls_back(tiny_map: dict[str, Path]) -> None:
+    """Issue 20, item 11: a hybrid draft model could not roll back its first rejected draft."""
+    llama, qwen35 = Model(tiny_map["llama"]), Model(tiny_map["qwen35"])
+    with pytest.raises(ValueError, match=r"draft model \(qwen35\) is recurrent or hybrid"):
+        Generator(llama, mode="draft", draft_model=qwen35, n_ctx=TINY_CTX, n_batch=64, n_threads=1)
+    # The other way round, the hybrid target rolls back rejected drafts, call after call.
+    generator = tiny_generator("draft", tiny_map, sampled=True)
+    for call in range(3):
+        generator.generate("a hybrid target" if call == 0 else None, max_tokens=20)
+    assert len(generator.tokens) == 60 and generator.drafted > generator.accepted > 0
+
+
 def test_a_full_context_ends_the_generation(tiny_map: dict[str, Path]) -> None:
     generator = Generator(Model(tiny_map["llama"]), mode="ngram", n_ctx=64, n_batch=32, n_threads=1)
     generator.generate("fill the context up", max_tokens=500)

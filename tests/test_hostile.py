@@ -26,12 +26,14 @@ import models
 from generator_support import TINY_CTX, assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import Batch, Context, Generator, Model, _native, model_fingerprint
 from specstate.errors import (
+    AllocationLimitError,
     ConfigMismatchError,
     ContextError,
     CorruptCheckpointError,
     ModelChangedError,
     ModelLoadError,
     ModelMismatchError,
+    SequenceStateError,
     SessionError,
 )
 
@@ -172,6 +174,48 @@ def test_the_caller_can_cap_the_context_of_a_restore(
     with pytest.raises(ConfigMismatchError, match="at most 128"):
         Generator.restore(data, Model(tiny_map["qwen35"]), n_threads=1, max_n_ctx=128)
     assert Generator.restore(data, Model(tiny_map["qwen35"]), n_threads=1, max_n_ctx=TINY_CTX).model is not None
+
+
+def test_a_forged_draft_length_on_a_hybrid_model_is_refused_before_its_contexts_exist(
+    runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path]
+) -> None:
+    """Issue 20, item 9: n_draft 1000 (so n_batch 1001) had a 4 MB model's contexts reserve 2.1 GB."""
+    target = Model(tiny_map["qwen35"])
+    rows = codec.rewrite_meta(runs["mtp"][2], n_draft=1000, n_batch=1001, n_ctx=1024)
+    with pytest.raises(AllocationLimitError, match="n_batch of 1001") as refused:
+        Generator.restore(rows, target, n_threads=1)
+    assert (refused.value.field, refused.value.requested, refused.value.maximum) == ("n_batch", 1001, 512)
+    # Within the rows, but one recurrent-state snapshot per drafted token: 200 of them outweigh the model.
+    # (Mode draft: an MTP session's own state records its draft length, which then would not match.)
+    data, draft = runs["draft"][2], draft_for("draft", tiny_map)
+    snapshots = codec.rewrite_meta(data, n_draft=200, n_batch=512, n_ctx=512)
+    with pytest.raises(AllocationLimitError, match="rollback snapshots") as refused:
+        Generator.restore(snapshots, target, draft_model=draft, n_threads=1)
+    assert refused.value.field == "n_draft" and refused.value.maximum == target.size < refused.value.requested
+    # The caller who names max_n_batch accepts them; a draft length whose snapshots fit needs nothing.
+    fitting = codec.rewrite_meta(data, n_draft=40, n_batch=512, n_ctx=512)
+    for accepted, limit in ((snapshots, 512), (fitting, None)):
+        generator = Generator.restore(accepted, target, draft_model=draft, n_threads=1, max_n_batch=limit)
+        assert len(generator.generate(max_tokens=4)) > 0
+
+
+def test_a_sequence_state_claiming_two_recurrent_cells_is_refused_not_an_abort(qwen35_model: Model) -> None:
+    """Issue 20, item 10: llama.cpp asserted (GGML_ASSERT, an abort) in a context of two sequences."""
+    context = Context(qwen35_model, n_ctx=256, n_batch=32, n_ubatch=32, n_seq_max=2, n_threads=1)
+    context.decode([1, 2, 3, 4, 5], 0, seq_id=0)
+    state = context.seq_state(0)
+    # The recurrent part: one cell, at position 4, naming no sequence; then s_trans 0.
+    at = state.find(struct.pack("<IiII", 1, 4, 0, 0))
+    assert at > 0 and state.count(struct.pack("<IiII", 1, 4, 0, 0)) == 1
+    context.set_seq_state(1, state)
+    before = context.seq_state(1)
+    assert context.seq_pos_max(1) == 4
+    forged = state[:at] + struct.pack("<IiIiI", 2, 3, 0, 4, 0) + state[at + 12 :]
+    with pytest.raises(SequenceStateError, match="holds 2 cells"):
+        context.set_seq_state(1, forged)
+    with pytest.raises(SequenceStateError, match="not laid out"):
+        context.set_seq_state(1, state[: at + 2])
+    assert context.seq_state(1) == before
 
 
 @pytest.mark.parametrize(

@@ -297,7 +297,13 @@ class Context:
     def seq_state(self, seq_id: int = 0) -> bytes:
         """The exact state of one sequence (KV cells and recurrent state; no logits)."""
     def set_seq_state(self, seq_id: int, data: bytes) -> None:
-        """Replace one sequence's state; on failure (``SequenceStateError``) it is left as it was."""
+        """Replace one sequence's state; on failure (``SequenceStateError``) it is left as it was.
+
+        A recurrent or hybrid model's state is read first, far enough to count
+        its recurrent cells: one claiming more than the one a sequence holds,
+        or not laid out as llama.cpp writes such a state, is refused before
+        llama.cpp sees it.
+        """
     def seq_rm(self, seq_id: int = 0, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions ``p0..p1`` of ``seq_id`` (``-1``: open end); False if refused."""
     def seq_clear(self, seq_id: int = 0) -> None:
@@ -495,11 +501,15 @@ class Generator:
         draft_model: Model | None = None,
         n_threads: int | None = None,
         max_n_ctx: int | None = None,
+        max_n_batch: int | None = None,
     ) -> Generator:
         """A generator continuing a checkpoint on these models (validated first).
 
         The checkpoint's context length may be at most `max_n_ctx` (default:
-        the target model's trained context length). Without `n_threads`, the
+        the target model's trained context length), its `n_batch` at most
+        `max_n_batch` (default: 512), and, unless `max_n_batch` is given, a
+        recurrent or hybrid target's rollback snapshots may take at most the
+        model's size (`AllocationLimitError`). Without `n_threads`, the
         recorded thread count is used, and one above the CPUs available raises
         `ThreadCountError`.
         """

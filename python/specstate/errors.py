@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AllocationLimitError",
     "BadSequenceError",
     "BufferTooSmallError",
     "CapacityError",
@@ -249,6 +250,24 @@ class ThreadCountError(ConfigMismatchError):
 
     recorded: int
     available: int
+
+
+class AllocationLimitError(ConfigMismatchError):
+    """The checkpoint's configuration would make a restore allocate beyond its limits.
+
+    ``field`` ``"n_batch"``: more rows per compute pass (llama.cpp sizes the
+    contexts' compute buffers by them) than ``max_n_batch`` allows, 512 by
+    default. ``field`` ``"n_draft"``: on a recurrent or hybrid model, one
+    rollback snapshot of the recurrent state per drafted token, taking more
+    memory than the model's weights (not checked when ``max_n_batch`` is
+    given). Checked before any context is created. Fields ``requested`` and
+    ``maximum`` (rows, or bytes of snapshots), and, as a
+    ``ConfigMismatchError``, ``field``, ``checkpoint`` and ``generator``.
+    Pass ``max_n_batch`` (at least the checkpoint's ``n_batch``) to restore it.
+    """
+
+    requested: int
+    maximum: int
 
 
 class SpeculativeStateError(Exception):

@@ -96,6 +96,7 @@ class Generator:
         draft_model: Model | None = None,
         n_threads: int | None = None,
         max_n_ctx: int | None = None,
+        max_n_batch: int | None = None,
     ) -> Generator:
         """A generator continuing a checkpoint (bytes or a path) on these models.
 
@@ -107,8 +108,18 @@ class Generator:
         match the generator state, sections spliced from another checkpoint),
         a section too large, other model files, or a context longer than
         ``max_n_ctx`` (``ConfigMismatchError``; default: the target model's
-        trained context length), so a file cannot make the process allocate
-        memory the caller did not choose.
+        trained context length) or larger than ``max_n_batch`` allows
+        (:class:`~specstate.errors.AllocationLimitError`), so a file cannot
+        make the process allocate memory the caller did not choose.
+
+        The contexts' other allocations are bounded before they are created:
+        their compute buffers hold ``n_batch`` rows per pass, at most
+        ``max_n_batch`` (default 512, the generator's default ``n_batch``);
+        and on a recurrent or hybrid target, whose contexts keep one rollback
+        snapshot of the recurrent state per drafted token (``n_draft``), the
+        snapshots may take at most as much memory as the model's weights,
+        unless ``max_n_batch`` is given (the caller then accepts up to
+        ``max_n_batch - 1`` snapshots).
 
         A path (symbolic links followed) must be a regular file: its type is
         checked before it is opened and on the file opened, without blocking,
@@ -127,7 +138,12 @@ class Generator:
         """
         generator = cls.__new__(cls)
         generator._native = _native.Generator.restore(
-            _read(source), model, draft_model=draft_model, n_threads=n_threads, max_n_ctx=max_n_ctx
+            _read(source),
+            model,
+            draft_model=draft_model,
+            n_threads=n_threads,
+            max_n_ctx=max_n_ctx,
+            max_n_batch=max_n_batch,
         )
         generator._reset_text()
         return generator

@@ -38,6 +38,7 @@ pub(crate) mod classes {
     use pyo3::prelude::*;
 
     python_exceptions!(
+        AllocationLimitError,
         BadSequenceError,
         BufferTooSmallError,
         CapacityError,
@@ -239,6 +240,20 @@ fn checkpoint_fields<'py>(
             recorded,
             available,
         } => thread_count_fields(py, &fields, *recorded, *available)?,
+        E::ExcessiveAllocation {
+            field,
+            value,
+            requested,
+            maximum,
+            ..
+        } => {
+            fields.set_item("field", field)?;
+            fields.set_item("checkpoint", value.to_string())?;
+            fields.set_item("generator", format!("at most {maximum}"))?;
+            fields.set_item("requested", requested)?;
+            fields.set_item("maximum", maximum)?;
+            c::AllocationLimitError::type_object(py)
+        }
     };
     Ok((class, fields))
 }

@@ -253,10 +253,14 @@ impl PyGenerator {
     /// A generator continuing a checkpoint on these models (validated first).
     ///
     /// The checkpoint's context length may be at most `max_n_ctx` (default:
-    /// the target model's trained context length).
+    /// the target model's trained context length), its `n_batch` at most
+    /// `max_n_batch` (default: 512), and, unless `max_n_batch` is given, a
+    /// recurrent or hybrid target's rollback snapshots may take at most the
+    /// model's size.
     #[staticmethod]
-    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = None, max_n_ctx = None),
-           text_signature = "(data, target, *, draft_model=None, n_threads=None, max_n_ctx=None)")]
+    #[pyo3(signature = (data, target, *, draft_model = None, n_threads = None, max_n_ctx = None,
+                        max_n_batch = None),
+           text_signature = "(data, target, *, draft_model=None, n_threads=None, max_n_ctx=None, max_n_batch=None)")]
     fn restore(
         py: Python<'_>,
         data: &[u8],
@@ -264,13 +268,19 @@ impl PyGenerator {
         draft_model: Option<Py<PyModel>>,
         n_threads: Option<WideInt>,
         max_n_ctx: Option<WideInt>,
+        max_n_batch: Option<WideInt>,
     ) -> PyResult<Self> {
         let n_threads = n_threads
             .map(|n| n.narrow::<i32>("n_threads"))
             .transpose()?;
-        let max_n_ctx = max_n_ctx
-            .map(|n| n.narrow::<u32>("max_n_ctx"))
-            .transpose()?;
+        let limits = checkpoint::RestoreLimits {
+            max_n_ctx: max_n_ctx
+                .map(|n| n.narrow::<u32>("max_n_ctx"))
+                .transpose()?,
+            max_n_batch: max_n_batch
+                .map(|n| n.narrow::<u32>("max_n_batch"))
+                .transpose()?,
+        };
         let decoded = checkpoint::decode(data)?;
         let runtime = match n_threads {
             Some(n_threads) => RuntimeOptions { n_threads },
@@ -281,7 +291,7 @@ impl PyGenerator {
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);
         let inner =
-            py.detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, max_n_ctx))?;
+            py.detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, limits))?;
         Ok(Self::wrap(inner, target, draft_model))
     }
 

@@ -166,6 +166,27 @@ pub enum CheckpointError {
         /// The CPUs this process may run on.
         available: u32,
     },
+    /// The checkpoint's configuration would make a restore allocate more than
+    /// its limits: compute buffers for more rows per pass than `max_n_batch`
+    /// (by default [`DEFAULT_MAX_N_BATCH`](crate::checkpoint::DEFAULT_MAX_N_BATCH)), or, on a
+    /// recurrent or hybrid model, rollback snapshots of the recurrent state
+    /// taking more memory than the model's weights.
+    #[error(
+        "the checkpoint's {field} of {value} {reason}: pass max_n_batch (at least its n_batch) \
+         to restore it"
+    )]
+    ExcessiveAllocation {
+        /// `n_batch` or `n_draft`.
+        field: &'static str,
+        /// Its value in the checkpoint.
+        value: u32,
+        /// What it would allocate, against which limit.
+        reason: String,
+        /// Rows per pass (`n_batch`) or snapshot bytes (`n_draft`) asked for.
+        requested: u64,
+        /// The limit on them.
+        maximum: u64,
+    },
 }
 
 /// A [`CheckpointError::Corrupt`] saying `what`.

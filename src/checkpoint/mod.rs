@@ -24,8 +24,8 @@ pub use codec::{decode, Checkpoint, EncodeError, Payload, Sections};
 pub use format::{CheckpointError, SectionKind, FORMAT_VERSION, MAGIC, MAX_CHECKPOINT_BYTES};
 pub use meta::{Meta, ModelFingerprint};
 pub use operations::{
-    capture, check_config, check_models, fingerprint, load_into, restore, Capture,
-    DEFAULT_MAX_N_CTX,
+    capture, check_config, check_models, fingerprint, load_into, restore, Capture, RestoreLimits,
+    DEFAULT_MAX_N_BATCH, DEFAULT_MAX_N_CTX,
 };
 pub use state::EncodedState;
 

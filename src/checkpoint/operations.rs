@@ -8,11 +8,29 @@ use super::format::{CheckpointError, SectionKind};
 use super::meta::{check_n_ctx_cap, Meta, ModelFingerprint};
 use super::state::EncodedState;
 use super::Error;
-use crate::generator::{Generator, GeneratorConfig, GeneratorError, RestoreError, RuntimeOptions};
-use crate::native::Model;
+use crate::generator::{
+    rollback_snapshots, Generator, GeneratorConfig, GeneratorError, RestoreError, RuntimeOptions,
+};
+use crate::native::{recurrent_state_bytes, Model};
 
 /// The cap on a restored context when neither the caller nor the model names one.
 pub const DEFAULT_MAX_N_CTX: u32 = 8192;
+
+/// The most rows per compute pass a restore allocates when the caller names
+/// no `max_n_batch`: the generator's default `n_batch`.
+pub const DEFAULT_MAX_N_BATCH: u32 = 512;
+
+/// The caller's limits on what a restore may allocate (`None`: the defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreLimits {
+    /// The longest context: by default the target's trained context length
+    /// (or [`DEFAULT_MAX_N_CTX`] if it names none).
+    pub max_n_ctx: Option<u32>,
+    /// The most rows per compute pass (the checkpoint's `n_batch`): by
+    /// default [`DEFAULT_MAX_N_BATCH`]. Naming it also lifts the default
+    /// bound on a recurrent model's rollback snapshots (see `restore`).
+    pub max_n_batch: Option<u32>,
+}
 
 /// The fingerprint of a loaded model's file.
 pub fn fingerprint(model: &Model) -> ModelFingerprint {
@@ -154,6 +172,57 @@ fn check_context_cap(
     check_n_ctx_cap(config.n_ctx, cap)
 }
 
+/// What a restore may allocate beyond the context length: compute buffers
+/// for at most `max_n_batch` rows per pass (default [`DEFAULT_MAX_N_BATCH`]);
+/// and, unless the caller named `max_n_batch`, on a recurrent or hybrid
+/// target, rollback snapshots of the recurrent state (one per drafted token,
+/// each cleared, so really held) taking at most as much memory as the
+/// model's weights. Checked before any context is created, so a file cannot
+/// make the process reserve memory nobody chose.
+fn check_allocation(
+    config: &GeneratorConfig,
+    target: &Arc<Model>,
+    max_n_batch: Option<u32>,
+) -> Result<(), Error> {
+    let cap = max_n_batch.unwrap_or(DEFAULT_MAX_N_BATCH);
+    if config.n_batch > cap {
+        let limit = match max_n_batch {
+            Some(_) => format!("max_n_batch={cap}"),
+            None => format!("by default: {cap}, the generator's default n_batch"),
+        };
+        return Err(CheckpointError::ExcessiveAllocation {
+            field: "n_batch",
+            value: config.n_batch,
+            reason: format!(
+                "asks for compute buffers of that many rows per pass, more than a restore allocates ({limit})"
+            ),
+            requested: u64::from(config.n_batch),
+            maximum: u64::from(cap),
+        }
+        .into());
+    }
+    let snapshots = u64::from(rollback_snapshots(target, config));
+    if max_n_batch.is_some() || snapshots == 0 {
+        return Ok(());
+    }
+    let state = recurrent_state_bytes(target).map_err(GeneratorError::from)?;
+    let (bytes, weights) = (snapshots.saturating_mul(state), target.size_bytes());
+    if bytes <= weights {
+        return Ok(());
+    }
+    Err(CheckpointError::ExcessiveAllocation {
+        field: "n_draft",
+        value: config.n_draft,
+        reason: format!(
+            "keeps {snapshots} rollback snapshots of the model's {state}-byte recurrent state, \
+             {bytes} bytes, more than the {weights} bytes of its weights"
+        ),
+        requested: bytes,
+        maximum: weights,
+    }
+    .into())
+}
+
 /// A refused part of a checkpoint's content as a checkpoint error.
 fn refused(error: RestoreError) -> CheckpointError {
     CheckpointError::Corrupt(error.to_string())
@@ -170,19 +239,22 @@ fn set_conversation(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> R
 ///
 /// Everything that comes from the file is a [`CheckpointError`]: settings
 /// that do not fit the model, states llama.cpp refuses, positions that do not
-/// match the state. Only `runtime` (the caller's own) gives other errors.
+/// match the state, a context longer or contexts larger than `limits`
+/// allow (checked before they are created). Only `runtime` (the caller's
+/// own) gives other errors.
 pub fn restore(
     checkpoint: &Checkpoint<'_>,
     target: Arc<Model>,
     draft: Option<Arc<Model>>,
     runtime: RuntimeOptions,
-    max_n_ctx: Option<u32>,
+    limits: RestoreLimits,
 ) -> Result<Generator, Error> {
     runtime.validate().map_err(GeneratorError::from)?;
     check_models(checkpoint, &target, draft.as_deref())?;
     check_unchanged(&target, draft.as_deref())?;
     let config = checkpoint.meta.config()?;
-    check_context_cap(&config, &target, max_n_ctx)?;
+    check_context_cap(&config, &target, limits.max_n_ctx)?;
+    check_allocation(&config, &target, limits.max_n_batch)?;
     let mut generator = Generator::new(target, draft, config, runtime).map_err(|error| {
         CheckpointError::Corrupt(format!(
             "meta: the configuration cannot run on these models: {error}"

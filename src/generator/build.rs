@@ -9,19 +9,25 @@ use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};
 use crate::settings::{GeneratorConfig, Mode, RuntimeOptions};
 
+/// The recurrent-state snapshots per sequence that a context of `model`
+/// keeps for `config`: rollback of rejected drafts needs them on a recurrent
+/// or hybrid model (seed: slots >= n_draft); none otherwise.
+pub(crate) fn rollback_snapshots(model: &Model, config: &GeneratorConfig) -> u32 {
+    let recurrent = model.is_recurrent() || model.is_hybrid();
+    if recurrent && config.mode.is_speculative() {
+        config.n_draft.max(1)
+    } else {
+        0
+    }
+}
+
 fn context_params(
     model: &Model,
     config: &GeneratorConfig,
     runtime: RuntimeOptions,
     kind: ContextKind,
 ) -> ContextParams {
-    let recurrent = model.is_recurrent() || model.is_hybrid();
-    // Rollback of rejected drafts needs recurrent snapshots (seed: slots >= n_draft).
-    let n_rs_seq = if recurrent && config.mode.is_speculative() {
-        config.n_draft.max(1)
-    } else {
-        0
-    };
+    let n_rs_seq = rollback_snapshots(model, config);
     // llama.cpp needs room for the snapshots in every compute pass; the
     // generator itself never decodes more than `config.n_batch` rows at once.
     let n_rows = config.n_batch.max(n_rs_seq + 2);
@@ -49,6 +55,18 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
         (false, Some(_)) => Err(GeneratorError::Invalid(format!(
             "mode '{mode}' takes no draft model"
         ))),
+        (_, Some(draft))
+            if config.mode == Mode::Draft && (draft.is_recurrent() || draft.is_hybrid()) =>
+        {
+            // The draft context decodes its tokens one at a time, and a
+            // recurrent memory can roll back only within its last batch.
+            Err(GeneratorError::Invalid(format!(
+                "the draft model ({}) is recurrent or hybrid: mode 'draft' cannot roll its state back \
+                 after a rejected draft; use an attention-only draft model, or this model as the target \
+                 (its own MTP head drafts in mode 'mtp' where it has one)",
+                draft.architecture()
+            )))
+        }
         (_, Some(draft)) if config.mode == Mode::Draft && draft.n_vocab() != target.n_vocab() => {
             Err(GeneratorError::Invalid(format!(
                 "the draft model has {} tokens and the target {}: vocabularies differ",

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 pub use crate::engine::EngineError as GeneratorError;
 pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, SettingError};
+pub(crate) use build::rollback_snapshots;
 pub use restore::{Boundary, Positions, RestoreError};
 
 use crate::chat::Conversation;

@@ -1,10 +1,11 @@
 //! An owned llama.cpp context (`llama_init_from_model`/`llama_free`).
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use llama_cpp_sys_4 as sys;
 
+use super::seq_state::{check_recurrent_cells, Memories};
 use super::{Batch, Model, NativeError, NativeResult};
 use crate::speculative::SpeculativeContextCapacity;
 
@@ -48,6 +49,15 @@ impl Default for ContextParams {
             n_threads: 0,
         }
     }
+}
+
+/// Bytes a context holds (see [`Context::allocated_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextBytes {
+    /// KV cache, recurrent states and rollback snapshots.
+    pub memory: u64,
+    /// Compute buffers (sized for `n_ubatch` rows).
+    pub compute: u64,
 }
 
 /// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. Beyond
@@ -236,6 +246,36 @@ impl Context {
         }
     }
 
+    /// Bytes llama.cpp allocated for this context, over every buffer type:
+    /// its memory (KV cache, recurrent states and their rollback snapshots)
+    /// and its compute buffers.
+    pub fn allocated_bytes(&self) -> ContextBytes {
+        const MAX_BUFFER_TYPES: usize = 16;
+        let empty = sys::llama_memory_breakdown_entry {
+            buft_name: [0; 128],
+            model: 0,
+            context: 0,
+            compute: 0,
+        };
+        let mut entries = [empty; MAX_BUFFER_TYPES];
+        // SAFETY: the context is live; the shim writes at most
+        // `MAX_BUFFER_TYPES` entries into the array and returns how many.
+        let written = unsafe {
+            sys::llama_memory_breakdown_collect(
+                self.raw.as_ptr(),
+                entries.as_mut_ptr(),
+                MAX_BUFFER_TYPES,
+            )
+        };
+        entries[..written.min(MAX_BUFFER_TYPES)].iter().fold(
+            ContextBytes::default(),
+            |sum, entry| ContextBytes {
+                memory: sum.memory.saturating_add(entry.context as u64),
+                compute: sum.compute.saturating_add(entry.compute as u64),
+            },
+        )
+    }
+
     /// The threads used for decoding (the resolved count, never 0).
     pub fn n_threads(&self) -> i32 {
         // SAFETY: the context is live.
@@ -376,13 +416,24 @@ impl Context {
     /// Replace sequence `seq_id`'s state with `state` (from [`Context::seq_state`]).
     ///
     /// On failure llama.cpp has cleared the sequence; callers that must leave
-    /// it unchanged capture it first and restore that copy.
+    /// it unchanged capture it first and restore that copy. A recurrent or
+    /// hybrid model's state is refused untouched if its recurrent part claims
+    /// more than one cell (llama.cpp aborts on it in a context of two or more
+    /// sequences), or if it is not laid out as such a state.
     pub fn set_seq_state(&mut self, seq_id: i32, state: &[u8]) -> NativeResult<()> {
         self.check_seq(seq_id)?;
         if state.is_empty() {
             return Err(NativeError::SequenceState(
                 "an empty sequence state is not valid".into(),
             ));
+        }
+        if self.model.is_recurrent() || self.model.is_hybrid() {
+            let memories = Memories {
+                recurrent: self.model.is_recurrent(),
+                hybrid: self.model.is_hybrid(),
+                kind: self.params.kind,
+            };
+            check_recurrent_cells(state, memories).map_err(NativeError::SequenceState)?;
         }
         // SAFETY: `state` is readable for `len` bytes; llama.cpp validates the
         // layout and returns 0 on failure.
@@ -397,6 +448,37 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// Bytes of one recurrent state of `model` (one cell of each recurrent layer):
+/// what each rollback snapshot of a context costs; 0 for a model without
+/// recurrent layers. Measured once per model file (SHA-256) in a process, as
+/// the difference between two minimal contexts with 0 and 1 snapshots.
+pub fn recurrent_state_bytes(model: &Arc<Model>) -> NativeResult<u64> {
+    static MEASURED: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+    if !(model.is_recurrent() || model.is_hybrid()) {
+        return Ok(0);
+    }
+    let key = &model.file_digest().0;
+    let lock = || MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, bytes)) = lock().iter().find(|(sha256, _)| sha256 == key) {
+        return Ok(*bytes);
+    }
+    let memory = |n_rs_seq| {
+        let params = ContextParams {
+            n_ctx: 2,
+            n_batch: 3,
+            n_ubatch: 3,
+            n_seq_max: 1,
+            n_rs_seq,
+            kind: ContextKind::Default,
+            n_threads: 1,
+        };
+        Context::new(Arc::clone(model), params).map(|context| context.allocated_bytes().memory)
+    };
+    let bytes = memory(1)?.saturating_sub(memory(0)?);
+    lock().push((key.clone(), bytes));
+    Ok(bytes)
 }
 
 impl Context {

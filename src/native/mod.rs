@@ -9,11 +9,15 @@ mod batch;
 mod chat;
 mod context;
 mod model;
+mod seq_state;
 
 pub use backend::ensure_backend;
 pub use batch::{Batch, MAX_BATCH_ROWS};
 pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
-pub use context::{available_cpus, Context, ContextKind, ContextParams, MAX_SEQUENCES, MAX_THREADS};
+pub use context::{
+    available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
+    MAX_SEQUENCES, MAX_THREADS,
+};
 pub use model::Model;
 
 use std::path::PathBuf;
