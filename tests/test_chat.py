@@ -195,3 +195,66 @@ def test_a_conversation_resumes_across_processes_exactly(
         assert json.loads(result.stdout) == replies[turn:]
         for index in range(len(USER_TURNS) - turn):
             assert (out / f"turn-{index}.ckpt").read_bytes() == saved[turn + index].read_bytes()
+
+
+# --- templates that enforce role alternation (issue 20, item 2) --------------------------------
+
+_ALTERNATE = (
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+)
+#: Mistral-style: [INST] turns, alternation enforced, no system role.
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}" + _ALTERNATE + "{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% else %}{{ raise_exception('Only user and assistant roles') }}"
+    "{% endif %}{% endfor %}"
+)
+#: Llama-2-style: an optional system message folded into the first user turn, contents stripped.
+LLAMA2_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}" + _ALTERNATE + ""
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+#: Gemma-style: no system role, the assistant is the 'model', contents trimmed.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}" + _ALTERNATE + "{% if message['role'] == 'assistant' %}"
+    "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+ALTERNATING = {"mistral": MISTRAL_TEMPLATE, "llama2": LLAMA2_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+
+
+@pytest.mark.parametrize("name", ALTERNATING)
+def test_templates_that_enforce_alternation_raise_on_two_assistant_turns(name: str, qwen35_model: Model) -> None:
+    two_replies = [("user", "Hi"), ("assistant", "Hello"), ("assistant", "again")]
+    with pytest.raises(ChatTemplateError, match="must alternate"):
+        ChatTemplate(qwen35_model, ALTERNATING[name]).render(two_replies)
+
+
+@pytest.mark.parametrize("name", ALTERNATING)
+@pytest.mark.parametrize("mode", ["none", "ngram", "draft"])
+def test_next_turns_with_templates_that_enforce_alternation(name: str, mode: str, tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator(mode, tiny_map)
+    template = ALTERNATING[name]
+    for message in USER_TURNS:
+        generator.chat(message, max_tokens=REPLY_TOKENS, template=template)
+    roles = [m["role"] for m in generator.messages]
+    assert roles == ["user", "assistant"] * len(USER_TURNS)
+    assert [m["content"] for m in generator.messages[::2]] == list(USER_TURNS)
+
+
+def test_the_models_own_alternating_template_continues_a_conversation(tmp_path: Path) -> None:
+    model = Model(models.build_llama(tmp_path / "gemma-style.gguf", chat_template=GEMMA_TEMPLATE))
+    assert model.chat_template == GEMMA_TEMPLATE
+    generator = Generator(model, mode="ngram", n_ctx=TINY_CTX, n_threads=1)
+    first = generator.chat("Hi", max_tokens=REPLY_TOKENS)
+    second = generator.chat("Go on.", max_tokens=REPLY_TOKENS)
+    assert [m["content"] for m in generator.messages] == ["Hi", first, "Go on.", second]

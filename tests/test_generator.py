@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,79 @@ def test_stop_strings_end_the_text_before_them(tiny_map: dict[str, Path]) -> Non
     assert generator.stopped_by == "stop"
 
 
+def _self_drafting(paths: dict[str, Path]) -> Generator:
+    """Draft mode with the target as its own draft: every draft is accepted, rounds commit n_draft + 1 tokens."""
+    target = Model(paths["llama"])
+    return Generator(target, mode="draft", draft_model=target, n_ctx=TINY_CTX, n_draft=6, n_threads=1)
+
+
+STOP_CASES = [*MODES, "self-draft"]
+
+
+def _stop_generator(case: str, paths: dict[str, Path]) -> Generator:
+    return _self_drafting(paths) if case == "self-draft" else tiny_generator(case, paths, n_draft=6)
+
+
+@pytest.mark.parametrize("case", STOP_CASES)
+def test_a_stop_string_leaves_the_rest_of_the_round_undelivered(tiny_map: dict[str, Path], case: str) -> None:
+    full = _stop_generator(case, tiny_map)
+    text = full.generate("stop here", max_tokens=60)
+    stop = text[30:33]
+    cut = text.index(stop)
+    generator = _stop_generator(case, tiny_map)
+    first = generator.generate("stop here", max_tokens=60, stop=stop)
+    assert first == text[:cut] and generator.stopped_by == "stop"
+    # Handed out: exactly the tokens up to the one that completes the stop string.
+    n = len(generator.tokens)
+    assert generator.tokens == full.tokens[:n]
+    assert len(generator.model.detokenize(full.tokens[: n - 1])) < cut + len(stop) <= len(generator.text)
+    saved = generator.checkpoint()
+    rest = generator.generate(max_tokens=60 - n)
+    assert first + stop + rest == text == generator.text
+    draft = generator.draft_model
+    restored = Generator.restore(saved, generator.model, draft_model=draft, n_threads=1)
+    restored.generate(max_tokens=60 - n)
+    assert restored.tokens == full.tokens
+
+
+def test_a_stream_closed_early_keeps_its_text_for_the_next_call(tiny_map: dict[str, Path]) -> None:
+    full = _self_drafting(tiny_map)
+    text = full.generate("close me", max_tokens=40)
+    generator = _self_drafting(tiny_map)
+    stream = generator.stream("close me", max_tokens=40, stop=["never there, but long enough to hold text"])
+    first = next(stream)
+    assert isinstance(stream, types.GeneratorType)
+    stream.close()
+    assert first + generator.generate(max_tokens=40 - len(generator.tokens)) == text
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda g: g.generate("Hello", max_tokens=2.5), TypeError, "max_tokens must be an integer, not float"),
+        (lambda g: g.generate("Hello", max_tokens=True), TypeError, "max_tokens must be an integer, not bool"),
+        (lambda g: g.generate("Hello", max_tokens=-1), ValueError, "max_tokens must not be negative"),
+        (lambda g: g.generate("Hello", max_tokens=2, stop=[1]), TypeError, "stop must be a string"),
+        (lambda g: g.generate("Hello", max_tokens=2, literal="no"), TypeError, "literal must be a bool"),
+        (lambda g: g.generate([1, 2.5], max_tokens=2), TypeError, "prompt token must be an integer"),
+        (lambda g: g.generate(b"Hello", max_tokens=2), TypeError, "prompt must be a str"),
+        (lambda g: g.chat("Hello", max_tokens=2.5, template="chatml"), TypeError, "max_tokens must be an integer"),
+        (lambda g: g.chat("Hello", max_tokens=0, template="chatml"), ValueError, "max_tokens must be at least 1"),
+        (lambda g: g.chat("Hello", max_tokens=2, template=5), TypeError, "template must be a str or None"),
+    ],
+)
+def test_arguments_are_checked_before_anything_changes(
+    tiny_map: dict[str, Path], call: object, error: type[Exception], message: str
+) -> None:
+    generator = tiny_generator("ngram", tiny_map)
+    with pytest.raises(error, match=message):
+        call(generator)  # type: ignore[operator]
+    assert generator._native.history == []
+    # The same generator then works as if the refused call had never been made.
+    assert len(generator.chat("Hello", max_tokens=4, template="chatml")) > 0
+    assert [m["role"] for m in generator.messages] == ["user", "assistant"]
+
+
 def test_eos_ends_a_generation(smollm2: Model) -> None:
     prompt = (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -286,3 +361,34 @@ def test_checkpoint_size_is_the_state_in_use(smollm2: Model) -> None:
     assert ratio <= 1.05
     # No logits and no empty cells: about 23,040 bytes of f16 K and V per token.
     assert sections["target_state"] < 23_100 * info["n_tokens"]
+
+
+def test_getters_from_another_thread_wait_for_a_running_call(smollm2: Model) -> None:
+    """Reads from a second thread while the owner generates: values, never a borrow error (issue 20, item 12)."""
+    generator = Generator(smollm2, mode="ngram", n_ctx=512, n_threads=1)
+    generator.generate("Count from one to fifty: one, two, three,", max_tokens=1)
+    done = threading.Event()
+    errors: list[BaseException] = []
+    reads = 0
+
+    def read() -> None:
+        nonlocal reads
+        native = generator._native
+        while not done.is_set():
+            try:
+                values = (native.history, native.finished, native.config, native.delivered, native.rounds)
+                assert len(values[0]) >= native.n_prompt
+                reads += 1
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        generator.generate(max_tokens=60)
+    finally:
+        done.set()
+        reader.join()
+    assert errors == [] and reads > 0
+    assert len(generator.tokens) == 61

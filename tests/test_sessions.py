@@ -454,3 +454,30 @@ def test_token_ids_outside_the_vocabulary_are_refused(
     with pytest.raises(SessionError, match="vocabulary"):
         resumed.step()
     assert setup.session.is_quiescent()
+
+
+HUGE = 2**40
+
+
+def test_huge_integers_are_refused_by_name_never_overflow_errors(qwen35_model: Model) -> None:
+    """Integers beyond the native types meet the same rules as any other out-of-range value (issue 20, item 13)."""
+    target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
+    draft = Context(qwen35_model, n_ctx=N_CTX, kind="mtp", n_rs_seq=3, n_ubatch=8)
+    for name in ("n_seq", "n_draft_max", "n_min"):
+        for value in (HUGE, -HUGE):
+            with pytest.raises(ConfigError, match=rf"^{name}"):
+                MtpSession(target, draft, **{name: value})
+    session = MtpSession(target, draft)
+    with pytest.raises(ValueError, match="start_pos must be between"):
+        session.decode([1, 2], HUGE)
+    with pytest.raises(ValueError, match="seq_id must be between"):
+        session.decode([1, 2], 0, seq_id=HUGE)
+    with pytest.raises(specstate.DecodeError):  # llama.cpp refuses the id (as any other outside the vocabulary)
+        session.decode([1, HUGE], 0)
+    with pytest.raises(ValueError, match="seq_id must be between"):
+        GreedyGeneration(session, seq_id=HUGE)
+    template = specstate.ChatTemplate(qwen35_model, "chatml")
+    with pytest.raises(ValueError, match="last_token must be between"):
+        template.next_turn_tokens([("user", "Hi")], HUGE, [("user", "Again")])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        qwen35_model.detokenize([HUGE])

@@ -461,12 +461,12 @@ class Generator:
     @property
     def conversation(self) -> tuple[list[tuple[str, str]], str] | None:
         """The messages that led to the current reply and the template's SHA-256, or ``None``."""
-    def take(self, max_n: int = ..., *, within: bool = False) -> list[int]:
+    def take(self, max_n: int = ..., *, max_commit: int | None = None) -> list[int]:
         """Up to ``max_n`` generated tokens, running a round when none are waiting.
 
-        With ``within``, a round run for this call commits at most ``max_n``
-        tokens (its draft is shortened), so nothing is left waiting; the
-        rounds then depend on ``max_n``.
+        With ``max_commit``, a round run for this call commits at most that
+        many tokens (its draft is shortened), so nothing beyond it is left
+        waiting; the rounds then depend on ``max_commit``.
 
         Empty once finished (or the context is full) and all are handed out.
         Rounds never depend on ``max_n``, so how a generation is split into

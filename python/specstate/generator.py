@@ -35,9 +35,10 @@ What each mode guarantees:
 from __future__ import annotations
 
 import codecs
+import operator
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -213,6 +214,7 @@ class Generator:
             self._decoder.decode(model.token_to_piece(token))
         self._elapsed = 0.0
         self._timed_tokens = 0
+        self._held = ""  # text of handed-out tokens not yet yielded (after a stop string, or a stream closed early)
         self.stopped_by: str | None = None
         """Why the last call stopped: ``"eos"``, ``"stop"``, ``"max_tokens"``, ``"context"``."""
 
@@ -233,7 +235,7 @@ class Generator:
         prompt: str | Sequence[int] | None = None,
         *,
         max_tokens: int,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         literal: bool = False,
     ) -> Iterator[str]:
         """Yield text pieces as tokens are committed, up to ``max_tokens`` new tokens.
@@ -242,20 +244,39 @@ class Generator:
         continue one (for instance after :meth:`restore`). Text is read as
         llama.cpp's tools read it (see :func:`encode_prompt`); ``literal``
         reads special-token text as plain text. Stops at an end-of-generation
-        token, at the first of the ``stop`` strings (not included in the
-        text), or after ``max_tokens`` tokens.
+        token, at the first of the ``stop`` strings (a string or several; not
+        included in the text), or after ``max_tokens`` tokens.
+
+        Tokens are handed out one at a time, so a stop string leaves every
+        token after the one that completes it undelivered: the next call (or
+        a checkpoint taken now) continues right after it, and the text that
+        token holds after the stop string is the next call's first text. A
+        stream closed early keeps the text it held back for the next call too.
+        Every argument is checked before anything is decoded.
         """
-        if max_tokens < 0:
-            raise ValueError("max_tokens must not be negative")
-        return self._stream(lambda: self._start(prompt, literal), max_tokens, stop)
+        max_tokens = _count("max_tokens", max_tokens, minimum=0)
+        stops = _stop_strings(stop)
+        start = self._starter(prompt, literal)
+        return self._stream(start, max_tokens, stops)
+
+    def _starter(self, prompt: str | Sequence[int] | None, literal: bool) -> Callable[[], None]:
+        """What starts the generation with ``prompt``, after checking the arguments."""
+        if not isinstance(literal, bool):
+            raise TypeError(f"literal must be a bool, not {type(literal).__name__}")
+        if prompt is None or isinstance(prompt, str):
+            return lambda: self._start(prompt, literal)
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Iterable):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}")
+        tokens = [_count("prompt token", token, minimum=0) for token in prompt]
+        return lambda: self._start(tokens, literal)
 
     def _stream(
-        self, start: Callable[[], None], max_tokens: int, stop: Sequence[str], within: bool = False
+        self, start: Callable[[], None], max_tokens: int, stop: list[str], within: bool = False
     ) -> Iterator[str]:
         """Run ``start``, then yield text pieces as tokens are committed (see :meth:`stream`);
         ``within``: rounds commit nothing beyond ``max_tokens``."""
         native, model = self._native, self._native.target
-        held = ""  # text held back while it could begin a stop string
+        held, self._held = self._held, ""  # text held back while it could begin a stop string
         hold = max((len(s) for s in stop), default=1) - 1
         self.stopped_by = None
         remaining = max_tokens
@@ -264,34 +285,34 @@ class Generator:
         try:
             start()
             while True:
+                cut = _find_stop(held, stop)
+                if cut is not None:
+                    end = cut[0] + len(cut[1])
+                    held, self._held = held[: cut[0]], held[end:]
+                    self.stopped_by = "stop"
+                    break
                 if remaining <= 0:
                     self.stopped_by = "max_tokens"
                     break
-                committed = native.take(remaining, within=within)
+                committed = native.take(1, max_commit=remaining if within else None)
                 if not committed:
                     self.stopped_by = "eos" if native.finished else "context"
                     break
-                remaining -= len(committed)
-                delivered += len(committed)
-                for token in committed:
-                    held += self._decoder.decode(model.token_to_piece(token))
-                cut = _find_stop(held, stop)
-                if cut is not None:
-                    if held[:cut]:
-                        yield held[:cut]
-                    held = ""
-                    self.stopped_by = "stop"
-                    return
-                if self.finished:
+                remaining -= 1
+                delivered += 1
+                held += self._decoder.decode(model.token_to_piece(committed[0]))
+                if _find_stop(held, stop) is None and self.finished:
                     self.stopped_by = "eos"
                     break
                 ready = len(held) - hold
-                if ready > 0:
-                    yield held[:ready]
-                    held = held[ready:]
-            if held:
-                yield held
+                if ready > 0 and _find_stop(held, stop) is None:
+                    piece, held = held[:ready], held[ready:]
+                    yield piece
+            piece, held = held, ""
+            if piece:
+                yield piece
         finally:
+            self._held = held + self._held  # text not yet yielded waits for the next call
             self._elapsed += time.perf_counter() - started
             self._timed_tokens += delivered
 
@@ -300,7 +321,7 @@ class Generator:
         prompt: str | Sequence[int] | None = None,
         *,
         max_tokens: int,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         literal: bool = False,
     ) -> str:
         """The text of up to ``max_tokens`` new tokens (see :meth:`stream`)."""
@@ -325,11 +346,12 @@ class Generator:
         closed as the template closes a turn. :attr:`messages` is the whole
         conversation, reply included, and travels in checkpoints.
         """
-        if max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1 for a chat reply")
+        max_tokens = _count("max_tokens", max_tokens, minimum=1, what="for a chat reply")
         new = as_pairs(messages)
+        if template is not None and not isinstance(template, str):
+            raise TypeError(f"template must be a str or None, not {type(template).__name__}")
         template_ = chat_template(self._native.target, template)
-        return self._stream(lambda: self._start_turn(template_, new), max_tokens, (), within=True)
+        return self._stream(lambda: self._start_turn(template_, new), max_tokens, [], within=True)
 
     def chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> str:
         """The assistant's reply to ``messages`` (see :meth:`stream_chat`)."""
@@ -357,8 +379,8 @@ class Generator:
         if recorded != digest:
             raise ChatTemplateError("this conversation was rendered with another chat template")
         reply = native.target.detokenize(native.history[native.n_prompt :])
-        before = [*before, ("assistant", reply)]
-        native.extend(template.next_turn_tokens(before, native.history[-1], new), ([*before, *new], digest))
+        tokens = template.next_turn_tokens(before, native.history[-1], new)
+        native.extend(tokens, ([*before, ("assistant", reply), *new], digest))
         self._reset_text()
 
     # --- what it has done ------------------------------------------------------------------------
@@ -449,6 +471,27 @@ class Generator:
         return self._timed_tokens / self._elapsed if self._elapsed > 0 else 0.0
 
 
-def _find_stop(text: str, stop: Sequence[str]) -> int | None:
-    hits = [index for index in (text.find(s) for s in stop if s) if index >= 0]
-    return min(hits) if hits else None
+def _find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
+    """Where the first stop string in ``text`` begins, and which one it is (the longest of those there)."""
+    hits = [(index, -len(s), s) for s, index in ((s, text.find(s)) for s in stop if s) if index >= 0]
+    return (min(hits)[0], min(hits)[2]) if hits else None
+
+
+def _count(name: str, value: object, *, minimum: int, what: str = "") -> int:
+    """``value`` as an integer of at least ``minimum``: a ``TypeError`` or ``ValueError`` naming ``name`` if not."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+    number = operator.index(value)
+    if number < minimum:
+        rule = "must not be negative" if minimum == 0 else f"must be at least {minimum}"
+        raise ValueError(" ".join(filter(None, [name, rule, what])) + f", not {number}")
+    return number
+
+
+def _stop_strings(stop: str | Sequence[str]) -> list[str]:
+    """The stop strings: one string, or a sequence of them (a ``TypeError`` naming ``stop`` if not)."""
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, Sequence) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise TypeError("stop must be a string or a sequence of strings")

@@ -142,6 +142,27 @@ impl<'a, 'py> FromPyObject<'a, 'py> for WideInt {
 }
 
 impl WideInt {
+    /// A count: negative is a `ValueError` naming `name`; one beyond every
+    /// native size saturates (it means "all").
+    pub(crate) fn count(self, name: &str) -> PyResult<usize> {
+        if self.0 < 0 {
+            return Err(PyValueError::new_err(format!(
+                "{name} must not be negative, not {}",
+                self.0
+            )));
+        }
+        Ok(usize::try_from(self.0).unwrap_or(usize::MAX))
+    }
+
+    /// The value clamped into `T`'s range, for bound checks that reject both
+    /// ends (they then refuse it with their own message, naming the argument).
+    pub(crate) fn saturate<T>(self) -> T
+    where
+        T: TryFrom<i128> + Bounded,
+    {
+        T::try_from(self.0).unwrap_or(if self.0 < 0 { T::MIN } else { T::MAX })
+    }
+
     /// The value in `T`, or a `ValueError` naming `name` and `T`'s range.
     pub(crate) fn narrow<T>(self, name: &str) -> PyResult<T>
     where
@@ -155,5 +176,19 @@ impl WideInt {
                 self.0
             ))
         })
+    }
+}
+
+/// Token ids from Python. An id outside `i32` saturates, so that the
+/// vocabulary check refuses it like any other id outside the vocabulary
+/// (never an `OverflowError`).
+pub(crate) struct TokenIds(pub(crate) Vec<i32>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let wide: Vec<WideInt> = obj.extract()?;
+        Ok(Self(wide.into_iter().map(WideInt::saturate).collect()))
     }
 }

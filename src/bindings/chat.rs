@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use super::arguments::WideInt;
 use super::model::PyModel;
 use crate::chat::{self, Message};
 use crate::native::{ChatTemplates, Model};
@@ -72,9 +73,10 @@ impl PyChatTemplate {
         &self,
         py: Python<'_>,
         before: Pairs,
-        last_token: i32,
+        last_token: WideInt,
         new: Pairs,
     ) -> PyResult<Vec<i32>> {
+        let last_token: i32 = last_token.narrow("last_token")?;
         let (before, new) = (messages(before), messages(new));
         Ok(py.detach(|| {
             chat::next_turn_tokens(&self.model, &self.templates, &before, last_token, &new)

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::arguments::WideInt;
+use super::arguments::{TokenIds, WideInt};
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use super::model::PyModel;
@@ -253,14 +253,14 @@ impl PyContext {
     fn decode(
         &mut self,
         py: Python<'_>,
-        tokens: Vec<i32>,
+        tokens: TokenIds,
         start_pos: WideInt,
         seq_id: WideInt,
         all_logits: bool,
     ) -> PyResult<()> {
         let start_pos: i32 = start_pos.narrow("start_pos")?;
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.decode_tokens(py, &tokens, start_pos, seq_id, all_logits)
+        self.decode_tokens(py, &tokens.0, start_pos, seq_id, all_logits)
     }
 
     /// Decode a prepared batch (GIL released).

@@ -3,11 +3,10 @@
 use std::sync::Arc;
 use std::thread::ThreadId;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use super::arguments::WideInt;
+use super::arguments::{TokenIds, WideInt};
 use super::chat::{messages as chat_messages, pairs, Pairs};
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
@@ -21,8 +20,10 @@ use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig};
 /// A generation over a target model in one of five modes (see `specstate.Generator`).
 ///
 /// Its contexts are used only from the thread that created it (every method
-/// that reaches them checks), behind a lock for the getters.
-#[pyclass(name = "Generator", module = "specstate._native")]
+/// that changes them checks). Everything is behind one lock, taken with the
+/// GIL released: a getter called from another thread while a call runs
+/// waits for it (the class is frozen, so Python never sees a borrow error).
+#[pyclass(name = "Generator", module = "specstate._native", frozen)]
 pub(crate) struct PyGenerator {
     inner: Guarded<Generator>,
     target: Py<PyModel>,
@@ -35,10 +36,19 @@ impl PyGenerator {
         ensure_thread(self.owner, "Generator")
     }
 
-    /// The generator, exclusively, after the thread check.
-    fn generator(&mut self) -> PyResult<&mut Generator> {
+    /// Run `work` on the generator, after the thread check, with the GIL released.
+    fn run<R: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&mut Generator) -> R + Send,
+    ) -> PyResult<R> {
         self.check_thread()?;
-        Ok(self.inner.get_mut())
+        Ok(py.detach(|| work(&mut self.inner.lock())))
+    }
+
+    /// Read the generator from any thread (waiting while a call runs).
+    fn read<R>(&self, py: Python<'_>, read: impl FnOnce(&Generator) -> R) -> R {
+        read(&self.inner.lock_waiting(py))
     }
 
     fn wrap(inner: Generator, target: Py<PyModel>, draft: Option<Py<PyModel>>) -> Self {
@@ -139,15 +149,16 @@ impl PyGenerator {
     /// (`(messages, template_sha256)`) records the chat the prompt renders.
     #[pyo3(signature = (prompt, conversation = None))]
     fn prefill(
-        &mut self,
+        &self,
         py: Python<'_>,
-        prompt: Vec<i32>,
+        prompt: TokenIds,
         conversation: Option<(Pairs, String)>,
     ) -> PyResult<()> {
         let conversation = checked_conversation(conversation)?;
-        let generator = self.generator()?;
-        py.detach(|| generator.prefill(&prompt))?;
-        Ok(generator.set_conversation(conversation)?)
+        let outcome = self.run(py, |generator| {
+            (generator.prefill(&prompt.0)).map(|_| generator.set_conversation(conversation))
+        })?;
+        Ok(outcome??)
     }
 
     /// Continue with a new turn: decode `tokens` after every committed token,
@@ -156,22 +167,23 @@ impl PyGenerator {
     /// call, so the two cannot part.
     #[pyo3(signature = (tokens, conversation = None))]
     fn extend(
-        &mut self,
+        &self,
         py: Python<'_>,
-        tokens: Vec<i32>,
+        tokens: TokenIds,
         conversation: Option<(Pairs, String)>,
     ) -> PyResult<i32> {
         let conversation = checked_conversation(conversation)?;
-        let generator = self.generator()?;
-        let first = py.detach(|| generator.extend(&tokens))?;
-        generator.set_conversation(conversation)?;
-        Ok(first)
+        let outcome = self.run(py, |generator| {
+            (generator.extend(&tokens.0))
+                .map(|first| generator.set_conversation(conversation).map(|()| first))
+        })?;
+        Ok(outcome??)
     }
 
     /// The conversation that led to the current reply: `(messages, template_sha256)`, or `None`.
     #[getter]
-    fn conversation(&self) -> Option<(Pairs, String)> {
-        let generator = self.inner.lock();
+    fn conversation(&self, py: Python<'_>) -> Option<(Pairs, String)> {
+        let generator = self.inner.lock_waiting(py);
         generator
             .conversation()
             .map(|c| (pairs(&c.messages), c.template_sha256.clone()))
@@ -180,34 +192,34 @@ impl PyGenerator {
     /// Up to `max_n` generated tokens, running a round when none are waiting
     /// (empty once finished or full and all handed out).
     /// A negative `max_n` is a `ValueError`; one beyond every native size means "all".
-    /// With `within`, a round run for this call commits at most `max_n` tokens.
-    #[pyo3(signature = (max_n = WideInt(i128::MAX), *, within = false), text_signature = "(self, /, max_n=..., *, within=False)")]
-    fn take(&mut self, py: Python<'_>, max_n: WideInt, within: bool) -> PyResult<Vec<i32>> {
-        if max_n.0 < 0 {
-            return Err(PyValueError::new_err(format!(
-                "max_n must not be negative, not {}",
-                max_n.0
-            )));
-        }
-        let max_n = usize::try_from(max_n.0).unwrap_or(usize::MAX);
-        let generator = self.generator()?;
-        Ok(py.detach(|| match within {
-            true => generator.take_within(max_n),
-            false => generator.take(max_n),
-        })?)
+    /// With `max_commit`, a round run for this call commits at most that many tokens.
+    #[pyo3(signature = (max_n = WideInt(i128::MAX), *, max_commit = None),
+           text_signature = "(self, /, max_n=..., *, max_commit=None)")]
+    fn take(
+        &self,
+        py: Python<'_>,
+        max_n: WideInt,
+        max_commit: Option<WideInt>,
+    ) -> PyResult<Vec<i32>> {
+        let max_n = max_n.count("max_n")?;
+        let max_commit = max_commit
+            .map(|n| n.count("max_commit"))
+            .transpose()?
+            .unwrap_or(usize::MAX);
+        Ok(self.run(py, |generator| generator.take_rounds(max_n, max_commit))??)
     }
 
     /// The target context's real length in tokens.
     #[getter]
-    fn context_length(&self) -> usize {
-        self.inner.lock().context_length()
+    fn context_length(&self, py: Python<'_>) -> usize {
+        self.inner.lock_waiting(py).context_length()
     }
 
     /// The adaptive draft policy's cost curve: microseconds to verify 1, 2,
     /// ... `n_draft + 1` rows (`None` for the fixed policy, or before it is measured).
     #[getter]
-    fn cost_curve(&self) -> Option<Vec<u32>> {
-        let generator = self.inner.lock();
+    fn cost_curve(&self, py: Python<'_>) -> Option<Vec<u32>> {
+        let generator = self.inner.lock_waiting(py);
         generator
             .state()
             .adaptive
@@ -218,32 +230,33 @@ impl PyGenerator {
     /// The adaptive draft policy's current estimate of a draft token's
     /// acceptance (`None` for the fixed policy, or before its curve is measured).
     #[getter]
-    fn draft_acceptance(&self) -> Option<f64> {
-        let generator = self.inner.lock();
+    fn draft_acceptance(&self, py: Python<'_>) -> Option<f64> {
+        let generator = self.inner.lock_waiting(py);
         generator.state().adaptive.as_ref().map(|a| a.acceptance())
     }
 
     /// The threads the contexts decode with (resolved, never 0).
     #[getter]
-    fn n_threads(&self) -> u32 {
-        self.inner.lock().n_threads()
+    fn n_threads(&self, py: Python<'_>) -> u32 {
+        self.inner.lock_waiting(py).n_threads()
     }
 
     /// Generated tokens handed out so far.
     #[getter]
-    fn delivered(&self) -> usize {
-        self.inner.lock().state().delivered
+    fn delivered(&self, py: Python<'_>) -> usize {
+        self.inner.lock_waiting(py).state().delivered
     }
 
     /// Committed tokens not yet handed out.
     #[getter]
-    fn undelivered(&self) -> usize {
-        self.inner.lock().undelivered()
+    fn undelivered(&self, py: Python<'_>) -> usize {
+        self.inner.lock_waiting(py).undelivered()
     }
 
     /// The whole checkpoint of the current boundary, as bytes.
-    fn checkpoint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let generator = self.generator()?;
+    fn checkpoint<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.check_thread()?;
+        let generator = &mut *self.inner.lock_waiting(py);
         let capture = checkpoint::capture(generator)?;
         PyBytes::new_with(py, capture.encoded_len(), |out| {
             Ok(capture.encode_into(generator, out)?)
@@ -298,66 +311,66 @@ impl PyGenerator {
     /// Replace this generation with a checkpoint of the same mode, configuration
     /// and models, reusing this generator's contexts. Everything is validated
     /// first; if anything is refused, this generator is left exactly as it was.
-    fn load(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
-        let generator = self.generator()?;
+    fn load(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        self.check_thread()?;
         let decoded = checkpoint::decode(data)?;
-        Ok(py.detach(|| checkpoint::load_into(generator, &decoded))?)
+        Ok(self.run(py, |generator| checkpoint::load_into(generator, &decoded))??)
     }
 
     /// The lowest and highest positions of sequence 0 in the target context
     /// and in the draft context, if the mode has one (`(-1, -1)` when empty).
     #[getter]
-    fn memory_positions(&self) -> PyResult<(Positions, Option<Positions>)> {
+    fn memory_positions(&self, py: Python<'_>) -> PyResult<(Positions, Option<Positions>)> {
         self.check_thread()?;
-        Ok(self.inner.lock().memory_positions()?)
+        Ok(self.read(py, |generator| generator.memory_positions())?)
     }
 
     /// Prompt and committed tokens.
     #[getter]
-    fn history(&self) -> Vec<i32> {
-        self.inner.lock().state().history.clone()
+    fn history(&self, py: Python<'_>) -> Vec<i32> {
+        self.inner.lock_waiting(py).state().history.clone()
     }
 
     /// Prompt tokens at the start of `history`.
     #[getter]
-    fn n_prompt(&self) -> usize {
-        self.inner.lock().state().n_prompt
+    fn n_prompt(&self, py: Python<'_>) -> usize {
+        self.inner.lock_waiting(py).state().n_prompt
     }
 
     /// Tokens in the target's memory.
     #[getter]
-    fn n_past(&self) -> usize {
-        self.inner.lock().state().n_past
+    fn n_past(&self, py: Python<'_>) -> usize {
+        self.inner.lock_waiting(py).state().n_past
     }
 
     /// Whether an end-of-generation token was committed.
     #[getter]
-    fn finished(&self) -> bool {
-        self.inner.lock().state().finished
+    fn finished(&self, py: Python<'_>) -> bool {
+        self.inner.lock_waiting(py).state().finished
     }
 
     /// Rounds run.
     #[getter]
-    fn rounds(&self) -> u64 {
-        self.inner.lock().state().rounds
+    fn rounds(&self, py: Python<'_>) -> u64 {
+        self.inner.lock_waiting(py).state().rounds
     }
 
     /// Draft tokens verified.
     #[getter]
-    fn n_drafted(&self) -> u64 {
-        self.inner.lock().state().drafted
+    fn n_drafted(&self, py: Python<'_>) -> u64 {
+        self.inner.lock_waiting(py).state().drafted
     }
 
     /// Draft tokens accepted.
     #[getter]
-    fn n_accepted(&self) -> u64 {
-        self.inner.lock().state().accepted
+    fn n_accepted(&self, py: Python<'_>) -> u64 {
+        self.inner.lock_waiting(py).state().accepted
     }
 
     /// The mode's name.
     #[getter]
-    fn mode(&self) -> &'static str {
-        self.inner.lock().config().mode.name()
+    fn mode(&self, py: Python<'_>) -> &'static str {
+        self.inner.lock_waiting(py).config().mode.name()
     }
 
     /// The target model.
@@ -375,7 +388,7 @@ impl PyGenerator {
     /// The configuration as a dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        config_dict(py, self.inner.lock().config())
+        config_dict(py, self.inner.lock_waiting(py).config())
     }
 }
 

@@ -7,7 +7,9 @@
 //! which PyO3's borrow checking guarantees) reach it without locking, and
 //! shared reads take the lock.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use pyo3::Python;
 
 /// A value that shared references reach only through a lock.
 pub(crate) struct Guarded<T>(Mutex<T>);
@@ -30,5 +32,21 @@ impl<T> Guarded<T> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The value, locked for the guard's lifetime, waiting with the GIL
+    /// released while another thread holds it (a getter called while the
+    /// owner's call runs natively waits for that call instead of failing).
+    pub(crate) fn lock_waiting(&self, py: Python<'_>) -> MutexGuard<'_, T>
+    where
+        T: Send,
+    {
+        loop {
+            match self.0.try_lock() {
+                Ok(guard) => return guard,
+                Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => py.detach(|| drop(self.lock())),
+            }
+        }
     }
 }

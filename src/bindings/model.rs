@@ -7,7 +7,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::arguments::WideInt;
+use super::arguments::{TokenIds, WideInt};
 use crate::native::Model;
 
 /// A GGUF model loaded by llama.cpp. Immutable; usable from any thread.
@@ -125,8 +125,8 @@ impl PyModel {
 
     /// The text of `tokens` (invalid UTF-8 replaced).
     #[pyo3(signature = (tokens, *, special = false))]
-    fn detokenize(&self, tokens: Vec<i32>, special: bool) -> PyResult<String> {
-        let bytes = self.inner.detokenize(&tokens, special)?;
+    fn detokenize(&self, tokens: TokenIds, special: bool) -> PyResult<String> {
+        let bytes = self.inner.detokenize(&tokens.0, special)?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 

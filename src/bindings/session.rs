@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::arguments::{f32_argument, WideInt};
+use super::arguments::{f32_argument, TokenIds, WideInt};
 use super::context::{PyBatch, PyContext};
 use super::errors::{context_error, ensure_thread, session_error};
 use super::guarded::Guarded;
@@ -90,22 +90,23 @@ impl PySession {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (target, draft, *, spec_type, n_seq = 1, n_draft_max = 3, n_min = 0, p_min = None))]
+    #[pyo3(signature = (target, draft, *, spec_type, n_seq = WideInt(1), n_draft_max = WideInt(3), n_min = WideInt(0), p_min = None),
+           text_signature = "(target, draft, *, spec_type, n_seq=1, n_draft_max=3, n_min=0, p_min=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         target: Py<PyContext>,
         draft: Py<PyContext>,
         spec_type: &str,
-        n_seq: u32,
-        n_draft_max: i32,
-        n_min: i32,
+        n_seq: WideInt,
+        n_draft_max: WideInt,
+        n_min: WideInt,
         p_min: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let config = SessionConfig {
-            n_seq,
-            n_draft_max,
-            n_min,
+            n_seq: n_seq.saturate(),
+            n_draft_max: n_draft_max.saturate(),
+            n_min: n_min.saturate(),
             p_min: p_min.map_or(Ok(0.0), |p| f32_argument(p, "p_min"))?,
             spec_type: SpecType::parse(spec_type).ok_or_else(|| {
                 PyValueError::new_err(format!(
@@ -188,23 +189,25 @@ impl PySession {
 
     /// Start a generation on `seq_id` whose `prompt` the target has decoded.
     #[pyo3(signature = (prompt, *, seq_id = WideInt(0)), text_signature = "(self, /, prompt, *, seq_id=0)")]
-    fn begin(&mut self, prompt: Vec<i32>, seq_id: WideInt) -> PyResult<()> {
+    fn begin(&mut self, prompt: TokenIds, seq_id: WideInt) -> PyResult<()> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.core.get_mut().begin(seq_id, &prompt)?)
+        Ok(self.core.get_mut().begin(seq_id, &prompt.0)?)
     }
 
     /// Decode `tokens` on the target at `start_pos..` of `seq_id`, then
     /// process that batch (GIL released for both).
-    #[pyo3(signature = (tokens, start_pos, *, seq_id = 0, all_logits = false))]
+    #[pyo3(signature = (tokens, start_pos, *, seq_id = WideInt(0), all_logits = false),
+           text_signature = "(self, /, tokens, start_pos, *, seq_id=0, all_logits=False)")]
     fn decode(
         &mut self,
         py: Python<'_>,
-        tokens: Vec<i32>,
-        start_pos: i32,
-        seq_id: i32,
+        tokens: TokenIds,
+        start_pos: WideInt,
+        seq_id: WideInt,
         all_logits: bool,
     ) -> PyResult<()> {
-        self.check_thread()?;
+        let (tokens, start_pos) = (tokens.0, start_pos.narrow("start_pos")?);
+        let seq_id = self.sequence(seq_id)?;
         let draft_rows = self.draft.bind(py).borrow().batch_rows();
         if tokens.len() > draft_rows {
             return Err(session_error(format!(
@@ -322,8 +325,9 @@ impl PyGreedyGeneration {
 #[pymethods]
 impl PyGreedyGeneration {
     #[new]
-    #[pyo3(signature = (session, *, seq_id = 0))]
-    fn new(py: Python<'_>, session: Py<PySession>, seq_id: i32) -> PyResult<Self> {
+    #[pyo3(signature = (session, *, seq_id = WideInt(0)), text_signature = "(session, *, seq_id=0)")]
+    fn new(py: Python<'_>, session: Py<PySession>, seq_id: WideInt) -> PyResult<Self> {
+        let seq_id: i32 = seq_id.narrow("seq_id")?;
         let rows = {
             let s = session.bind(py).borrow();
             s.check_thread()?;
@@ -340,8 +344,8 @@ impl PyGreedyGeneration {
     }
 
     /// Decode `prompt`, begin the session, and return the first generated token.
-    fn prefill(&mut self, py: Python<'_>, prompt: Vec<i32>) -> PyResult<i32> {
-        self.run(py, |core, parts| core.prefill(parts, &prompt))
+    fn prefill(&mut self, py: Python<'_>, prompt: TokenIds) -> PyResult<i32> {
+        self.run(py, |core, parts| core.prefill(parts, &prompt.0))
     }
 
     /// Continue from a restored boundary: the contexts hold `n_past` tokens of
@@ -353,12 +357,12 @@ impl PyGreedyGeneration {
         py: Python<'_>,
         n_past: WideInt,
         id_last: WideInt,
-        tokens: Option<Vec<i32>>,
+        tokens: Option<TokenIds>,
     ) -> PyResult<()> {
         let n_past: usize = n_past.narrow("n_past")?;
         let id_last: i32 = id_last.narrow("id_last")?;
         ensure_thread(self.owner, "generation")?;
-        let tokens = tokens.unwrap_or_else(|| vec![id_last]);
+        let tokens = tokens.map_or_else(|| vec![id_last], |t| t.0);
         if tokens.last() != Some(&id_last) {
             return Err(PyValueError::new_err(
                 "tokens must end with id_last, the last committed token",

@@ -335,7 +335,10 @@ impl Generator {
         self.take_rounds(max_n, max_n)
     }
 
-    fn take_rounds(&mut self, max_n: usize, max_commit: usize) -> Result<Vec<i32>> {
+    /// Up to `max_n` tokens, where a round run for this call commits at most
+    /// `max_commit` (a caller that hands tokens out one at a time, to stop
+    /// between any two, still bounds the round by its whole budget).
+    pub fn take_rounds(&mut self, max_n: usize, max_commit: usize) -> Result<Vec<i32>> {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
