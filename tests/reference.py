@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from specstate import Context, Model
@@ -57,3 +58,40 @@ def error_from_another_thread(call: Callable[[], object]) -> BaseException | Non
     worker.start()
     worker.join()
     return errors[0] if errors else None
+
+
+def outcomes_during(
+    owner_call: Callable[[], object], calls: dict[str, Callable[[], object]]
+) -> tuple[dict[str, set[str]], int]:
+    """Run every one of `calls` over and over on a second thread while `owner_call` runs on this one.
+
+    Returns, per call, the outcomes seen ("value", or the class name of what it raised), and how many
+    rounds of calls started before `owner_call` returned.
+    """
+    running = threading.Event()
+    done = threading.Event()
+    seen: dict[str, set[str]] = {name: set() for name in calls}
+    rounds = 0
+
+    def probe() -> None:
+        nonlocal rounds
+        running.wait()
+        time.sleep(0.01)  # let the owner's call get under way
+        while not done.is_set():
+            rounds += 1
+            for name, call in calls.items():
+                try:
+                    call()
+                    seen[name].add("value")
+                except BaseException as error:  # a panic too (PanicException)
+                    seen[name].add(type(error).__name__)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    running.set()
+    try:
+        owner_call()
+    finally:
+        done.set()
+        prober.join()
+    return seen, rounds

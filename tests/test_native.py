@@ -6,6 +6,7 @@ import pickle
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 import models
 import specstate
-from reference import error_from_another_thread
+from reference import error_from_another_thread, outcomes_during
 from specstate import Batch, Context, Model, ModelLoadError, SequenceStateError, ThreadAffinityError
 
 
@@ -265,6 +266,61 @@ def test_decode_releases_the_gil(smollm2: Model) -> None:
     # A thread holding the GIL through a long native call would freeze the counter.
     assert elapsed > 0.05
     assert during >= 5, f"only {during} ticks during a {elapsed:.2f} s decode"
+
+
+def test_a_context_decoding_answers_other_threads(smollm2: Model) -> None:
+    """While the owner decodes (GIL released), another thread reads the fixed getters and is refused
+    everything else with ThreadAffinityError, never a borrow error (issue 20, item 12)."""
+    prompt = smollm2.tokenize("The quick brown fox jumps over the lazy dog. " * 60)[:480]
+    context = Context(smollm2, n_ctx=512, n_threads=1)
+    values: dict[str, Callable[[], object]] = {
+        "model": lambda: context.model,
+        "n_ctx": lambda: context.n_ctx,
+        "kind": lambda: context.kind,
+        "capacity": lambda: context.capacity,
+    }
+    refused: dict[str, Callable[[], object]] = {
+        "decode": lambda: context.decode([1], 0, seq_id=1),
+        "decode_batch": lambda: context.decode_batch(Batch(1)),
+        "logits": context.logits,
+        "argmax": context.argmax,
+        "top_logits": context.top_logits,
+        "seq_state": context.seq_state,
+        "set_seq_state": lambda: context.set_seq_state(0, b""),
+        "seq_rm": context.seq_rm,
+        "seq_clear": context.seq_clear,
+        "seq_pos_max": context.seq_pos_max,
+    }
+    seen, rounds = outcomes_during(lambda: context.decode(prompt, 0), values | refused)
+    assert rounds >= 1
+    assert seen == {name: {"value"} for name in values} | {name: {"ThreadAffinityError"} for name in refused}
+    assert context.seq_pos_max() == 479 and context.kind == "default"
+
+
+def test_a_batch_being_decoded_waits_for_the_decode(smollm2: Model) -> None:
+    """Another thread's add and len of a batch the owner is decoding wait for the decode (the rows
+    decoded are the ones it started with), never a borrow error (issue 20, item 12)."""
+    prompt = smollm2.tokenize("The quick brown fox jumps over the lazy dog. " * 60)[:480]
+    assert len(prompt) == 480
+    context = Context(smollm2, n_ctx=512, n_threads=1)
+    batch = Batch(1024)
+    for pos, token in enumerate(prompt):
+        batch.add(token, pos, logits=pos == len(prompt) - 1)
+    added: list[int] = []
+
+    def add() -> None:
+        if not added:  # once: the first call waits for the decode
+            batch.add(prompt[0], 480)
+            added.append(len(batch))
+
+    calls: dict[str, Callable[[], object]] = {"add": add, "len": lambda: len(batch), "capacity": lambda: batch.capacity}
+    seen, rounds = outcomes_during(lambda: context.decode_batch(batch), calls)
+    assert rounds >= 1 and added == [481] and len(batch) == 481
+    assert seen == {name: {"value"} for name in calls}
+    assert context.seq_pos_max() == 479  # the row added is not decoded
+    reference = Context(smollm2, n_ctx=512, n_threads=1)
+    reference.decode(prompt, 0)
+    assert context.argmax() == reference.argmax()
 
 
 @pytest.mark.parametrize("seq_id", [-3, -2, 1, 64, 2**31 - 1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 import specstate
 from conftest import TinyModels, examples
-from reference import agreement, error_from_another_thread
+from reference import agreement, error_from_another_thread, outcomes_during
 from reference import plain_greedy as reference_greedy
 from sessions_support import KINDS, N_CTX, Setup, build
 from specstate import (
@@ -372,6 +373,71 @@ def test_incompatible_contexts_are_refused(qwen35_model: Model, llama_model: Mod
 def test_sessions_refuse_other_threads(models_by_kind: dict[str, tuple[Model, Model | None]]) -> None:
     setup = setup_for(models_by_kind, "mtp")
     assert isinstance(error_from_another_thread(setup.session.speculative_state), ThreadAffinityError)
+
+
+def test_a_generation_running_answers_other_threads(qwen35_model: Model) -> None:
+    """While the owner generates (GIL released), another thread reads the session's and the contexts' fixed
+    getters and is refused everything else with ThreadAffinityError, never a borrow error (issue 20, item 12)."""
+    setup = build("mtp", qwen35_model, None)
+    session, target = setup.session, setup.target
+    prompt = qwen35_model.tokenize("the quick brown fox")
+    generation = GreedyGeneration(session)
+    generation.prefill(prompt)
+    state = (target.seq_state(), setup.draft.seq_state(), session.speculative_state())
+    n_past, id_last = generation.n_past, generation.id_last
+    assert n_past is not None and id_last is not None
+    values: dict[str, Callable[[], object]] = {
+        "spec_type": lambda: session.spec_type,
+        "n_seq": lambda: session.n_seq,
+        "n_draft_max": lambda: session.n_draft_max,
+        "n_min": lambda: session.n_min,
+        "p_min": lambda: session.p_min,
+        "target": lambda: session.target,
+        "draft_context": lambda: session.draft_context,
+        "seq_id": lambda: generation.seq_id,
+        "target.n_ctx": lambda: target.n_ctx,
+        "target.capacity": lambda: target.capacity,
+    }
+    refused: dict[str, Callable[[], object]] = {
+        "n_drafted": lambda: session.n_drafted,
+        "n_accepted": lambda: session.n_accepted,
+        "need_embd": lambda: session.need_embd,
+        "need_embd_pre_norm": lambda: session.need_embd_pre_norm,
+        "begin": lambda: session.begin(prompt),
+        "decode": lambda: session.decode([1], 0),
+        "process": lambda: session.process(specstate.Batch(1)),
+        "draft": lambda: session.draft(len(prompt), prompt[-1]),
+        "accept": lambda: session.accept(0),
+        "is_quiescent": session.is_quiescent,
+        "has_pending_proposal": session.has_pending_proposal,
+        "speculative_state": session.speculative_state,
+        "restore_speculative_state": lambda: session.restore_speculative_state(0, state[2]),
+        "GreedyGeneration": lambda: GreedyGeneration(session),
+        "tokens": lambda: generation.tokens,
+        "n_past": lambda: generation.n_past,
+        "id_last": lambda: generation.id_last,
+        "finished": lambda: generation.finished,
+        "rounds": lambda: generation.rounds,
+        "generation.n_drafted": lambda: generation.n_drafted,
+        "generation.n_accepted": lambda: generation.n_accepted,
+        "prefill": lambda: generation.prefill(prompt),
+        "resume": lambda: generation.resume(len(prompt), prompt[-1]),
+        "step": generation.step,
+        "generate": lambda: generation.generate(1),
+        "target.logits": target.logits,
+        "target.seq_pos_max": target.seq_pos_max,
+    }
+    seen, rounds = outcomes_during(lambda: generation.generate(200), values | refused)
+    assert rounds >= 1
+    assert seen == {name: {"value"} for name in values} | {name: {"ThreadAffinityError"} for name in refused}
+    # Nothing reached the generation from the other thread: it is the same as one run alone.
+    alone = build("mtp", qwen35_model, None)
+    for context, data in zip((alone.target, alone.draft), state):
+        context.set_seq_state(0, data)
+    alone.session.restore_speculative_state(0, state[2])
+    resumed = GreedyGeneration(alone.session)
+    resumed.resume(n_past, id_last)
+    assert resumed.generate(200) == generation.tokens
 
 
 def test_session_properties(models_by_kind: dict[str, tuple[Model, Model | None]]) -> None:

@@ -235,7 +235,11 @@ class ChatTemplate:
 
 @final
 class Batch:
-    """A reusable batch of token rows to decode (``Context.decode_batch``)."""
+    """A reusable batch of token rows to decode (``Context.decode_batch``).
+
+    Usable from any thread: a change made while a decode (or a session's
+    ``process``) reads the batch waits for that call to end.
+    """
 
     def __new__(cls, capacity: int) -> Batch: ...
     def add(self, token: int, pos: int, *, seq_id: int = 0, logits: bool = False) -> None:
@@ -256,7 +260,8 @@ class Context:
     (recurrent and hybrid models; then ``n_ubatch > n_rs_seq + 1``);
     ``other`` links a source context (EAGLE-3 drafts without their own
     embedding or head read the target's). Use from another thread raises
-    ``ThreadAffinityError``; ``decode`` releases the GIL.
+    ``ThreadAffinityError`` (``model``, ``n_ctx``, ``kind`` and ``capacity``,
+    fixed at creation, read from any thread); ``decode`` releases the GIL.
     """
 
     def __new__(
@@ -320,7 +325,10 @@ class DraftSession:
     capacities the seed's ``validate_context_capacities`` before anything
     native is allocated. Lifecycle errors raise ``SessionError``; a sequence id
     out of range ``BadSequenceError``; state capture or restore while a
-    proposal is pending ``NotQuiescentError``.
+    proposal is pending ``NotQuiescentError``. Bound, with its contexts, to
+    the thread that created it: elsewhere every method and the counters
+    raise ``ThreadAffinityError`` (the configuration and the two contexts
+    read from any thread).
     """
 
     def __new__(
@@ -401,7 +409,8 @@ class GreedyGeneration:
     as ``Generator``'s: a committed end-of-generation token or a full context
     ends the generation (rounds then commit nothing); a prompt that is empty,
     too long or outside the vocabulary is a ``ValueError``; a failed decode
-    is a ``DecodeError``.
+    is a ``DecodeError``. Bound to its session's thread: elsewhere everything
+    but ``seq_id`` raises ``ThreadAffinityError``.
     """
 
     def __new__(cls, session: DraftSession, *, seq_id: int = 0) -> GreedyGeneration: ...

@@ -1,6 +1,7 @@
 //! `specstate.Context` and `specstate.Batch`: llama.cpp contexts from Python.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::MutexGuard;
 use std::thread::ThreadId;
 
 use pyo3::exceptions::PyValueError;
@@ -12,7 +13,8 @@ use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use super::model::PyModel;
 use super::validators::ContextCapacity;
-use crate::native::{Batch, Context, ContextKind, ContextParams};
+use crate::native::{Batch, Context, ContextKind, ContextParams, NativeResult};
+use crate::speculative::SpeculativeContextCapacity;
 
 /// Stamps of batch contents: never reused in a process, unlike addresses.
 static NEXT_CONTENTS: AtomicU64 = AtomicU64::new(1);
@@ -21,21 +23,32 @@ fn next_contents() -> u64 {
     NEXT_CONTENTS.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A batch of token rows to decode, reusable across calls.
-#[pyclass(name = "Batch", module = "specstate._native")]
-pub(crate) struct PyBatch {
-    pub(crate) inner: Batch,
+/// A batch's rows and the stamp of their contents, behind the batch's lock.
+pub(crate) struct BatchRows {
+    pub(crate) rows: Batch,
     /// A process-wide unique stamp, renewed on every change, so a decoded
     /// batch can be told from a refilled one or from a new batch at the same
     /// address after the old one was freed.
     contents: u64,
 }
 
-impl PyBatch {
+impl BatchRows {
     /// The stamp of the batch's current contents.
     pub(crate) fn key(&self) -> u64 {
         self.contents
     }
+}
+
+/// A batch of token rows to decode, reusable across calls, from any thread.
+///
+/// Its rows are behind a lock: a decode or a session's `process` holds it
+/// with the GIL released, and a change from another thread meanwhile waits
+/// for that call (the class is frozen, so Python never sees a borrow error).
+#[pyclass(name = "Batch", module = "specstate._native", frozen)]
+pub(crate) struct PyBatch {
+    pub(crate) rows: Guarded<BatchRows>,
+    /// Row capacity (fixed).
+    capacity: usize,
 }
 
 #[pymethods]
@@ -43,56 +56,121 @@ impl PyBatch {
     #[new]
     fn new(capacity: WideInt) -> PyResult<Self> {
         let capacity: usize = capacity.narrow("capacity")?;
+        let rows = Batch::new(capacity)?;
         Ok(Self {
-            inner: Batch::new(capacity)?,
-            contents: next_contents(),
+            capacity: rows.capacity(),
+            rows: Guarded::new(BatchRows {
+                rows,
+                contents: next_contents(),
+            }),
         })
     }
 
     /// Append `token` at position `pos` of `seq_id`; `logits` requests its output row.
     #[pyo3(signature = (token, pos, *, seq_id = WideInt(0), logits = false), text_signature = "(self, /, token, pos, *, seq_id=0, logits=False)")]
-    fn add(&mut self, token: WideInt, pos: WideInt, seq_id: WideInt, logits: bool) -> PyResult<()> {
+    fn add(
+        &self,
+        py: Python<'_>,
+        token: WideInt,
+        pos: WideInt,
+        seq_id: WideInt,
+        logits: bool,
+    ) -> PyResult<()> {
         let token: i32 = token.narrow("token")?;
         let pos: i32 = pos.narrow("pos")?;
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.contents = next_contents();
-        Ok(self.inner.push(token, pos, seq_id, logits)?)
+        let mut batch = self.rows.lock_waiting(py);
+        batch.contents = next_contents();
+        Ok(batch.rows.push(token, pos, seq_id, logits)?)
     }
 
     /// Remove every row.
-    fn clear(&mut self) {
-        self.contents = next_contents();
-        self.inner.clear();
+    fn clear(&self, py: Python<'_>) {
+        let mut batch = self.rows.lock_waiting(py);
+        batch.contents = next_contents();
+        batch.rows.clear();
     }
 
     /// Row capacity.
     #[getter]
     fn capacity(&self) -> usize {
-        self.inner.capacity()
+        self.capacity
     }
 
-    fn __len__(&self) -> usize {
-        self.inner.len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.rows.lock_waiting(py).rows.len()
     }
 }
 
-/// A llama.cpp context over a model, used from the thread that created it.
-#[pyclass(name = "Context", module = "specstate._native")]
-pub(crate) struct PyContext {
-    pub(crate) inner: Guarded<Context>,
-    /// The parameters it was created with (fixed, readable without the lock).
-    params: ContextParams,
-    /// The context's real length.
-    n_ctx: u32,
-    pub(crate) model: Py<PyModel>,
-    pub(crate) owner: ThreadId,
+/// What a context's calls change: the native context and the decode
+/// bookkeeping, behind the context's lock.
+pub(crate) struct ContextState {
+    pub(crate) native: Context,
+    /// The batch `decode` fills.
     scratch: Batch,
-    /// The linked source context (`other`), kept alive as long as this one.
-    _other: Option<Py<PyContext>>,
     /// Decodes run on this context so far.
     decodes: u64,
     /// The `PyBatch` key of the last decode, if it was a user batch.
     last_batch: Option<u64>,
+}
+
+impl ContextState {
+    /// Decode `tokens` through the scratch batch (a native call: run it with
+    /// the GIL released).
+    pub(crate) fn decode_tokens(
+        &mut self,
+        tokens: &[i32],
+        start_pos: i32,
+        seq_id: i32,
+        all_logits: bool,
+    ) -> NativeResult<()> {
+        self.scratch.fill(tokens, start_pos, seq_id, all_logits)?;
+        self.note_external_decode();
+        self.native.decode(&self.scratch)
+    }
+
+    /// Record a decode made outside `decode`/`decode_batch` (the generation loop's).
+    pub(crate) fn note_external_decode(&mut self) {
+        self.decodes += 1;
+        self.last_batch = None;
+    }
+
+    /// Decodes run on this context so far.
+    pub(crate) fn decode_count(&self) -> u64 {
+        self.decodes
+    }
+
+    /// The `PyBatch` key of the last decode, if it was a user batch.
+    pub(crate) fn last_batch(&self) -> Option<u64> {
+        self.last_batch
+    }
+
+    /// The scratch batch that the last `decode_tokens` filled.
+    pub(crate) fn scratch(&self) -> &Batch {
+        &self.scratch
+    }
+}
+
+/// A llama.cpp context over a model, used from the thread that created it.
+///
+/// The class is frozen: what calls change is behind one lock
+/// ([`ContextState`]), which only the owner thread takes (every method that
+/// reaches it checks the thread first, so another thread gets
+/// `ThreadAffinityError`, never a borrow error); what is fixed at creation
+/// is read from any thread without it.
+#[pyclass(name = "Context", module = "specstate._native", frozen)]
+pub(crate) struct PyContext {
+    pub(crate) state: Guarded<ContextState>,
+    /// The parameters it was created with.
+    params: ContextParams,
+    /// The context's real length.
+    n_ctx: u32,
+    /// The capacities read from llama.cpp at creation (fixed for its life).
+    capacity: SpeculativeContextCapacity,
+    pub(crate) model: Py<PyModel>,
+    pub(crate) owner: ThreadId,
+    /// The linked source context (`other`), kept alive as long as this one.
+    _other: Option<Py<PyContext>>,
 }
 
 fn parse_kind(kind: &str) -> PyResult<ContextKind> {
@@ -116,47 +194,29 @@ impl PyContext {
         seq_id.narrow("seq_id")
     }
 
-    /// Decode `tokens` through the scratch batch with the GIL released.
-    pub(crate) fn decode_tokens(
-        &mut self,
-        py: Python<'_>,
-        tokens: &[i32],
-        start_pos: i32,
-        seq_id: i32,
-        all_logits: bool,
-    ) -> PyResult<()> {
+    /// The state, on the owner thread only (checked first).
+    ///
+    /// Only the owner thread takes this lock, one call at a time, and never
+    /// while it already holds it, so it is free here; `lock_waiting` keeps
+    /// the GIL released should that ever change.
+    pub(crate) fn owned(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, ContextState>> {
         self.check_thread()?;
-        self.scratch.fill(tokens, start_pos, seq_id, all_logits)?;
-        self.note_external_decode();
-        let Self { inner, scratch, .. } = self;
-        let inner = inner.get_mut();
-        Ok(py.detach(|| inner.decode(scratch))?)
+        Ok(self.state.lock_waiting(py))
     }
 
-    /// Record a decode made outside `decode`/`decode_batch` (the generation loop's).
-    pub(crate) fn note_external_decode(&mut self) {
-        self.decodes += 1;
-        self.last_batch = None;
+    /// Run `work` on the state with the GIL released, after the thread check.
+    fn run<R: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&mut ContextState) -> R + Send,
+    ) -> PyResult<R> {
+        self.check_thread()?;
+        Ok(py.detach(|| work(&mut self.state.lock())))
     }
 
     /// Rows one decode call may hold (llama.cpp's `n_batch`).
     pub(crate) fn batch_rows(&self) -> usize {
-        self.inner.lock().capacity().batch as usize
-    }
-
-    /// Decodes run on this context so far.
-    pub(crate) fn decode_count(&self) -> u64 {
-        self.decodes
-    }
-
-    /// The `PyBatch` key of the last decode, if it was a user batch.
-    pub(crate) fn last_batch(&self) -> Option<u64> {
-        self.last_batch
-    }
-
-    /// The scratch batch that the last `decode_tokens` filled.
-    pub(crate) fn scratch(&self) -> &Batch {
-        &self.scratch
+        self.capacity.batch as usize
     }
 }
 
@@ -191,29 +251,32 @@ impl PyContext {
             n_threads: n_threads.narrow("n_threads")?,
         };
         let shared = model.get().inner.clone();
-        let inner = match &other {
+        let native = match &other {
             None => Context::new(shared, params)?,
             Some(other) => {
-                let other = other.bind(py).borrow();
-                other.check_thread()?;
-                let source = other.inner.lock();
+                let source = other.get().owned(py)?;
                 // SAFETY: the new `PyContext` holds `other` in `_other`, so the
                 // linked context outlives it; llama.cpp's context lives on the
-                // heap, so it stays where it is.
-                unsafe { Context::with_other(shared, params, &source)? }
+                // heap, so it stays where it is (moving the `Context` value
+                // into `other`'s lock moved only the pointer to it).
+                unsafe { Context::with_other(shared, params, &source.native)? }
             }
         };
-        let scratch = Batch::new(inner.capacity().batch as usize)?;
+        let capacity = native.capacity();
+        let scratch = Batch::new(capacity.batch as usize)?;
         Ok(Self {
-            params: *inner.params(),
-            n_ctx: inner.n_ctx(),
-            inner: Guarded::new(inner),
+            params: *native.params(),
+            n_ctx: native.n_ctx(),
+            capacity,
+            state: Guarded::new(ContextState {
+                native,
+                scratch,
+                decodes: 0,
+                last_batch: None,
+            }),
             model,
             owner: std::thread::current().id(),
-            scratch,
             _other: other,
-            decodes: 0,
-            last_batch: None,
         })
     }
 
@@ -242,7 +305,7 @@ impl PyContext {
     #[getter]
     fn capacity(&self) -> ContextCapacity {
         ContextCapacity {
-            inner: self.inner.lock().capacity(),
+            inner: self.capacity,
         }
     }
 
@@ -251,7 +314,7 @@ impl PyContext {
     /// Logits are kept for the last token, or for every token with `all_logits`.
     #[pyo3(signature = (tokens, start_pos, *, seq_id = WideInt(0), all_logits = false), text_signature = "(self, /, tokens, start_pos, *, seq_id=0, all_logits=False)")]
     fn decode(
-        &mut self,
+        &self,
         py: Python<'_>,
         tokens: TokenIds,
         start_pos: WideInt,
@@ -260,89 +323,90 @@ impl PyContext {
     ) -> PyResult<()> {
         let start_pos: i32 = start_pos.narrow("start_pos")?;
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        self.decode_tokens(py, &tokens.0, start_pos, seq_id, all_logits)
+        let tokens = &tokens.0;
+        Ok(self.run(py, |state| {
+            state.decode_tokens(tokens, start_pos, seq_id, all_logits)
+        })??)
     }
 
-    /// Decode a prepared batch (GIL released).
-    fn decode_batch(&mut self, py: Python<'_>, batch: PyRef<'_, PyBatch>) -> PyResult<()> {
-        self.check_thread()?;
-        self.decodes += 1;
-        self.last_batch = Some(batch.key());
-        let inner = self.inner.get_mut();
-        let batch = &batch.inner;
-        Ok(py.detach(|| inner.decode(batch))?)
+    /// Decode a prepared batch (GIL released; the batch's lock is held for
+    /// the decode, so changes from other threads wait for it).
+    fn decode_batch(&self, py: Python<'_>, batch: &Bound<'_, PyBatch>) -> PyResult<()> {
+        let batch = batch.get();
+        Ok(self.run(py, |state| {
+            let batch = batch.rows.lock();
+            state.decodes += 1;
+            state.last_batch = Some(batch.key());
+            state.native.decode(&batch.rows)
+        })??)
     }
 
     /// The logits of output row `row` of the last decode (`-1`: the last row).
     #[pyo3(signature = (row = WideInt(-1)), text_signature = "(self, /, row=-1)")]
-    fn logits(&self, row: WideInt) -> PyResult<Vec<f32>> {
+    fn logits(&self, py: Python<'_>, row: WideInt) -> PyResult<Vec<f32>> {
         let row: i32 = row.narrow("row")?;
-        self.check_thread()?;
-        Ok(self.inner.lock().logits(row)?.to_vec())
+        Ok(self.owned(py)?.native.logits(row)?.to_vec())
     }
 
     /// The greedy choice of output row `row`: the id of the largest logit (lowest id on ties).
     #[pyo3(signature = (row = WideInt(-1)), text_signature = "(self, /, row=-1)")]
-    fn argmax(&self, row: WideInt) -> PyResult<i32> {
+    fn argmax(&self, py: Python<'_>, row: WideInt) -> PyResult<i32> {
         let row: i32 = row.narrow("row")?;
-        self.check_thread()?;
-        Ok(crate::sampling::argmax(self.inner.lock().logits(row)?))
+        Ok(crate::sampling::argmax(self.owned(py)?.native.logits(row)?))
     }
 
     /// The `k` largest logits of row `row` as `(token, logit)`, largest first.
     #[pyo3(signature = (row = WideInt(-1), k = WideInt(2)), text_signature = "(self, /, row=-1, k=2)")]
-    fn top_logits(&self, row: WideInt, k: WideInt) -> PyResult<Vec<(i32, f32)>> {
+    fn top_logits(&self, py: Python<'_>, row: WideInt, k: WideInt) -> PyResult<Vec<(i32, f32)>> {
         let row: i32 = row.narrow("row")?;
         let k: usize = k.narrow("k")?;
-        self.check_thread()?;
-        Ok(crate::sampling::top_k(self.inner.lock().logits(row)?, k))
+        Ok(crate::sampling::top_k(
+            self.owned(py)?.native.logits(row)?,
+            k,
+        ))
     }
 
     /// The exact state of one sequence (KV cells and recurrent state; no logits).
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
-    fn seq_state<'py>(
-        &mut self,
-        py: Python<'py>,
-        seq_id: WideInt,
-    ) -> PyResult<Bound<'py, PyBytes>> {
+    fn seq_state<'py>(&self, py: Python<'py>, seq_id: WideInt) -> PyResult<Bound<'py, PyBytes>> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(PyBytes::new(py, &self.inner.get_mut().seq_state(seq_id)?))
+        let state = self.owned(py)?.native.seq_state(seq_id)?;
+        Ok(PyBytes::new(py, &state))
     }
 
     /// Replace one sequence's state with bytes from `seq_state`.
     ///
     /// On failure the sequence is left exactly as it was.
     #[pyo3(signature = (seq_id, data))]
-    fn set_seq_state(&mut self, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
+    fn set_seq_state(&self, py: Python<'_>, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.inner.get_mut().replace_seq_state(seq_id, data)?)
+        Ok(self.owned(py)?.native.replace_seq_state(seq_id, data)?)
     }
 
     /// Remove positions `p0..p1` of `seq_id` (`-1`: open end; `seq_id=-1`: every
     /// sequence); False if refused (an unknown sequence included).
     #[pyo3(signature = (seq_id = WideInt(0), p0 = WideInt(-1), p1 = WideInt(-1)), text_signature = "(self, /, seq_id=0, p0=-1, p1=-1)")]
-    fn seq_rm(&mut self, seq_id: WideInt, p0: WideInt, p1: WideInt) -> PyResult<bool> {
+    fn seq_rm(&self, py: Python<'_>, seq_id: WideInt, p0: WideInt, p1: WideInt) -> PyResult<bool> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
         let p0: i32 = p0.narrow("p0")?;
         let p1: i32 = p1.narrow("p1")?;
-        self.check_thread()?;
-        Ok(self.inner.get_mut().seq_rm(seq_id, p0, p1))
+        Ok(self.owned(py)?.native.seq_rm(seq_id, p0, p1))
     }
 
     /// Clear one sequence.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
-    fn seq_clear(&mut self, seq_id: WideInt) -> PyResult<()> {
+    fn seq_clear(&self, py: Python<'_>, seq_id: WideInt) -> PyResult<()> {
         let seq_id = self.sequence(seq_id)?;
-        let inner = self.inner.get_mut();
-        inner.seq_pos_max(seq_id)?;
-        inner.seq_rm(seq_id, -1, -1);
+        let mut state = self.owned(py)?;
+        state.native.seq_pos_max(seq_id)?;
+        state.native.seq_rm(seq_id, -1, -1);
         Ok(())
     }
 
     /// The highest position stored for `seq_id`, or -1 when empty.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
-    fn seq_pos_max(&self, seq_id: WideInt) -> PyResult<i32> {
+    fn seq_pos_max(&self, py: Python<'_>, seq_id: WideInt) -> PyResult<i32> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.inner.lock().seq_pos_max(seq_id)?)
+        Ok(self.owned(py)?.native.seq_pos_max(seq_id)?)
     }
 }

@@ -3,9 +3,12 @@
 //! Python may reach one object from several threads, so a Python class must
 //! be `Sync`; llama.cpp's contexts and sessions may move between threads but
 //! must not be used by two at once. [`Guarded`] makes that so without any
-//! `unsafe impl Sync`: methods that have the object exclusively (`&mut self`,
-//! which PyO3's borrow checking guarantees) reach it without locking, and
-//! shared reads take the lock.
+//! `unsafe impl Sync`. The classes holding one are frozen (no PyO3 borrow
+//! flag, so another thread never meets an untyped borrow error): a call
+//! that runs natively takes the lock with the GIL released
+//! (`py.detach(|| work(&mut guarded.lock()))`), and a call that holds the
+//! GIL takes it with [`Guarded::lock_waiting`], which releases the GIL while
+//! it waits, so two threads never wait on each other's lock and GIL.
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -18,13 +21,6 @@ impl<T> Guarded<T> {
     /// Guard `value`.
     pub(crate) fn new(value: T) -> Self {
         Self(Mutex::new(value))
-    }
-
-    /// The value, through an exclusive borrow (no locking needed).
-    pub(crate) fn get_mut(&mut self) -> &mut T {
-        self.0
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The value, locked for the guard's lifetime.

@@ -11,7 +11,6 @@ use super::context::{PyBatch, PyContext};
 use super::errors::{context_error, ensure_thread, session_error};
 use super::guarded::Guarded;
 use crate::generation::{self, SessionGeneration, SessionParts};
-use crate::native::Batch;
 use crate::session::{DraftSession, SessionConfig, SpecType};
 
 /// A speculative draft session pairing a target context with a draft context.
@@ -19,8 +18,13 @@ use crate::session::{DraftSession, SessionConfig, SpecType};
 /// Use `MtpSession` or `Eagle3Session` (Python subclasses that fix `spec_type`).
 ///
 /// The session and both contexts are bound to the thread that created them
-/// (every method checks), so llama.cpp never sees them used from two threads.
-#[pyclass(name = "DraftSession", module = "specstate._native", subclass)]
+/// (every method that reaches them checks, first), so llama.cpp never sees
+/// them used from two threads. The class is frozen: the native session is
+/// behind one lock, which calls take in a fixed order with the contexts'
+/// (session, target, draft, then a batch), and another thread gets
+/// `ThreadAffinityError`, never a borrow error; the configuration fixed at
+/// creation is read from any thread.
+#[pyclass(name = "DraftSession", module = "specstate._native", subclass, frozen)]
 pub(crate) struct PySession {
     // Declared first so it is dropped first: the native session points into
     // both contexts, which the fields below keep alive.
@@ -59,31 +63,11 @@ impl PySession {
         seq_id.narrow("seq_id")
     }
 
-    /// Tell the session about the batch the target decoded last, after checks
-    /// that keep llama.cpp from reading hidden states it never extracted.
-    fn process_checked(
-        &mut self,
-        py: Python<'_>,
-        batch: &Batch,
-        batch_key: Option<u64>,
-    ) -> PyResult<()> {
-        let target = self.target.bind(py).borrow();
-        let draft = self.draft.bind(py).borrow();
-        if target.decode_count() <= self.created_at_decode || target.last_batch() != batch_key {
-            return Err(session_error(
-                "process() takes the batch the target decoded last, after the session was created",
-            ));
-        }
-        let draft_rows = draft.batch_rows();
-        if batch.len() > draft_rows {
-            return Err(session_error(format!(
-                "a batch of {} rows exceeds the draft context's n_batch of {draft_rows}",
-                batch.len(),
-            )));
-        }
-        drop((target, draft));
-        let core = self.core.get_mut();
-        Ok(py.detach(|| core.process(batch))?)
+    /// The native session, on the owner thread only (checked first); see
+    /// `PyContext::owned`.
+    fn owned(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, DraftSession>> {
+        self.check_thread()?;
+        Ok(self.core.lock_waiting(py))
     }
 }
 
@@ -119,22 +103,20 @@ impl PySession {
                 "the target and draft contexts must be two different contexts",
             ));
         }
-        let mut target_ref = target.bind(py).borrow_mut();
-        let mut draft_ref = draft.bind(py).borrow_mut();
-        target_ref.check_thread()?;
-        draft_ref.check_thread()?;
-        let created_at_decode = target_ref.decode_count();
+        let mut target_state = target.get().owned(py)?;
+        let mut draft_state = draft.get().owned(py)?;
+        let created_at_decode = target_state.decode_count();
         // SAFETY: this object keeps both contexts alive through `target` and
         // `draft` and drops `core` first; llama.cpp's contexts live on the
-        // heap, so they stay at the same address.
+        // heap, so they stay at the same address while the `Context` values
+        // owning them sit in their `PyContext`s' locks. The session reaches
+        // them natively, in `draft` and `accept` without those locks, but
+        // only from calls on the thread that owns it and both contexts (each
+        // call checks), one call at a time.
         let core = unsafe {
-            DraftSession::new(
-                target_ref.inner.get_mut(),
-                draft_ref.inner.get_mut(),
-                config,
-            )?
+            DraftSession::new(&mut target_state.native, &mut draft_state.native, config)?
         };
-        drop((target_ref, draft_ref));
+        drop((target_state, draft_state));
         Ok(Self {
             core: Guarded::new(core),
             spec_type: config.spec_type.name(),
@@ -163,35 +145,33 @@ impl PySession {
 
     /// Tokens drafted so far.
     #[getter]
-    fn n_drafted(&self) -> u64 {
-        self.core.lock().drafted()
+    fn n_drafted(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.owned(py)?.drafted())
     }
 
     /// Drafted tokens accepted so far.
     #[getter]
-    fn n_accepted(&self) -> u64 {
-        self.core.lock().accepted()
+    fn n_accepted(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.owned(py)?.accepted())
     }
 
     /// Whether the target must keep post-norm embeddings.
     #[getter]
-    fn need_embd(&self) -> PyResult<bool> {
-        self.check_thread()?;
-        Ok(self.core.lock().need_embd())
+    fn need_embd(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.owned(py)?.need_embd())
     }
 
     /// Whether the target must keep pre-norm hidden states.
     #[getter]
-    fn need_embd_pre_norm(&self) -> PyResult<bool> {
-        self.check_thread()?;
-        Ok(self.core.lock().need_embd_pre_norm())
+    fn need_embd_pre_norm(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.owned(py)?.need_embd_pre_norm())
     }
 
     /// Start a generation on `seq_id` whose `prompt` the target has decoded.
     #[pyo3(signature = (prompt, *, seq_id = WideInt(0)), text_signature = "(self, /, prompt, *, seq_id=0)")]
-    fn begin(&mut self, prompt: TokenIds, seq_id: WideInt) -> PyResult<()> {
+    fn begin(&self, py: Python<'_>, prompt: TokenIds, seq_id: WideInt) -> PyResult<()> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.core.get_mut().begin(seq_id, &prompt.0)?)
+        Ok(self.owned(py)?.begin(seq_id, &prompt.0)?)
     }
 
     /// Decode `tokens` on the target at `start_pos..` of `seq_id`, then
@@ -199,7 +179,7 @@ impl PySession {
     #[pyo3(signature = (tokens, start_pos, *, seq_id = WideInt(0), all_logits = false),
            text_signature = "(self, /, tokens, start_pos, *, seq_id=0, all_logits=False)")]
     fn decode(
-        &mut self,
+        &self,
         py: Python<'_>,
         tokens: TokenIds,
         start_pos: WideInt,
@@ -208,32 +188,58 @@ impl PySession {
     ) -> PyResult<()> {
         let (tokens, start_pos) = (tokens.0, start_pos.narrow("start_pos")?);
         let seq_id = self.sequence(seq_id)?;
-        let draft_rows = self.draft.bind(py).borrow().batch_rows();
+        let draft_rows = self.draft.get().batch_rows();
         if tokens.len() > draft_rows {
             return Err(session_error(format!(
                 "{} tokens exceed the draft context's n_batch of {draft_rows}",
                 tokens.len()
             )));
         }
-        let target = self.target.clone_ref(py);
-        let mut target = target.bind(py).borrow_mut();
-        target.decode_tokens(py, &tokens, start_pos, seq_id, all_logits)?;
-        let core = self.core.get_mut();
-        let batch = target.scratch();
-        Ok(py.detach(|| core.process(batch))?)
+        let target = self.target.get();
+        target.check_thread()?;
+        let decoded = py.detach(|| {
+            let mut core = self.core.lock();
+            let mut target = target.state.lock();
+            target
+                .decode_tokens(&tokens, start_pos, seq_id, all_logits)
+                .map(|()| core.process(target.scratch()))
+        });
+        Ok(decoded??)
     }
 
     /// Tell the session about `batch`, which the target decoded last (`Context.decode_batch`).
-    fn process(&mut self, py: Python<'_>, batch: PyRef<'_, PyBatch>) -> PyResult<()> {
+    ///
+    /// Checked first, so llama.cpp never reads hidden states it never
+    /// extracted; the batch's lock is held from the check to the end.
+    fn process(&self, py: Python<'_>, batch: &Bound<'_, PyBatch>) -> PyResult<()> {
         self.check_thread()?;
-        let key = Some(batch.key());
-        self.process_checked(py, &batch.inner, key)
+        let (target, batch) = (self.target.get(), batch.get());
+        let draft_rows = self.draft.get().batch_rows();
+        py.detach(|| {
+            let mut core = self.core.lock();
+            let target = target.state.lock();
+            let batch = batch.rows.lock();
+            if target.decode_count() <= self.created_at_decode
+                || target.last_batch() != Some(batch.key())
+            {
+                return Err(session_error(
+                    "process() takes the batch the target decoded last, after the session was created",
+                ));
+            }
+            if batch.rows.len() > draft_rows {
+                return Err(session_error(format!(
+                    "a batch of {} rows exceeds the draft context's n_batch of {draft_rows}",
+                    batch.rows.len(),
+                )));
+            }
+            Ok(core.process(&batch.rows)?)
+        })
     }
 
     /// Draft up to `n_draft_max` tokens after `id_last` at position `n_past`.
     #[pyo3(signature = (n_past, id_last, *, seq_id = WideInt(0)), text_signature = "(self, /, n_past, id_last, *, seq_id=0)")]
     fn draft(
-        &mut self,
+        &self,
         py: Python<'_>,
         n_past: WideInt,
         id_last: WideInt,
@@ -242,29 +248,27 @@ impl PySession {
         let n_past: i32 = n_past.narrow("n_past")?;
         let id_last: i32 = id_last.narrow("id_last")?;
         let seq_id = self.sequence(seq_id)?;
-        let core = self.core.get_mut();
-        Ok(py.detach(|| core.draft(seq_id, n_past, id_last))?)
+        Ok(py.detach(|| self.core.lock().draft(seq_id, n_past, id_last))?)
     }
 
     /// Complete the pending proposal: `n_accepted` of its tokens were verified.
     #[pyo3(signature = (n_accepted, *, seq_id = WideInt(0)), text_signature = "(self, /, n_accepted, *, seq_id=0)")]
-    fn accept(&mut self, n_accepted: WideInt, seq_id: WideInt) -> PyResult<()> {
+    fn accept(&self, py: Python<'_>, n_accepted: WideInt, seq_id: WideInt) -> PyResult<()> {
         let n_accepted: usize = n_accepted.narrow("n_accepted")?;
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.core.get_mut().accept(seq_id, n_accepted)?)
+        Ok(self.owned(py)?.accept(seq_id, n_accepted)?)
     }
 
     /// Whether no sequence has a pending proposal.
-    fn is_quiescent(&self) -> PyResult<bool> {
-        self.check_thread()?;
-        Ok(self.core.lock().is_quiescent())
+    fn is_quiescent(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.owned(py)?.is_quiescent())
     }
 
     /// Whether `seq_id` has a pending proposal.
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
-    fn has_pending_proposal(&self, seq_id: WideInt) -> PyResult<bool> {
+    fn has_pending_proposal(&self, py: Python<'_>, seq_id: WideInt) -> PyResult<bool> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.core.lock().has_pending_proposal(seq_id)?)
+        Ok(self.owned(py)?.has_pending_proposal(seq_id)?)
     }
 
     /// The exact speculative state of `seq_id` (only at a quiescent boundary).
@@ -275,49 +279,77 @@ impl PySession {
         seq_id: WideInt,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(PyBytes::new(py, &self.core.lock().state(seq_id)?))
+        let state = self.owned(py)?.state(seq_id)?;
+        Ok(PyBytes::new(py, &state))
     }
 
     /// Restore `seq_id`'s speculative state; bytes that are not a valid state
     /// for this session leave it exactly as it was.
     #[pyo3(signature = (seq_id, data))]
-    fn restore_speculative_state(&mut self, seq_id: WideInt, data: &[u8]) -> PyResult<()> {
+    fn restore_speculative_state(
+        &self,
+        py: Python<'_>,
+        seq_id: WideInt,
+        data: &[u8],
+    ) -> PyResult<()> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.core.get_mut().restore(seq_id, data)?)
+        Ok(self.owned(py)?.restore(seq_id, data)?)
     }
 }
 
 /// A greedy speculative generation on one sequence of a session (the rounds
 /// are the engine's, as `Generator`'s are).
-#[pyclass(name = "GreedyGeneration", module = "specstate._native")]
+///
+/// Bound to its session's thread (every method that reaches its state
+/// checks, first); the class is frozen and its state is behind one lock,
+/// taken before the session's and the contexts', so another thread gets
+/// `ThreadAffinityError`, never a borrow error.
+#[pyclass(name = "GreedyGeneration", module = "specstate._native", frozen)]
 pub(crate) struct PyGreedyGeneration {
     session: Py<PySession>,
-    core: SessionGeneration,
+    core: Guarded<SessionGeneration>,
+    /// The sequence generated on (fixed).
+    seq_id: i32,
     owner: ThreadId,
 }
 
 impl PyGreedyGeneration {
-    /// Run `call` on the core with the session and its contexts borrowed
-    /// (GIL released), after the thread check.
+    fn check_thread(&self) -> PyResult<()> {
+        ensure_thread(self.owner, "generation")
+    }
+
+    /// The generation's state, on the owner thread only (checked first).
+    fn owned(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, SessionGeneration>> {
+        self.check_thread()?;
+        Ok(self.core.lock_waiting(py))
+    }
+
+    /// Run `call` on the core with the session and its contexts locked
+    /// (generation, session, target, draft; GIL released), after the thread
+    /// check.
     fn run<T: Send>(
-        &mut self,
+        &self,
         py: Python<'_>,
         call: impl FnOnce(&mut SessionGeneration, &mut SessionParts<'_>) -> crate::engine::Result<T>
             + Send,
     ) -> PyResult<T> {
-        ensure_thread(self.owner, "generation")?;
-        let mut session = self.session.bind(py).borrow_mut();
-        let (target_obj, draft_obj) = (session.target.clone_ref(py), session.draft.clone_ref(py));
-        let mut target = target_obj.bind(py).borrow_mut();
-        let mut draft = draft_obj.bind(py).borrow_mut();
-        let mut parts = SessionParts {
-            target: target.inner.get_mut(),
-            draft: draft.inner.get_mut(),
-            session: session.core.get_mut(),
-        };
-        let core = &mut self.core;
-        let result = py.detach(|| call(core, &mut parts));
-        target.note_external_decode();
+        self.check_thread()?;
+        let session = self.session.get();
+        let (target, draft) = (session.target.get(), session.draft.get());
+        let result = py.detach(|| {
+            let mut core = self.core.lock();
+            let mut session_core = session.core.lock();
+            let mut target = target.state.lock();
+            let mut draft = draft.state.lock();
+            let mut parts = SessionParts {
+                target: &mut target.native,
+                draft: &mut draft.native,
+                session: &mut session_core,
+            };
+            let result = call(&mut core, &mut parts);
+            target.note_external_decode();
+            result
+        });
         Ok(result?)
     }
 }
@@ -329,22 +361,22 @@ impl PyGreedyGeneration {
     fn new(py: Python<'_>, session: Py<PySession>, seq_id: WideInt) -> PyResult<Self> {
         let seq_id: i32 = seq_id.narrow("seq_id")?;
         let rows = {
-            let s = session.bind(py).borrow();
+            let s = session.get();
             s.check_thread()?;
-            let target = s.target.bind(py).borrow();
-            let draft = s.draft.bind(py).borrow();
-            let rows = generation::process_rows(&target.inner.lock(), &draft.inner.lock());
-            rows
+            let target = s.target.get().owned(py)?;
+            let draft = s.draft.get().owned(py)?;
+            generation::process_rows(&target.native, &draft.native)
         };
         Ok(Self {
             session,
-            core: SessionGeneration::new(seq_id, rows)?,
+            core: Guarded::new(SessionGeneration::new(seq_id, rows)?),
+            seq_id,
             owner: std::thread::current().id(),
         })
     }
 
     /// Decode `prompt`, begin the session, and return the first generated token.
-    fn prefill(&mut self, py: Python<'_>, prompt: TokenIds) -> PyResult<i32> {
+    fn prefill(&self, py: Python<'_>, prompt: TokenIds) -> PyResult<i32> {
         self.run(py, |core, parts| core.prefill(parts, &prompt.0))
     }
 
@@ -353,7 +385,7 @@ impl PyGreedyGeneration {
     /// (the last of `tokens`, if given).
     #[pyo3(signature = (n_past, id_last, tokens = None))]
     fn resume(
-        &mut self,
+        &self,
         py: Python<'_>,
         n_past: WideInt,
         id_last: WideInt,
@@ -361,82 +393,80 @@ impl PyGreedyGeneration {
     ) -> PyResult<()> {
         let n_past: usize = n_past.narrow("n_past")?;
         let id_last: i32 = id_last.narrow("id_last")?;
-        ensure_thread(self.owner, "generation")?;
+        self.check_thread()?;
         let tokens = tokens.map_or_else(|| vec![id_last], |t| t.0);
         if tokens.last() != Some(&id_last) {
             return Err(PyValueError::new_err(
                 "tokens must end with id_last, the last committed token",
             ));
         }
-        let finished = {
-            let session = self.session.bind(py).borrow();
-            let target = session.target.bind(py).borrow();
-            let finished = target.inner.lock().model().is_eog(id_last);
-            finished
-        };
-        Ok(self.core.resume(n_past, tokens, finished)?)
+        let target = self.session.get().target.get();
+        let finished = target.model.get().inner.is_eog(id_last);
+        Ok(self.owned(py)?.resume(n_past, tokens, finished)?)
     }
 
     /// Run one round (draft, verify, accept, roll back); returns the tokens it
     /// committed (none once finished or when the context is full).
-    fn step(&mut self, py: Python<'_>) -> PyResult<Vec<i32>> {
+    fn step(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
         self.run(py, |core, parts| core.step(parts))
     }
 
     /// Run rounds until at least `n_tokens` tokens are committed in total (or
     /// the generation is finished or the context full); returns every
     /// committed token.
-    fn generate(&mut self, py: Python<'_>, n_tokens: WideInt) -> PyResult<Vec<i32>> {
+    fn generate(&self, py: Python<'_>, n_tokens: WideInt) -> PyResult<Vec<i32>> {
         let n_tokens: usize = n_tokens.narrow("n_tokens")?;
-        self.run(py, |core, parts| core.generate(parts, n_tokens))?;
-        Ok(self.core.tokens().to_vec())
+        self.run(py, |core, parts| {
+            core.generate(parts, n_tokens)?;
+            Ok(core.tokens().to_vec())
+        })
     }
 
     /// Every committed token, the first generated token included.
     #[getter]
-    fn tokens(&self) -> Vec<i32> {
-        self.core.tokens().to_vec()
+    fn tokens(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+        Ok(self.owned(py)?.tokens().to_vec())
     }
 
     /// Tokens in the target's memory for this sequence (None before prefill).
     #[getter]
-    fn n_past(&self) -> Option<usize> {
-        self.core.n_past()
+    fn n_past(&self, py: Python<'_>) -> PyResult<Option<usize>> {
+        Ok(self.owned(py)?.n_past())
     }
 
     /// The last committed token, decoded by the next round (None before prefill).
     #[getter]
-    fn id_last(&self) -> Option<i32> {
-        self.core.id_last()
+    fn id_last(&self, py: Python<'_>) -> PyResult<Option<i32>> {
+        Ok(self.owned(py)?.id_last())
     }
 
     /// Whether an end-of-generation token was committed (no round commits after it).
     #[getter]
-    fn finished(&self) -> bool {
-        self.core.finished()
+    fn finished(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.owned(py)?.finished())
     }
 
     /// The sequence generated on.
     #[getter]
     fn seq_id(&self) -> i32 {
-        self.core.seq_id()
+        self.seq_id
     }
 
     /// Rounds run.
     #[getter]
-    fn rounds(&self) -> u64 {
-        self.core.counters().0
+    fn rounds(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.owned(py)?.counters().0)
     }
 
     /// Tokens drafted (and verified) by this generation.
     #[getter]
-    fn n_drafted(&self) -> u64 {
-        self.core.counters().1
+    fn n_drafted(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.owned(py)?.counters().1)
     }
 
     /// Drafted tokens accepted by this generation.
     #[getter]
-    fn n_accepted(&self) -> u64 {
-        self.core.counters().2
+    fn n_accepted(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.owned(py)?.counters().2)
     }
 }
