@@ -480,7 +480,7 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 4, threads
         return "n_draft out of range"
     if mode != "none" and n_draft + 1 > n_batch:
         return "n_batch must exceed n_draft"
-    problem = allocation_problem(base, mode, n_draft, n_batch)
+    problem = allocation_problem(base, mode, n_draft, n_batch, n_ctx)
     if problem is not None:
         return problem
     adaptive = _as_struct(meta.get("adaptive"), ADAPTIVE_FIELDS)
@@ -489,15 +489,19 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 4, threads
     return None if adaptive is None else adaptive_fit_problem(adaptive, n_draft)
 
 
-def allocation_problem(base: Base, mode: str, n_draft: int, n_batch: int) -> str | None:
+def allocation_problem(base: Base, mode: str, n_draft: int, n_batch: int, n_ctx: int) -> str | None:
     """Why a restore must not allocate these contexts by default (no max_n_batch), or None.
 
     Compute buffers for at most MAX_N_BATCH rows per pass; on a recurrent or hybrid target in a
-    speculative mode, one rollback snapshot of the recurrent state per drafted token (at least
-    one), together at most the model's size.
+    speculative mode, a compute pass (at most n_ctx rows) longer than the rollback snapshots plus
+    one, and the snapshots (one recurrent state per drafted token, at least one) together at most
+    the model's size.
     """
     if n_batch > MAX_N_BATCH:
         return "n_batch beyond a restore's rows per pass"
+    if mode != "none" and base.recurrent_state_bytes and n_ctx <= max(n_draft, 1) + 1:
+        # llama.cpp caps a compute pass at n_ctx rows, and it must exceed the snapshots plus one.
+        return "a hybrid target's context no longer than its rollback snapshots need"
     if mode != "none" and max(n_draft, 1) * base.recurrent_state_bytes > base.model_size:
         return "rollback snapshots outweigh the model"
     return None

@@ -98,6 +98,20 @@ def test_resume_refuses_a_recorded_thread_count_above_the_cpus_unless_given(
     assert given.returncode == 0, given.stderr
 
 
+def test_resume_refuses_a_checkpoint_larger_than_a_restore_allocates_unless_allowed(
+    tiny_map: dict[str, Path], tmp_path: Path
+) -> None:
+    generator = tiny_generator("ngram", tiny_map)
+    generator.generate("rows", max_tokens=4)
+    ckpt = tmp_path / "many-rows.ckpt"
+    ckpt.write_bytes(rewrite_meta(generator.checkpoint(), n_batch=600, n_ctx=600))
+    options = ["--model", str(tiny_map["qwen35"]), "--max-tokens", "3", "--threads", "1", "--quiet"]
+    line = one_error_line(specstate("resume", str(ckpt), *options))
+    assert "n_batch of 600" in line and "--max-n-batch" in line, line
+    allowed = specstate("resume", str(ckpt), *options, "--max-n-batch", "600")
+    assert allowed.returncode == 0, allowed.stderr
+
+
 def test_mmap_loads_mapped_models(tiny_map: dict[str, Path], tmp_path: Path) -> None:
     options = ["--model", str(tiny_map["qwen35"]), "--threads", "1", "--quiet", "--max-tokens"]
     ckpt = tmp_path / "mapped.ckpt"

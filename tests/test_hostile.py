@@ -270,6 +270,17 @@ def test_a_hybrid_generator_with_a_tiny_batch_is_not_an_abort(qwen35_model: Mode
     assert len(generator.tokens) == 8
 
 
+def test_a_hybrid_context_shorter_than_its_snapshots_need_is_refused_not_an_abort(qwen35_model: Model) -> None:
+    """Found by the fuzzer (issue 20): llama.cpp caps n_batch at n_ctx, so n_ctx = n_draft + 1 left a
+    compute pass no longer than the rollback snapshots, and the first decode hit
+    GGML_ASSERT(n_ubatch > n_keep_tail)."""
+    with pytest.raises(ContextError, match="must exceed n_rs_seq"):
+        Generator(qwen35_model, mode="ngram", n_ctx=12, n_batch=12, n_draft=11, n_threads=1)
+    generator = Generator(qwen35_model, mode="ngram", n_ctx=13, n_batch=12, n_draft=11, n_threads=1)
+    generator.generate([3, 4, 5, 3, 4, 5, 3, 4], max_tokens=4)
+    assert len(generator.tokens) == 4
+
+
 # --- suspicions from reading the code -------------------------------------------------------------
 
 

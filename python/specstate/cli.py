@@ -97,6 +97,16 @@ def _add_mmap(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_max_n_batch(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-n-batch",
+        type=int,
+        metavar="N",
+        help="let a checkpoint allocate up to N rows per compute pass (default 512) and, on a recurrent or "
+        "hybrid model, rollback snapshots beyond the model's size",
+    )
+
+
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -144,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("--draft-model", type=Path, help="draft model (draft and eagle3 modes)")
     _add_output(resume)
+    _add_max_n_batch(resume)
     _add_mmap(resume)
 
     inspect = commands.add_parser("inspect", help="describe a checkpoint")
@@ -186,6 +197,7 @@ def _add_chat_parser(commands: Any) -> None:
         help="threads (0: the CPUs available; default: all, or the checkpoint's count if no more than the CPUs)",
     )
     chat.add_argument("--quiet", action="store_true", help="no status line")
+    _add_max_n_batch(chat)
     _add_mmap(chat)
     _add_sampling(chat)
 
@@ -390,7 +402,7 @@ def _restore_saved(checkpoint: Path, args: argparse.Namespace) -> Generator:
     assert target_path is not None
     model = _load(target_path, "model", args.mmap)
     draft = _load(draft_path, "draft model", args.mmap) if draft_path else None
-    return Generator.restore(data, model, draft_model=draft, n_threads=args.threads)
+    return Generator.restore(data, model, draft_model=draft, n_threads=args.threads, max_n_batch=args.max_n_batch)
 
 
 def cmd_resume(args: argparse.Namespace) -> None:

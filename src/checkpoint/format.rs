@@ -172,8 +172,8 @@ pub enum CheckpointError {
     /// recurrent or hybrid model, rollback snapshots of the recurrent state
     /// taking more memory than the model's weights.
     #[error(
-        "the checkpoint's {field} of {value} {reason}: pass max_n_batch (at least its n_batch) \
-         to restore it"
+        "the checkpoint's {field} of {value} {reason}: pass max_n_batch (--max-n-batch on the \
+         command line; at least its n_batch) to restore it"
     )]
     ExcessiveAllocation {
         /// `n_batch` or `n_draft`.

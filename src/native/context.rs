@@ -165,13 +165,20 @@ impl Context {
     ) -> NativeResult<Self> {
         check_params(&model, &params, other)?;
         let recurrent = model.is_recurrent() || model.is_hybrid();
-        // llama.cpp runs at most n_batch rows per compute pass, whatever n_ubatch says.
-        let n_ubatch = params.n_ubatch.min(params.n_batch);
+        // llama.cpp runs at most n_batch rows per compute pass, whatever n_ubatch
+        // says, and caps n_batch at the context length (as asked, before padding).
+        let n_ctx = match (params.n_ctx, model.n_ctx_train()) {
+            (0, 0) => u32::MAX,
+            (0, trained) => trained,
+            (n_ctx, _) => n_ctx,
+        };
+        let n_ubatch = params.n_ubatch.min(params.n_batch).min(n_ctx);
         if recurrent && params.n_rs_seq > 0 && n_ubatch <= params.n_rs_seq.saturating_add(1) {
             // llama.cpp asserts `n_ubatch > n_rs_seq + 1` on the first decode
             // of a recurrent memory with rollback snapshots (an abort, not an error).
             return Err(NativeError::ContextInit(format!(
-                "n_ubatch and n_batch ({n_ubatch}) must exceed n_rs_seq + 1 ({}) for a recurrent or hybrid model",
+                "n_ubatch, n_batch and n_ctx (at most {n_ubatch} rows per pass) must exceed n_rs_seq + 1 ({}) \
+                 for a recurrent or hybrid model",
                 u64::from(params.n_rs_seq) + 1
             )));
         }
@@ -466,7 +473,7 @@ pub fn recurrent_state_bytes(model: &Arc<Model>) -> NativeResult<u64> {
     }
     let memory = |n_rs_seq| {
         let params = ContextParams {
-            n_ctx: 2,
+            n_ctx: 3,
             n_batch: 3,
             n_ubatch: 3,
             n_seq_max: 1,
