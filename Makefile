@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
+.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -60,8 +60,40 @@ fmt:
 	cargo fmt
 	$(BIN)/ruff format python tests benchmarks scripts
 
-wheel: system-deps $(VENV)/.installed
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin build --release --out dist
+# The CPU wheel (issue 25), tagged manylinux_2_28_x86_64: pip installs it where glibc is 2.28 or newer. zig (PyPI
+# `ziglang`, requirements-wheel.txt) compiles and links the whole extension (maturin --zig) against glibc 2.28's
+# symbol versions and links its own libc++ in statically, so no libstdc++ is needed; maturin's audit and
+# `auditwheel show` check the tag. Same x86-64-v3 kernels: .cargo/config.toml's flags less `-mtune=generic`, which
+# zig's clang rejects (and which is gcc's tuning for x86-64-v3 anyway). bindgen's libclang cannot parse zig's
+# libc++ headers (they need Clang 20), so it reads the host's headers, as in `make develop`: the bindings of the C
+# API are the same. Own target directory. `make check-old-glibc` installs and runs the wheel on Debian bullseye.
+MANYLINUX ?= manylinux_2_28
+WHEEL_TARGET_DIR ?= $(HOME)/.cache/specstate-target-manylinux
+ZIG_X86_64_FLAGS := $(filter-out -mtune=generic,$(shell sed -n 's/^CFLAGS_x86_64_unknown_linux_gnu *= *"\(.*\)"/\1/p' .cargo/config.toml))
+# $(call bindgen_includes,G++): the include directories of a Debian g++, with libclang's builtin headers in place
+# of gcc's, as arguments for bindgen.
+bindgen_includes = $$(echo | $(1) -x c++ -E -v - 2>&1 | sed -n 's|^ \(/[^ ]*\)$$|\1|p' \
+	| sed "s|^/usr/lib/gcc[a-z-]*/[^/]*/[0-9]*/include$$|$$(ls -d /usr/lib/llvm-*/lib/clang/*/include | tail -1)|; s|^|-isystem |" \
+	| tr '\n' ' ')
+# cmake/zig.cmake: llama.cpp's CMake gets the zig tools and still reads .cargo/config.toml's toolchain file.
+ZIG_WHEEL_ENV = CFLAGS_x86_64_unknown_linux_gnu="$(ZIG_X86_64_FLAGS)" CXXFLAGS_x86_64_unknown_linux_gnu="$(ZIG_X86_64_FLAGS)" \
+	CMAKE_TOOLCHAIN_FILE_x86_64_unknown_linux_gnu=$(abspath cmake/zig.cmake) \
+	BINDGEN_EXTRA_CLANG_ARGS="$(call bindgen_includes,g++)" PATH=$(abspath $(BIN)):$$PATH
+
+$(VENV)/.wheel-tools: requirements-wheel.txt $(VENV)/.installed
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-wheel.txt
+	touch $@
+
+wheel: system-deps $(VENV)/.installed $(VENV)/.wheel-tools
+	rm -f dist/specstate-*x86_64.whl
+	CARGO_TARGET_DIR=$(WHEEL_TARGET_DIR) $(ZIG_WHEEL_ENV) \
+		$(BIN)/maturin build --release --zig --compatibility $(MANYLINUX) --out dist
+	$(BIN)/auditwheel show dist/specstate-*x86_64.whl
+
+# The wheel on an older system: Debian bullseye (glibc 2.31, Python 3.9) made with debootstrap (root; cached in
+# ~/.cache/specstate), entered with unshare and chroot: install, import, native_info(), generate, resume, the CLI.
+check-old-glibc: wheel
+	scripts/check-old-glibc.sh dist/specstate-*x86_64.whl
 
 # The CUDA wheel (issue 11): ggml's CUDA backend compiled with a CUDA 13 toolkit installed from PyPI
 # (requirements-cuda.txt; no system CUDA), SASS for each architecture in CUDA_ARCHS (80 = A100, 90 = H100/H200).
@@ -83,7 +115,11 @@ $(CUDA_VENV)/.installed: requirements-cuda.txt
 	touch $@
 
 # --auditwheel skip: libcublas comes from the nvidia-cublas wheel (extra `cuda`) through the extension's RPATH,
-# and must not be copied into the wheel.
+# and must not be copied into the wheel. The tag is the one this compiler and glibc (Debian 12's gcc 12, glibc 2.36)
+# allow, as auditwheel measures for a CPU wheel built by them: manylinux_2_35 (GLIBC_2.34, GLIBCXX_3.4.30). zig
+# (`make wheel`) cannot build the CUDA host code: nvcc rejects zig's glibc headers, whose C23 math declarations
+# (rsqrt, sinpi, cospi) conflict with CUDA's crt/math_functions.h.
+CUDA_MANYLINUX ?= manylinux_2_35
 wheel-cuda: system-deps $(VENV)/.installed $(CUDA_VENV)/.installed
 	@# Other architectures or another cmake/cuda.cmake than last time: llama.cpp is configured again (the sys
 	@# crate cannot tell, and CMake keeps its cached settings).
@@ -94,7 +130,7 @@ wheel-cuda: system-deps $(VENV)/.installed $(CUDA_VENV)/.installed
 	root=$$(echo $(CUDA_ROOT)) && \
 	CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) CUDAToolkit_ROOT=$$root CMAKE_TOOLCHAIN_FILE=$(abspath cmake/cuda.cmake) \
 	SPECSTATE_CUDA_ARCHITECTURES='$(CUDA_ARCHITECTURES)' PATH=$$root/bin:$(abspath $(BIN)):$$PATH \
-	$(BIN)/maturin build --release --features python,cuda --auditwheel skip --out dist-cuda
+	$(BIN)/maturin build --release --features python,cuda --auditwheel skip --compatibility $(CUDA_MANYLINUX) --out dist-cuda
 
 # What travels to a GPU machine for scripts/gpu-check.sh (no network there): the CUDA wheel and the small wheels
 # the check needs. numpy is also taken from the machine's own packages (PyTorch) when its Python differs.
