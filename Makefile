@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
+.PHONY: all demo demo-cluster test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -27,18 +27,28 @@ test: develop lint test-rust test-python typecheck
 system-deps:
 	@scripts/system-deps.sh
 
+# specstate's llama.cpp patches (llama-cpp-sys-4/) are applied when llama.cpp is configured (a fresh build always
+# is). A target directory built with another patch set (LLAMA_SPECSTATE_PATCHES, their digest, in .cargo/config.toml)
+# is configured again: the sys crate's build script reruns and CMake's cache goes (ninja then recompiles only the
+# patched files and what includes them).
+LLAMA_PATCHES = $$(sed -n 's/^LLAMA_SPECSTATE_PATCHES *= *"\(.*\)"/\1/p' .cargo/config.toml)
+llama-patches:
+	@if [ "$$(cat $(CARGO_TARGET_DIR)/llama-patches 2>/dev/null)" != "$(LLAMA_PATCHES)" ]; then \
+		rm -rf $(CARGO_TARGET_DIR)/release/.fingerprint/llama-cpp-sys-4-* $(CARGO_TARGET_DIR)/llama-cmake-cache/*/build/CMakeCache.txt; \
+		mkdir -p $(CARGO_TARGET_DIR) && echo "$(LLAMA_PATCHES)" > $(CARGO_TARGET_DIR)/llama-patches; fi
+
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-develop: system-deps $(VENV)/.installed
+develop: system-deps llama-patches $(VENV)/.installed
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(BIN)):$$PATH $(BIN)/maturin develop --release --quiet
 
 # The Rust core needs no Python; its engine tests run on SmolLM2 (fetched once).
 SMOLLM2 = $(shell $(BIN)/python -c "import runpy; print(runpy.run_path('python/specstate/smollm2.py')['smollm2_path']())")
 
-test-rust: system-deps $(VENV)/.installed
+test-rust: system-deps llama-patches $(VENV)/.installed
 	SPECSTATE_SMOLLM2="$(SMOLLM2)" cargo test --release
 
 test-python: develop
@@ -48,7 +58,7 @@ typecheck: develop
 	$(BIN)/mypy
 	$(BIN)/python -m mypy.stubtest specstate._native
 
-lint: system-deps $(VENV)/.installed
+lint: system-deps llama-patches $(VENV)/.installed
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
 	cargo clippy --release --all-targets --features python -- -D warnings

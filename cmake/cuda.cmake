@@ -2,6 +2,9 @@
 # llama.cpp's CMake; the `cmake` crate it uses reads CMAKE_TOOLCHAIN_FILE from the environment, so the CUDA
 # settings of ggml come from here. Inputs (environment): CUDAToolkit_ROOT (a toolkit root, e.g. the
 # site-packages/nvidia/cu13 of the PyPI toolkit wheels) and SPECSTATE_CUDA_ARCHITECTURES (e.g. "80-real;90-real").
+# specstate's own llama.cpp patches, as in every other build (this file replaces .cargo/config.toml's
+# CMAKE_TOOLCHAIN_FILE for the CUDA build).
+include("${CMAKE_CURRENT_LIST_DIR}/../llama-cpp-sys-4/specstate.cmake")
 set(CUDAToolkit_ROOT "$ENV{CUDAToolkit_ROOT}" CACHE PATH "CUDA toolkit root")
 set(CMAKE_CUDA_COMPILER "$ENV{CUDAToolkit_ROOT}/bin/nvcc" CACHE FILEPATH "nvcc")
 # ggml picks its own list (PTX and SASS for 75 to 121) unless the architectures are set before it looks.

@@ -21,7 +21,7 @@ TINY_CTX = 256
 
 
 def tiny_generator(
-    mode: str, paths: dict[str, Path], *, sampled: bool = False, n_draft: int = 4, **settings: Any
+    mode: str, paths: dict[str, Path], *, sampled: bool = False, n_draft: int = 4, n_threads: int = 1, **settings: Any
 ) -> Generator:
     """A generator of `mode` over the tiny models (`paths`: qwen35, llama, eagle3_draft)."""
     target = Model(paths["qwen35"])
@@ -37,7 +37,7 @@ def tiny_generator(
         n_ctx=TINY_CTX,
         n_batch=64,
         n_draft=n_draft,
-        n_threads=1,
+        n_threads=n_threads,
         **sampling(sampled),
         **settings,
     )
