@@ -55,16 +55,21 @@ def venv_with(wheel: Path, where: Path) -> Path:
     return python
 
 
-def measure(python: Path, model: Path, tokens: int, threads: int) -> dict[str, float]:
-    out = subprocess.run(
+def start(python: Path, model: Path, tokens: int, threads: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [str(python), "-c", MEASURE, str(model), str(tokens), str(threads)],
         cwd=tempfile.gettempdir(),  # not the clone: its python/ must not shadow the installed wheel
-        check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,
         text=True,
-    ).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    return result
+    )
+
+
+def result(process: subprocess.Popen[str]) -> dict[str, float]:
+    out, _ = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"measurement failed with exit status {process.returncode}")
+    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return figures
 
 
 def main() -> None:
@@ -74,21 +79,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run each round's two measurements at the same time (on a busy machine: the same load for both; "
+        "their ratio holds while each gets an even share of the CPUs, e.g. 1 thread each on 2 cores)",
+    )
     args = parser.parse_args()
     model = smollm2_path()
     with tempfile.TemporaryDirectory() as scratch:
         pythons = {name: venv_with(getattr(args, name), Path(scratch) / name) for name in ("a", "b")}
         runs: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
         for index in range(args.rounds):
-            for name in ("a", "b") if index % 2 == 0 else ("b", "a"):
-                runs[name].append(measure(pythons[name], model, args.tokens, args.threads))
-            figures = ", ".join(f"{n} decode {runs[n][-1]['decode']:.1f} tok/s" for n in runs)
-            print(f"round {index + 1}: {figures}", flush=True)
+            if args.together:  # both at once: the same machine load, shared evenly between them
+                started = {name: start(pythons[name], model, args.tokens, args.threads) for name in runs}
+                for name, process in started.items():
+                    runs[name].append(result(process))
+            for name in () if args.together else ("a", "b") if index % 2 == 0 else ("b", "a"):
+                runs[name].append(result(start(pythons[name], model, args.tokens, args.threads)))
+            last = {name: figures[-1] for name, figures in runs.items()}
+            shown = ", ".join(f"{n} decode {r['decode']:.1f}, prefill {r['prefill']:.1f}" for n, r in last.items())
+            print(f"round {index + 1} (tok/s): {shown}", flush=True)
     report: dict[str, object] = {
         "model": model.name,
         "threads": args.threads,
         "tokens": args.tokens,
         "rounds": args.rounds,
+        "together": args.together,
         "wheels": {"a": args.a.name, "b": args.b.name},
         "simd": {name: runs[name][0]["simd"] for name in runs},
     }
@@ -100,6 +117,7 @@ def main() -> None:
             "a_median": statistics.median(a),
             "b_median": statistics.median(b),
             "ratio_b_over_a": {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios)},
+            "per_round": {"a": a, "b": b},
         }
         print(
             f"{figure}: a {statistics.median(a):.1f} tok/s, b {statistics.median(b):.1f} tok/s, "
