@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
+.PHONY: all demo demo-cluster test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -95,6 +95,7 @@ $(VENV)/.wheel-tools: requirements-wheel.txt $(VENV)/.installed
 	touch $@
 
 wheel: system-deps $(VENV)/.installed $(VENV)/.wheel-tools
+	@$(MAKE) --no-print-directory llama-patches CARGO_TARGET_DIR=$(WHEEL_TARGET_DIR)
 	rm -f dist/specstate-*x86_64.whl
 	CARGO_TARGET_DIR=$(WHEEL_TARGET_DIR) $(ZIG_WHEEL_ENV) \
 		$(BIN)/maturin build --release --zig --compatibility $(MANYLINUX) --out dist
@@ -104,6 +105,24 @@ wheel: system-deps $(VENV)/.installed $(VENV)/.wheel-tools
 # ~/.cache/specstate), entered with unshare and chroot: install, import, native_info(), generate, resume, the CLI.
 check-old-glibc: wheel
 	scripts/check-old-glibc.sh dist/specstate-*x86_64.whl
+
+# The aarch64 wheel, cross-built here: manylinux_2_28_aarch64 with ggml's portable armv8-a kernels (the sys crate's
+# choice for a cross build; no dotprod or SVE). zig compiles and links as for `make wheel`; rustc and the aarch64
+# standard library are Debian's rustc-web (scripts/aarch64-toolchain.sh); bindgen reads the headers of Debian's
+# aarch64 cross g++. `make check-old-glibc-aarch64` runs it in an arm64 bullseye through qemu-user.
+AARCH64_TARGET_DIR ?= $(HOME)/.cache/specstate-target-aarch64
+wheel-aarch64: system-deps $(VENV)/.installed $(VENV)/.wheel-tools
+	@command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -q g++-aarch64-linux-gnu
+	@$(MAKE) --no-print-directory llama-patches CARGO_TARGET_DIR=$(AARCH64_TARGET_DIR)
+	rm -f dist/specstate-*aarch64.whl
+	rustc=$$(scripts/aarch64-toolchain.sh) && CARGO_TARGET_DIR=$(AARCH64_TARGET_DIR) RUSTC=$$rustc HOST_CC=gcc HOST_CXX=g++ \
+	CMAKE_TOOLCHAIN_FILE_aarch64_unknown_linux_gnu=$(abspath cmake/zig.cmake) \
+	BINDGEN_EXTRA_CLANG_ARGS="$(call bindgen_includes,aarch64-linux-gnu-g++)" PATH=$(abspath $(BIN)):$$PATH \
+		$(BIN)/maturin build --release --zig --target aarch64-unknown-linux-gnu --compatibility $(MANYLINUX) --out dist
+	$(BIN)/auditwheel show dist/specstate-*aarch64.whl
+
+check-old-glibc-aarch64: wheel-aarch64
+	OLD_ARCH=arm64 scripts/check-old-glibc.sh dist/specstate-*aarch64.whl
 
 # The CUDA wheel (issue 11): ggml's CUDA backend compiled with a CUDA 13 toolkit installed from PyPI
 # (requirements-cuda.txt; no system CUDA), SASS for each architecture in CUDA_ARCHS (80 = A100, 90 = H100/H200).
