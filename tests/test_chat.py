@@ -258,3 +258,23 @@ def test_the_models_own_alternating_template_continues_a_conversation(tmp_path: 
     first = generator.chat("Hi", max_tokens=REPLY_TOKENS)
     second = generator.chat("Go on.", max_tokens=REPLY_TOKENS)
     assert [m["content"] for m in generator.messages] == ["Hi", first, "Go on.", second]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_reply_closed_early_is_the_reply_the_next_turn_continues(mode: str, tiny_map: dict[str, Path]) -> None:
+    """A round commits several tokens; a reply stream closed after the first piece yields fewer. The conversation
+    holds every committed token (what ``specstate chat`` shows after Ctrl-C), the same before and after the next
+    turn, and the next reply does not begin with the previous reply's text."""
+    generator = tiny_generator(mode, tiny_map)
+    stream = generator.stream_chat("Tell me a story.", max_tokens=40, template=TINY_TEMPLATE)
+    native, shown = generator._native, ""
+    for piece in stream:  # until a round has committed tokens the stream has not yielded (never, in mode none)
+        shown += piece
+        if len(native.history) - native.n_prompt > len(generator.tokens) or len(shown) > 30:
+            break
+    stream.close()
+    reply = generator.messages[-1]["content"]
+    assert reply.startswith(shown)
+    second = generator.chat("Go on.", max_tokens=3, template=TINY_TEMPLATE)
+    assert [m["content"] for m in generator.messages] == ["Tell me a story.", reply, "Go on.", second]
+    assert generator.messages[-1]["content"] == second

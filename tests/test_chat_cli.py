@@ -8,6 +8,7 @@ import pty
 import select
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -107,6 +108,9 @@ class Terminal:
     def __init__(self, args: list[str]) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child
+            settings = termios.tcgetattr(0)
+            settings[3] &= ~termios.ECHOCTL  # Ctrl-C echoed as itself, not as "^C" (which the model could write)
+            termios.tcsetattr(0, termios.TCSANOW, settings)
             os.execv(sys.executable, [sys.executable, "-m", "specstate", "chat", *args])
         self.seen = ""
 
@@ -168,4 +172,6 @@ def test_interactive_ctrl_c_stops_a_reply_and_keeps_the_conversation(chat_model:
     roles = [message["role"] for message in generator.messages]
     assert roles == ["user", "assistant", "user", "assistant"]
     first_reply = generator.messages[1]["content"]
-    assert len(first_reply) > 0 and first_reply in terminal.seen.replace("\r\n", "\n")
+    shown = terminal.seen.replace("\r\n", "\n").replace("\x03", "")  # the echoed Ctrl-Cs
+    assert len(first_reply) > 0 and first_reply in shown, repr(terminal.seen)
+    assert generator.messages[3]["content"] in shown, repr(terminal.seen)

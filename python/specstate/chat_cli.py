@@ -14,7 +14,10 @@ names another file).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,17 +53,55 @@ def _lines(interactive: bool) -> Iterator[str]:
             yield line
 
 
+class _CtrlC:
+    """While a reply streams, Ctrl-C only raises a flag, read between pieces: a ``KeyboardInterrupt`` could land
+    between a token joining the reply and its text reaching the screen. On a terminal it also sets NOFLSH, since a
+    terminal otherwise discards the output not yet shown when it sends SIGINT."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def _press(self, signum: int, frame: object) -> None:
+        self.pressed = True
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        previous = signal.signal(signal.SIGINT, self._press)
+        terminal = sys.stdin.fileno() if sys.stdin.isatty() else None
+        saved = termios.tcgetattr(terminal) if terminal is not None else None
+        if terminal is not None and saved is not None:
+            changed = list(saved)
+            changed[3] |= termios.NOFLSH
+            termios.tcsetattr(terminal, termios.TCSANOW, changed)
+        try:
+            yield
+        finally:
+            if terminal is not None and saved is not None:
+                termios.tcsetattr(terminal, termios.TCSANOW, saved)
+            signal.signal(signal.SIGINT, previous)
+
+
 def _reply(generator: Generator, messages: Messages, args: argparse.Namespace, template: str | None) -> None:
     """Stream one reply to standard output; Ctrl-C ends it early, keeping what was said."""
     started = time.perf_counter()
     stream = generator.stream_chat(messages, max_tokens=args.max_tokens, template=template)
-    stopped = None
-    try:
+    ctrl_c = _CtrlC()
+
+    def show(text: str) -> None:
+        sys.stdout.write(text if args.interactive else text.replace("\n", " "))
+        sys.stdout.flush()
+
+    shown = ""
+    with ctrl_c.watching(), contextlib.closing(stream):
         for piece in stream:
-            sys.stdout.write(piece.replace("\n", " ") if not args.interactive else piece)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        stopped = "interrupted"
+            show(piece)
+            shown += piece
+            if ctrl_c.pressed:
+                break
+    if ctrl_c.pressed:  # the text a closed stream held back (a token's incomplete character) is in the reply too
+        reply = generator.messages[-1]["content"]
+        show(reply[len(shown) :] if reply.startswith(shown) else "")
+    stopped = "interrupted" if ctrl_c.pressed else None
     sys.stdout.write("\n")
     sys.stdout.flush()
     if args.quiet:

@@ -38,15 +38,19 @@ import codecs
 import operator
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Generator as PyGenerator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from specstate import _files, _native
 from specstate._native import Model
 from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode
 from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
 from specstate.errors import ChatTemplateError, GenerationError
+
+TextStream: TypeAlias = PyGenerator[str, None, None]
+"""A stream of text pieces; ``close()`` it to stop early (the text it held back waits for the next call)."""
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -237,7 +241,7 @@ class Generator:
         max_tokens: int,
         stop: str | Sequence[str] = (),
         literal: bool = False,
-    ) -> Iterator[str]:
+    ) -> TextStream:
         """Yield text pieces as tokens are committed, up to ``max_tokens`` new tokens.
 
         ``prompt`` starts the generation (text or token ids); omit it to
@@ -270,20 +274,19 @@ class Generator:
         tokens = [_count("prompt token", token, minimum=0) for token in prompt]
         return lambda: self._start(tokens, literal)
 
-    def _stream(
-        self, start: Callable[[], None], max_tokens: int, stop: list[str], within: bool = False
-    ) -> Iterator[str]:
+    def _stream(self, start: Callable[[], None], max_tokens: int, stop: list[str], within: bool = False) -> TextStream:
         """Run ``start``, then yield text pieces as tokens are committed (see :meth:`stream`);
         ``within``: rounds commit nothing beyond ``max_tokens``."""
         native, model = self._native, self._native.target
-        held, self._held = self._held, ""  # text held back while it could begin a stop string
         hold = max((len(s) for s in stop), default=1) - 1
         self.stopped_by = None
         remaining = max_tokens
         started = time.perf_counter()
         delivered = 0
+        held = ""
         try:
-            start()
+            start()  # a new chat turn drops the text the last reply held back: it is in that reply
+            held, self._held = self._held, ""  # text held back while it could begin a stop string
             while True:
                 cut = _find_stop(held, stop)
                 if cut is not None:
@@ -329,7 +332,7 @@ class Generator:
 
     # --- conversations ---------------------------------------------------------------------------
 
-    def stream_chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> Iterator[str]:
+    def stream_chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> TextStream:
         """Yield the assistant's reply to ``messages`` as it is committed.
 
         On a new generator, ``messages`` is the conversation so far (system,
@@ -359,11 +362,21 @@ class Generator:
 
     @property
     def messages(self) -> list[Message]:
-        """The conversation: its messages and the current reply (empty if this generation is not a chat)."""
-        conversation = self._native.conversation
+        """The conversation: its messages and the current reply (empty if this generation is not a chat).
+
+        The reply is every token committed for it: a reply stream closed early (Ctrl-C in ``specstate chat``)
+        may have committed up to a round's tokens it did not yield, and they are part of the conversation that
+        the next turn continues."""
+        native = self._native
+        conversation = native.conversation
         if conversation is None:
             return []
-        return as_messages([*conversation[0], ("assistant", self.text)])
+        return as_messages([*conversation[0], ("assistant", self._reply_text())])
+
+    def _reply_text(self) -> str:
+        """The text of every token committed for the current reply."""
+        native = self._native
+        return native.target.detokenize(native.history[native.n_prompt :])
 
     def _start_turn(self, template: _native.ChatTemplate, new: list[tuple[str, str]]) -> None:
         """Decode the first turn's prompt, or the next turn's tokens, and record the conversation."""
@@ -378,7 +391,7 @@ class Generator:
         before, recorded = conversation
         if recorded != digest:
             raise ChatTemplateError("this conversation was rendered with another chat template")
-        reply = native.target.detokenize(native.history[native.n_prompt :])
+        reply = self._reply_text()
         tokens = template.next_turn_tokens(before, native.history[-1], new)
         native.extend(tokens, ([*before, ("assistant", reply), *new], digest))
         self._reset_text()
