@@ -53,6 +53,7 @@ from specstate._typing import (  # noqa: E402
 from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
 from specstate.generator import Generator, encode_prompt  # noqa: E402
+from specstate.llama import Llama as Llama  # noqa: E402 (llama-cpp-python's API; see specstate.llama)
 from specstate.sessions import Eagle3Session, MtpSession  # noqa: E402
 
 

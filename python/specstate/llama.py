@@ -1,0 +1,839 @@
+"""llama-cpp-python's ``Llama`` API over specstate: change the import and the constructor, keep the calls.
+
+::
+
+    from specstate import Llama  # was: from llama_cpp import Llama
+
+    llm = Llama("model.gguf", n_ctx=2048, mode="ngram")  # mode, draft_model_path, n_draft: specstate's own
+    out = llm("Q: Name the planets. A:", max_tokens=32, stop=["Q:"])
+    print(out["choices"][0]["text"])
+    reply = llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])
+    print(reply["choices"][0]["message"]["content"])
+
+:meth:`Llama.create_completion` (and calling the object), and
+:meth:`Llama.create_chat_completion` take llama-cpp-python's arguments and
+return the OpenAI-shaped dictionaries it returns (:class:`Completion`,
+:class:`ChatCompletion`, and with ``stream=True`` iterators of
+:class:`CompletionChunk` or :class:`ChatCompletionChunk`). Every call runs on
+a :class:`~specstate.Generator`, in the speculative mode chosen at
+construction, so its output follows the exactness contract of
+:mod:`specstate.generator`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, TypedDict, get_args, overload
+
+from specstate._native import ChatTemplate, Model
+from specstate._typing import GeneratorSettings, Mode
+from specstate.chat import as_messages, chat_template
+from specstate.generator import Generator, TextStream
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = [
+    "CHAT_TEMPERATURE",
+    "COMPLETION_MAX_TOKENS",
+    "COMPLETION_TEMPERATURE",
+    "LLAMA_DEFAULT_SEED",
+    "NEUTRAL",
+    "N_BATCH",
+    "N_CTX",
+    "N_DRAFT",
+    "TOP_K",
+    "TOP_P",
+    "ChatCompletion",
+    "ChatCompletionChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionChunkChoice",
+    "ChatCompletionDelta",
+    "ChatCompletionMessage",
+    "ChatCompletionOptions",
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionOptions",
+    "CompletionUsage",
+    "FinishReason",
+    "Llama",
+    "UnsupportedParameterError",
+]
+
+# --- defaults, each written once -----------------------------------------------------------------
+
+#: llama-cpp-python's default seed (``llama_cpp.LLAMA_DEFAULT_SEED``): a new random seed for every call.
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+#: Tokens a completion generates unless ``max_tokens`` says otherwise (llama-cpp-python's default).
+COMPLETION_MAX_TOKENS = 16
+#: Sampling temperature of :meth:`Llama.create_completion` (llama-cpp-python's default).
+COMPLETION_TEMPERATURE = 0.8
+#: Sampling temperature of :meth:`Llama.create_chat_completion` (llama-cpp-python's default).
+CHAT_TEMPERATURE = 0.2
+#: Nucleus mass of both (llama-cpp-python's default).
+TOP_P = 0.95
+#: Most likely tokens kept by both (llama-cpp-python's default).
+TOP_K = 40
+#: Context length in tokens (specstate's default; llama-cpp-python's is 512).
+N_CTX = 2048
+#: Rows per decode (the same default as llama-cpp-python's).
+N_BATCH = 512
+#: Most tokens drafted per round in the speculative modes (specstate's default).
+N_DRAFT = 8
+
+#: llama-cpp-python's parameters that specstate's sampler does not implement yet, with the values that leave the
+#: output unchanged: the only values accepted (anything else raises :class:`UnsupportedParameterError`).
+#: ``mirostat_tau`` and ``mirostat_eta`` are accepted as any number: they do nothing while ``mirostat_mode`` is 0.
+NEUTRAL: dict[str, tuple[object, ...]] = {
+    "min_p": (0.0,),
+    "typical_p": (1.0,),
+    "repeat_penalty": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+    "tfs_z": (1.0,),
+    "mirostat_mode": (0,),
+    "logit_bias": (None, {}),
+    "grammar": (None,),
+    "logits_processor": (None,),
+    "stopping_criteria": (None,),
+    "suffix": (None,),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "response_format": (None, {"type": "text"}),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+}
+
+
+class UnsupportedParameterError(NotImplementedError):
+    """A llama-cpp-python parameter given a value specstate cannot honour yet (see :data:`NEUTRAL`)."""
+
+
+# --- results -------------------------------------------------------------------------------------
+
+#: Why a choice ended: ``stop`` (end-of-generation token or a stop string), ``length`` (``max_tokens`` or a full
+#: context).
+FinishReason = Literal["stop", "length"]
+
+
+class CompletionUsage(TypedDict):
+    """Token counts of a call: the prompt's (for a chat, the whole conversation's), the reply's, their sum."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(TypedDict):
+    """The one choice of a completion or completion chunk (``finish_reason`` is None until the last chunk)."""
+
+    text: str
+    index: int
+    logprobs: None
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(TypedDict):
+    """One piece of a streamed completion (OpenAI's ``text_completion`` object, without usage)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+
+
+class Completion(CompletionChunk):
+    """What :meth:`Llama.create_completion` returns (OpenAI's ``text_completion`` object)."""
+
+    usage: CompletionUsage
+
+
+class ChatCompletionMessage(TypedDict):
+    """The assistant's reply."""
+
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatCompletionChoice(TypedDict):
+    """The one choice of a chat completion."""
+
+    index: int
+    message: ChatCompletionMessage
+    logprobs: None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(TypedDict):
+    """What :meth:`Llama.create_chat_completion` returns (OpenAI's ``chat.completion`` object)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: CompletionUsage
+
+
+class ChatCompletionDelta(TypedDict, total=False):
+    """What a chat chunk adds: the role (first chunk), text (then), nothing (last chunk)."""
+
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatCompletionChunkChoice(TypedDict):
+    """The one choice of a chat chunk (``finish_reason`` is None until the last chunk)."""
+
+    index: int
+    delta: ChatCompletionDelta
+    logprobs: None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(TypedDict):
+    """One piece of a streamed chat completion (OpenAI's ``chat.completion.chunk`` object)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+
+
+# --- per-call keyword arguments ------------------------------------------------------------------
+
+
+class _Unsupported(TypedDict, total=False):
+    """llama-cpp-python's sampling parameters specstate does not implement yet: neutral values only."""
+
+    #: Minimum-p cut: 0.0 only (llama-cpp-python's default is 0.05).
+    min_p: float
+    #: Locally typical sampling: 1.0 only.
+    typical_p: float
+    #: Repetition penalty: 1.0 only.
+    repeat_penalty: float
+    #: Presence penalty: 0.0 only.
+    presence_penalty: float
+    #: Frequency penalty: 0.0 only.
+    frequency_penalty: float
+    #: Tail-free sampling: 1.0 only.
+    tfs_z: float
+    #: Mirostat: 0 (off) only.
+    mirostat_mode: int
+    #: Mirostat's target (any number: unused while ``mirostat_mode`` is 0).
+    mirostat_tau: float
+    #: Mirostat's learning rate (any number: unused while ``mirostat_mode`` is 0).
+    mirostat_eta: float
+    #: Per-token logit offsets: None or empty only.
+    logit_bias: Mapping[int, float] | None
+    #: A GBNF grammar: None only.
+    grammar: object
+    #: Logits processors: None only.
+    logits_processor: object
+
+
+class _Common(_Unsupported, total=False):
+    """The keyword arguments both calls take."""
+
+    #: Most tokens to generate; None or at most 0: until the context is full.
+    max_tokens: int | None
+    #: Softmax temperature, at least 0 (0: greedy).
+    temperature: float
+    #: Nucleus mass, in (0, 1].
+    top_p: float
+    #: Keep the k most likely tokens (at most 0: all).
+    top_k: int
+    #: A stop string or several: the text ends before the first one (which is not included).
+    stop: str | Sequence[str] | None
+    #: This call's seed (default: the constructor's; ``LLAMA_DEFAULT_SEED`` or -1: random).
+    seed: int | None
+    #: The ``model`` name the result reports (default: the model's path).
+    model: str | None
+
+
+class CompletionOptions(_Common, total=False):
+    """The keyword arguments of :meth:`Llama.create_completion` besides ``stream``, each optional.
+
+    Defaults: ``max_tokens`` :data:`COMPLETION_MAX_TOKENS`, ``temperature``
+    :data:`COMPLETION_TEMPERATURE`, ``top_p`` :data:`TOP_P`, ``top_k``
+    :data:`TOP_K`, no ``stop``, ``echo`` False; the rest at :data:`NEUTRAL`.
+    """
+
+    #: Put the prompt's text in front of the generated text.
+    echo: bool
+    #: Text after the insertion point (infill): None only.
+    suffix: str | None
+    #: Log-probabilities of the top tokens: None only.
+    logprobs: int | None
+    #: Stopping criteria callbacks: None only.
+    stopping_criteria: object
+
+
+class ChatCompletionOptions(_Common, total=False):
+    """The keyword arguments of :meth:`Llama.create_chat_completion` besides ``messages`` and ``stream``.
+
+    Defaults: ``max_tokens`` None (until the context is full), ``temperature``
+    :data:`CHAT_TEMPERATURE`, ``top_p`` :data:`TOP_P`, ``top_k`` :data:`TOP_K`,
+    no ``stop``; the rest at :data:`NEUTRAL`.
+    """
+
+    #: Log-probabilities: None or False only.
+    logprobs: bool | None
+    #: Top log-probabilities per token: None or 0 only.
+    top_logprobs: int | None
+    #: Constrained output (JSON mode): None or ``{"type": "text"}`` only.
+    response_format: Mapping[str, object] | None
+    #: Function calling: None only.
+    functions: object
+    #: Function calling: None or ``"none"`` only.
+    function_call: object
+    #: Tool calling: None only.
+    tools: object
+    #: Tool calling: None or ``"none"`` only.
+    tool_choice: object
+
+
+#: A chat message as OpenAI clients send it: ``role``, ``content`` (a string or a list of ``{"type": "text",
+#: "text": ...}`` parts) and optionally ``name``.
+ChatMessage = Mapping[str, object]
+
+_FINISH: dict[str, FinishReason] = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+#: A template that reads a message's ``name`` (which specstate's renderer does not pass).
+_READS_NAME = re.compile(r"""\.name\b|\[\s*['"]name['"]\s*\]""")
+
+
+# --- the class -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """A call's sampling parameters; ``seed`` None draws a random seed for each new generator."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+
+    def settings(self) -> GeneratorSettings:
+        """The generator settings of these parameters (a random seed drawn now when ``seed`` is None)."""
+        seed = secrets.randbits(64) if self.seed is None else self.seed
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": seed}
+
+
+@dataclass
+class _Conversation:
+    """The chat :class:`Llama` can continue: its generator and the sampling it was started with."""
+
+    generator: Generator
+    sampling: _Sampling
+
+
+@dataclass
+class _Run:
+    """One call's generation: the generator, its text pieces, and what labels the result."""
+
+    generator: Generator
+    pieces: Iterator[str]
+    model: str
+    id: str
+    scanner: _StopScanner | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def finish_reason(self) -> FinishReason:
+        """``stop`` or ``length``, once the pieces are all read."""
+        if self.scanner is not None and self.scanner.stopped:
+            return "stop"
+        return _FINISH.get(self.generator.stopped_by or "", "length")
+
+    def usage(self) -> CompletionUsage:
+        """Tokens of the prompt (the whole conversation, for a chat) and of the reply (every token generated,
+        the end-of-generation token included when one ended it; llama-cpp-python leaves that one out)."""
+        prompt, reply = len(self.generator.prompt_tokens), len(self.generator.tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+
+
+class Llama:
+    """A model with llama-cpp-python's ``Llama`` calls, generating with a :class:`~specstate.Generator`.
+
+    Args:
+        model_path: the GGUF model.
+        n_ctx: context length in tokens of each generation (default :data:`N_CTX`, 2048;
+            llama-cpp-python's is 512).
+        n_batch: rows per decode (default :data:`N_BATCH`).
+        n_threads: threads per context (None: the CPUs available).
+        seed: the seed of every call that does not give one; :data:`LLAMA_DEFAULT_SEED` (the default)
+            or -1: a random seed for each call, as in llama-cpp-python.
+        n_gpu_layers: layers offloaded to a GPU when the build has one (-1: all).
+        use_mmap: map the model file instead of reading it (default False; llama-cpp-python's is True).
+        mode: specstate's speculative mode: ``none`` (default), ``ngram``, ``draft``, ``mtp``, ``eagle3``.
+        draft_model_path: the draft model of the ``draft`` and ``eagle3`` modes.
+        n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
+        chat_format: None (the model's own template) or ``"chatml"``; llama-cpp-python's other
+            format names are not available (give the template's Jinja source as ``chat_template``).
+        chat_template: a Jinja chat template used instead of the model's own.
+        verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
+
+    Defaults that differ from llama-cpp-python's, and why: ``min_p`` is 0.0 in
+    both calls (llama-cpp-python: 0.05) because specstate's sampler has
+    temperature, top-k and top-p only; ``min_p`` and the other parameters it
+    lacks (:data:`NEUTRAL`) are accepted at their neutral values and raise
+    :class:`UnsupportedParameterError` otherwise, until the sampler chain
+    has them. ``top_k`` at most 0 keeps every token, as in llama.cpp. Every
+    argument after the prompt or the messages is keyword-only.
+
+    Chat: llama-cpp-python callers send the whole history each turn. When the
+    messages extend the conversation held from the last chat call (the same
+    earlier messages, the assistant replies as returned, the same sampling
+    parameters), only the new messages are decoded after it; otherwise a new
+    generation starts on all of them. A reply cut by a ``stop`` string is
+    recorded by the generator with the text its last round committed after the
+    stop, so a history sent back with the cut reply starts a new generation.
+    :attr:`chat_generator` is that conversation's generator (to checkpoint it).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_ctx: int = N_CTX,
+        n_batch: int = N_BATCH,
+        n_threads: int | None = None,
+        seed: int = LLAMA_DEFAULT_SEED,
+        n_gpu_layers: int = 0,
+        use_mmap: bool = False,
+        mode: Mode = "none",
+        draft_model_path: str | os.PathLike[str] | None = None,
+        n_draft: int = N_DRAFT,
+        chat_format: str | None = None,
+        chat_template: str | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if mode not in get_args(Mode):
+            raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, not {mode!r}")
+        self._seed = _seed(seed)
+        self._template = _template_source(chat_format, chat_template)
+        #: Accepted for compatibility; nothing reads it.
+        self.verbose = verbose
+        #: The path the model was loaded from.
+        self.model_path = os.fspath(model_path)
+        #: The target model.
+        self.model = Model(model_path, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
+        draft = None if draft_model_path is None else Model(draft_model_path, n_gpu_layers=n_gpu_layers)
+        self._settings: GeneratorSettings = {
+            "mode": mode,
+            "draft_model": draft,
+            "n_draft": n_draft,
+            "n_ctx": n_ctx,
+            "n_batch": n_batch,
+            "n_threads": 0 if n_threads is None else n_threads,
+        }
+        self._conversation: _Conversation | None = None
+
+    # --- llama-cpp-python's helpers --------------------------------------------------------------
+
+    def n_ctx(self) -> int:
+        """The context length each generation is created with, as given (llama.cpp may round it up)."""
+        return self._settings["n_ctx"]
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of UTF-8 ``text``; ``add_bos`` adds BOS as the model says, ``special`` parses special tokens."""
+        return self.model.tokenize(text.decode("utf-8", errors="replace"), add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """The UTF-8 bytes of ``tokens``."""
+        return b"".join(self.model.token_to_piece(token) for token in tokens)
+
+    def reset(self) -> None:
+        """Forget the held conversation: the next chat call starts a new generation."""
+        self._conversation = None
+
+    @property
+    def chat_generator(self) -> Generator | None:
+        """The generator of the conversation the next chat call can continue (None before a chat call)."""
+        return None if self._conversation is None else self._conversation.generator
+
+    # --- completions -----------------------------------------------------------------------------
+
+    @overload
+    def create_completion(
+        self, prompt: str | Sequence[int], *, stream: Literal[False] = ..., **options: Unpack[CompletionOptions]
+    ) -> Completion: ...
+    @overload
+    def create_completion(
+        self, prompt: str | Sequence[int], *, stream: Literal[True], **options: Unpack[CompletionOptions]
+    ) -> Iterator[CompletionChunk]: ...
+    @overload
+    def create_completion(
+        self, prompt: str | Sequence[int], *, stream: bool, **options: Unpack[CompletionOptions]
+    ) -> Completion | Iterator[CompletionChunk]: ...
+    def create_completion(
+        self, prompt: str | Sequence[int], *, stream: bool = False, **options: Unpack[CompletionOptions]
+    ) -> Completion | Iterator[CompletionChunk]:
+        """Continue ``prompt`` (text, read with special tokens parsed, or token ids) in a new generation.
+
+        The keyword arguments are :class:`CompletionOptions`. Returns a
+        :class:`Completion`, or with ``stream=True`` an iterator of
+        :class:`CompletionChunk` (the last one, with empty text, carries the
+        ``finish_reason``). Every argument is checked before anything is decoded.
+        """
+        streaming = _flag("stream", stream)
+        _check_options(options, CompletionOptions, "create_completion")
+        sampling, max_tokens, stops, model = self._common(options, COMPLETION_TEMPERATURE, COMPLETION_MAX_TOKENS)
+        echo = _flag("echo", options.get("echo", False))
+        generator = self._generator(sampling)
+        limit = max_tokens or generator.context_length
+        pieces = generator.stream(prompt, max_tokens=limit, stop=stops)
+        run = _Run(generator, pieces, model, f"cmpl-{uuid.uuid4()}")
+        front = (prompt if isinstance(prompt, str) else self.model.detokenize(list(prompt))) if echo else ""
+        return _completion_chunks(run, front) if streaming else _completion(run, front)
+
+    @overload
+    def __call__(
+        self, prompt: str | Sequence[int], *, stream: Literal[False] = ..., **options: Unpack[CompletionOptions]
+    ) -> Completion: ...
+    @overload
+    def __call__(
+        self, prompt: str | Sequence[int], *, stream: Literal[True], **options: Unpack[CompletionOptions]
+    ) -> Iterator[CompletionChunk]: ...
+    @overload
+    def __call__(
+        self, prompt: str | Sequence[int], *, stream: bool, **options: Unpack[CompletionOptions]
+    ) -> Completion | Iterator[CompletionChunk]: ...
+    def __call__(
+        self, prompt: str | Sequence[int], *, stream: bool = False, **options: Unpack[CompletionOptions]
+    ) -> Completion | Iterator[CompletionChunk]:
+        """:meth:`create_completion`."""
+        return self.create_completion(prompt, stream=stream, **options)
+
+    # --- chat ------------------------------------------------------------------------------------
+
+    @overload
+    def create_chat_completion(
+        self, messages: Sequence[ChatMessage], *, stream: Literal[False] = ..., **options: Unpack[ChatCompletionOptions]
+    ) -> ChatCompletion: ...
+    @overload
+    def create_chat_completion(
+        self, messages: Sequence[ChatMessage], *, stream: Literal[True], **options: Unpack[ChatCompletionOptions]
+    ) -> Iterator[ChatCompletionChunk]: ...
+    @overload
+    def create_chat_completion(
+        self, messages: Sequence[ChatMessage], *, stream: bool, **options: Unpack[ChatCompletionOptions]
+    ) -> ChatCompletion | Iterator[ChatCompletionChunk]: ...
+    def create_chat_completion(
+        self, messages: Sequence[ChatMessage], *, stream: bool = False, **options: Unpack[ChatCompletionOptions]
+    ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+        """The assistant's reply to ``messages``, the whole conversation so far (see the class docstring).
+
+        Messages are ``{"role", "content"}`` mappings; ``content`` may be a
+        list of ``{"type": "text", "text": ...}`` parts (joined with newlines);
+        ``name`` is accepted when the chat template does not read it. The
+        keyword arguments are :class:`ChatCompletionOptions`. Returns a
+        :class:`ChatCompletion`, or with ``stream=True`` an iterator of
+        :class:`ChatCompletionChunk` (the role first, then the text, then the
+        ``finish_reason``). Every argument is checked before anything changes.
+        """
+        streaming = _flag("stream", stream)
+        _check_options(options, ChatCompletionOptions, "create_chat_completion")
+        sampling, max_tokens, stops, model = self._common(options, CHAT_TEMPERATURE, None)
+        template = chat_template(self.model, self._template)
+        generator, new = self._pick(_chat_pairs(messages, template), sampling)
+        limit = max_tokens or generator.context_length
+        text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
+        self._conversation = _Conversation(generator, sampling)
+        scanner = _StopScanner(text, stops)
+        run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner)
+        return _chat_chunks(run) if streaming else _chat_completion(run)
+
+    def _pick(self, pairs: list[tuple[str, str]], sampling: _Sampling) -> tuple[Generator, list[tuple[str, str]]]:
+        """The held generator and the new messages, when ``pairs`` extend its conversation; else a new one and all."""
+        held = self._conversation
+        if held is not None and held.sampling == sampling:
+            before = [(message["role"], message["content"]) for message in held.generator.messages]
+            if before and len(pairs) > len(before) and pairs[: len(before)] == before:
+                return held.generator, pairs[len(before) :]
+        return self._generator(sampling), pairs
+
+    def _generator(self, sampling: _Sampling) -> Generator:
+        """A new generator with this object's settings and ``sampling``."""
+        settings: GeneratorSettings = {**self._settings, **sampling.settings()}
+        return Generator(self.model, **settings)
+
+    def _watch(self, pieces: Iterator[str]) -> Iterator[str]:
+        """``pieces``, forgetting the held conversation if generating them fails."""
+        try:
+            yield from pieces
+        except Exception:
+            self._conversation = None
+            raise
+
+    def _common(
+        self, options: _Common, temperature: float, max_tokens: int | None
+    ) -> tuple[_Sampling, int | None, list[str], str]:
+        """The sampling, token limit, stop strings and model name of a call's options, each checked."""
+        seed = options.get("seed")
+        sampling = _Sampling(
+            temperature=_real("temperature", options.get("temperature", temperature), 0.0, math.inf),
+            top_k=max(0, _integer("top_k", options.get("top_k", TOP_K))),
+            top_p=_real("top_p", options.get("top_p", TOP_P), 0.0, 1.0, open_low=True),
+            seed=self._seed if seed is None else _seed(seed),
+        )
+        limit = options.get("max_tokens", max_tokens)
+        limit = None if limit is None else _integer("max_tokens", limit)
+        model = options.get("model")
+        if model is not None and not isinstance(model, str):
+            raise TypeError(f"model must be a str or None, not {type(model).__name__}")
+        return sampling, limit if limit and limit > 0 else None, _stops(options.get("stop")), model or self.model_path
+
+
+# --- results from runs ---------------------------------------------------------------------------
+
+
+def _completion(run: _Run, front: str) -> Completion:
+    """The whole completion of ``run`` (``front``: the echoed prompt)."""
+    text = front + "".join(run.pieces)
+    choice: CompletionChoice = {"text": text, "index": 0, "logprobs": None, "finish_reason": run.finish_reason()}
+    return {
+        "id": run.id,
+        "object": "text_completion",
+        "created": run.created,
+        "model": run.model,
+        "choices": [choice],
+        "usage": run.usage(),
+    }
+
+
+def _completion_chunk(run: _Run, text: str, finish_reason: FinishReason | None) -> CompletionChunk:
+    """One chunk of a streamed completion."""
+    choice: CompletionChoice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": run.id, "object": "text_completion", "created": run.created, "model": run.model, "choices": [choice]}
+
+
+def _completion_chunks(run: _Run, front: str) -> Iterator[CompletionChunk]:
+    """The chunks of a streamed completion: the echoed prompt if any, each piece, then the finish reason."""
+    if front:
+        yield _completion_chunk(run, front, None)
+    for piece in run.pieces:
+        yield _completion_chunk(run, piece, None)
+    yield _completion_chunk(run, "", run.finish_reason())
+
+
+def _chat_completion(run: _Run) -> ChatCompletion:
+    """The whole chat completion of ``run``."""
+    message: ChatCompletionMessage = {"role": "assistant", "content": "".join(run.pieces)}
+    choice: ChatCompletionChoice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": run.finish_reason(),
+    }
+    return {
+        "id": run.id,
+        "object": "chat.completion",
+        "created": run.created,
+        "model": run.model,
+        "choices": [choice],
+        "usage": run.usage(),
+    }
+
+
+def _chat_chunk(run: _Run, delta: ChatCompletionDelta, finish_reason: FinishReason | None) -> ChatCompletionChunk:
+    """One chunk of a streamed chat completion."""
+    choice: ChatCompletionChunkChoice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {
+        "id": run.id,
+        "object": "chat.completion.chunk",
+        "created": run.created,
+        "model": run.model,
+        "choices": [choice],
+    }
+
+
+def _chat_chunks(run: _Run) -> Iterator[ChatCompletionChunk]:
+    """The chunks of a streamed chat completion: the role, each piece of text, then the finish reason."""
+    yield _chat_chunk(run, {"role": "assistant"}, None)
+    for piece in run.pieces:
+        yield _chat_chunk(run, {"content": piece}, None)
+    yield _chat_chunk(run, {}, run.finish_reason())
+
+
+class _StopScanner:
+    """A reply's text pieces cut before the first stop string; text that could begin one is held back."""
+
+    def __init__(self, pieces: TextStream, stops: list[str]) -> None:
+        self._pieces = pieces
+        self._stops = stops
+        #: Whether a stop string ended the text.
+        self.stopped = False
+
+    def __iter__(self) -> Iterator[str]:
+        held = ""
+        try:
+            for piece in self._pieces:
+                held += piece
+                cut = _first_stop(held, self._stops)
+                if cut is not None:
+                    self.stopped = True
+                    held = held[:cut]
+                    break
+                ready = len(held) - _partial_stop(held, self._stops)
+                if ready > 0:
+                    yield held[:ready]
+                    held = held[ready:]
+            if held:
+                yield held
+        finally:
+            self._pieces.close()
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first stop string in ``text`` begins, or None."""
+    found = [index for index in (text.find(stop) for stop in stops) if index >= 0]
+    return min(found) if found else None
+
+
+def _partial_stop(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of ``text`` that begins a stop string."""
+    return max((n for stop in stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
+
+
+# --- checking arguments --------------------------------------------------------------------------
+
+
+def _check_options(options: Mapping[str, object], allowed: type, call: str) -> None:
+    """Refuse keyword arguments ``call`` does not take, and unsupported parameters at non-neutral values."""
+    known: frozenset[str] = allowed.__required_keys__ | allowed.__optional_keys__  # type: ignore[attr-defined]
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}")
+    for name in ("mirostat_tau", "mirostat_eta"):
+        if name in options:
+            _real(name, options[name], -math.inf, math.inf)
+    for name, value in options.items():
+        neutral = NEUTRAL.get(name)
+        if neutral is not None and not any(_same(value, choice) for choice in neutral):
+            accepted = " or ".join(repr(choice) for choice in neutral)
+            raise UnsupportedParameterError(
+                f"{name}={value!r} is not supported yet: specstate's sampler accepts only {name}={accepted}"
+            )
+
+
+def _same(value: object, neutral: object) -> bool:
+    """``value == neutral``, a bool never standing for a number."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
+
+
+def _flag(name: str, value: object) -> bool:
+    """``value``, which must be a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def _integer(name: str, value: object) -> int:
+    """``value``, which must be an int (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return value
+
+
+def _real(name: str, value: object, low: float, high: float, *, open_low: bool = False) -> float:
+    """``value``, a number (not a bool) in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    number = float(value)
+    if math.isnan(number) or number < low or number > high or (open_low and number == low):
+        bounds = f"{'(' if open_low else '['}{low}, {high}]"
+        raise ValueError(f"{name} must be in {bounds}, not {value!r}")
+    return number
+
+
+def _seed(value: object) -> int | None:
+    """A seed from 0 to 2**64 - 1, or None (random) for :data:`LLAMA_DEFAULT_SEED` or -1."""
+    seed = _integer("seed", value)
+    if seed in (LLAMA_DEFAULT_SEED, -1):
+        return None
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be from 0 to 2**64 - 1 (or -1: random), not {seed}")
+    return seed
+
+
+def _stops(stop: object) -> list[str]:
+    """The stop strings of ``stop`` (None, a string, or a sequence of strings); empty strings are dropped."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise TypeError("stop must be a string, a sequence of strings, or None")
+    return [s for s in stop if s]
+
+
+def _template_source(chat_format: object, template: object) -> str | None:
+    """The chat template to render with: None (the model's own), ``"chatml"``, or Jinja source."""
+    if template is not None and not isinstance(template, str):
+        raise TypeError(f"chat_template must be a str or None, not {type(template).__name__}")
+    if chat_format is None:
+        return template
+    if chat_format != "chatml":
+        raise ValueError(
+            f"chat_format {chat_format!r} is not available: use None (the model's template), 'chatml', "
+            "or give the template's Jinja source as chat_template"
+        )
+    if template is not None:
+        raise ValueError("give chat_format or chat_template, not both")
+    return "chatml"
+
+
+def _chat_pairs(messages: object, template: ChatTemplate) -> list[tuple[str, str]]:
+    """``(role, content)`` of each message, checked (see :meth:`Llama.create_chat_completion`)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of messages, not {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    return [_pair(index, message, template.source) for index, message in enumerate(messages)]
+
+
+def _pair(index: int, message: object, source: str) -> tuple[str, str]:
+    """``(role, content)`` of message ``index``."""
+    if not isinstance(message, Mapping):
+        raise TypeError(f"messages[{index}] must be a mapping, not {type(message).__name__}")
+    extra = sorted(set(message) - {"role", "content", "name"})
+    if extra:
+        raise ValueError(f"messages[{index}]: {extra[0]!r} is not supported (only role, content and name)")
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise ValueError(f"messages[{index}]: 'role' must be a string")
+    if "name" in message:
+        if not isinstance(message["name"], str):
+            raise ValueError(f"messages[{index}]: 'name' must be a string")
+        if _READS_NAME.search(source):
+            raise ValueError(f"messages[{index}]: 'name' is not supported: this chat template reads it")
+    return role, _content(index, message.get("content"))
+
+
+def _content(index: int, content: object) -> str:
+    """A message's text: a string, or its ``text`` parts joined with newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, Sequence) or isinstance(content, (bytes, bytearray)):
+        raise ValueError(f"messages[{index}]: 'content' must be a string or a list of text parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        text = part.get("text") if isinstance(part, Mapping) else None
+        if kind != "text" or not isinstance(text, str):
+            raise ValueError(f"messages[{index}]: content part of type {kind!r} is not supported (only text parts)")
+        texts.append(text)
+    return "\n".join(texts)

@@ -1,0 +1,362 @@
+"""specstate.Llama: llama-cpp-python's calls on real models, results checked with the openai package's own types."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai.types import Completion as OpenAICompletion
+from openai.types import CompletionChoice as OpenAICompletionChoice
+from openai.types.chat import ChatCompletion as OpenAIChatCompletion
+from openai.types.chat import ChatCompletionChunk as OpenAIChatCompletionChunk
+
+import models
+from specstate import Generator, Llama, Model
+from specstate.llama import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, UnsupportedParameterError
+from test_chat import TINY_TEMPLATE
+
+N_CTX = 256
+PROMPT = "Once upon a time"
+#: A template that reads each message's ``name``, which specstate cannot pass to it.
+NAMED_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message.name }}: {{ message['content'] }}\n{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama model with TINY_TEMPLATE in its metadata."""
+    return models.build_llama(tmp_path_factory.mktemp("llama_api") / "templated.gguf", chat_template=TINY_TEMPLATE)
+
+
+def tiny_llama(path: Path, **settings: Any) -> Llama:
+    """A Llama over the tiny model: small context, one thread, a fixed seed."""
+    return Llama(str(path), n_ctx=N_CTX, n_batch=64, n_threads=1, seed=7, **settings)
+
+
+@pytest.fixture
+def llm(tiny_chat: Path) -> Llama:
+    return tiny_llama(tiny_chat)
+
+
+def completion_chunks_valid(chunks: list[CompletionChunk]) -> str:
+    """Check every chunk against openai's ``Completion``; return their text.
+
+    The SDK's ``CompletionChoice`` requires a ``finish_reason``, which the API
+    (and llama-cpp-python) leave null until the last chunk: the others are
+    checked with it filled in, after checking it is null.
+    """
+    for chunk in chunks[:-1]:
+        assert chunk["choices"][0]["finish_reason"] is None
+        choice = {**chunk["choices"][0], "finish_reason": "length"}
+        OpenAICompletion.model_validate({**chunk, "choices": [choice]})
+    OpenAICompletion.model_validate(chunks[-1])
+    assert chunks[-1]["choices"][0]["finish_reason"] is not None
+    return "".join(chunk["choices"][0]["text"] for chunk in chunks)
+
+
+def chat_chunks_valid(chunks: Iterator[ChatCompletionChunk]) -> tuple[str, str | None]:
+    """Check every chunk against openai's ``ChatCompletionChunk``; return the content and the finish reason."""
+    listed = list(chunks)
+    for chunk in listed:
+        OpenAIChatCompletionChunk.model_validate(chunk)
+    assert listed[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert listed[-1]["choices"][0]["delta"] == {}
+    assert all(chunk["choices"][0]["finish_reason"] is None for chunk in listed[:-1])
+    assert len({chunk["id"] for chunk in listed}) == 1
+    content = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in listed[1:-1])
+    return content, listed[-1]["choices"][0]["finish_reason"]
+
+
+def text_of(completion: Completion) -> str:
+    """The completion's text, after checking the whole result against openai's type."""
+    parsed = OpenAICompletion.model_validate(completion)
+    assert parsed.usage is not None
+    assert parsed.usage.total_tokens == parsed.usage.prompt_tokens + parsed.usage.completion_tokens
+    return completion["choices"][0]["text"]
+
+
+def content_of(reply: ChatCompletion) -> str:
+    """The reply's content, after checking the whole result against openai's type."""
+    parsed = OpenAIChatCompletion.model_validate(reply)
+    assert parsed.choices[0].message.role == "assistant"
+    return reply["choices"][0]["message"]["content"]
+
+
+# --- completions ---------------------------------------------------------------------------------
+
+
+def test_a_completion_has_openais_shape_and_counts_its_tokens(llm: Llama) -> None:
+    result = llm(PROMPT, max_tokens=8, temperature=0.0)
+    text_of(result)
+    assert result["object"] == "text_completion" and result["id"].startswith("cmpl-")
+    assert result["model"] == llm.model_path
+    OpenAICompletionChoice.model_validate(result["choices"][0])
+    assert result["choices"][0]["finish_reason"] == "length"
+    prompt_tokens = llm.model.tokenize(PROMPT, parse_special=True)
+    assert result["usage"] == {
+        "prompt_tokens": len(prompt_tokens),
+        "completion_tokens": 8,
+        "total_tokens": len(prompt_tokens) + 8,
+    }
+    assert llm.create_completion(PROMPT, max_tokens=8, temperature=0.0, model="tiny")["model"] == "tiny"
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram"])
+def test_greedy_completions_equal_the_generators_tokens(tiny_chat: Path, mode: str) -> None:
+    llm = tiny_llama(tiny_chat, mode=mode)
+    result = llm.create_completion(PROMPT, max_tokens=30, temperature=0)
+    generator = Generator(Model(tiny_chat), n_ctx=N_CTX, n_batch=64, n_threads=1)
+    expected = generator.generate(PROMPT, max_tokens=30)
+    assert text_of(result) == expected
+    assert result["usage"]["completion_tokens"] == len(generator.tokens) == 30
+    assert llm.detokenize(generator.tokens) == expected.encode()
+    prompt_ids = generator.prompt_tokens
+    assert text_of(llm(prompt_ids, max_tokens=30, temperature=0)) == expected
+
+
+def test_a_stop_string_ends_the_text_before_it(llm: Llama) -> None:
+    full = text_of(llm(PROMPT, max_tokens=30, temperature=0))
+    stop = full[10:13]
+    result = llm(PROMPT, max_tokens=30, temperature=0, stop=["never there", stop])
+    assert text_of(result) == full[: full.index(stop)]
+    assert result["choices"][0]["finish_reason"] == "stop"
+    chunks = list(llm(PROMPT, max_tokens=30, temperature=0, stop=stop, stream=True))
+    assert completion_chunks_valid(chunks) == full[: full.index(stop)]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_streamed_completion_is_the_same_text(llm: Llama) -> None:
+    whole = text_of(llm(PROMPT, max_tokens=12, temperature=0))
+    chunks = list(llm.create_completion(PROMPT, max_tokens=12, temperature=0, stream=True))
+    assert completion_chunks_valid(chunks) == whole
+    assert len(chunks) > 2 and chunks[-1]["choices"][0] == {
+        "text": "",
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": "length",
+    }
+    echoed = list(llm(PROMPT, max_tokens=12, temperature=0, stream=True, echo=True))
+    assert completion_chunks_valid(echoed) == PROMPT + whole
+    assert text_of(llm(PROMPT, max_tokens=12, temperature=0, echo=True)) == PROMPT + whole
+
+
+def test_no_max_tokens_runs_until_the_context_is_full(tiny_chat: Path) -> None:
+    llm = Llama(str(tiny_chat), n_ctx=64, n_batch=64, n_threads=1)
+    length = Generator(llm.model, n_ctx=64, n_batch=64).context_length  # llama.cpp may round n_ctx up
+    for max_tokens in (None, 0, -1):
+        result = llm(PROMPT, max_tokens=max_tokens, temperature=0)
+        assert result["choices"][0]["finish_reason"] == "length"
+        assert result["usage"]["total_tokens"] == length
+
+
+def test_sampling_is_seeded(llm: Llama) -> None:
+    first = text_of(llm(PROMPT, max_tokens=20, temperature=1.0, top_k=0, top_p=1.0))
+    assert text_of(llm(PROMPT, max_tokens=20, temperature=1.0, top_k=0, top_p=1.0)) == first  # the constructor's seed
+    other = [text_of(llm(PROMPT, max_tokens=20, temperature=1.0, top_k=0, top_p=1.0, seed=s)) for s in (1, 2, 1)]
+    assert other[0] == other[2] and len({*other, first}) > 1
+
+
+# --- chat ----------------------------------------------------------------------------------------
+
+
+def test_a_chat_completion_has_openais_shape(llm: Llama) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    reply = llm.create_chat_completion(messages, max_tokens=10, temperature=0)
+    content = content_of(reply)
+    assert reply["object"] == "chat.completion" and reply["id"].startswith("chatcmpl-")
+    assert reply["choices"][0]["finish_reason"] == "length"
+    generator = llm.chat_generator
+    assert generator is not None and generator.messages[-1]["content"] == content
+    assert reply["usage"]["prompt_tokens"] == len(generator.prompt_tokens)
+    assert reply["usage"]["completion_tokens"] == len(generator.tokens) == 10
+    streamed = tiny_llama(Path(llm.model_path)).create_chat_completion(
+        messages, max_tokens=10, temperature=0, stream=True
+    )
+    assert chat_chunks_valid(streamed) == (content, "length")
+
+
+def test_a_resent_history_decodes_only_the_new_message(llm: Llama) -> None:
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Tell me a story."}]
+    first = llm.create_chat_completion(messages, max_tokens=6, temperature=0)
+    generator = llm.chat_generator
+    assert generator is not None
+    held = generator._native.history
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+    second, finish = chat_chunks_valid(llm.create_chat_completion(messages, max_tokens=6, temperature=0, stream=True))
+    assert llm.chat_generator is generator and finish == "length"
+    assert [m["role"] for m in generator.messages] == ["user", "assistant", "user", "assistant"]
+    assert generator.messages[:3] == messages and generator.messages[3]["content"] == second
+    assert generator._native.history[: len(held)] == held  # the first turn was kept, not decoded again
+    messages += [{"role": "assistant", "content": second}, {"role": "user", "content": "And then?"}]
+    llm.create_chat_completion(messages, max_tokens=6, temperature=0)
+    assert llm.chat_generator is generator and len(generator.messages) == 6
+
+
+def test_another_history_or_sampling_starts_a_new_generation(llm: Llama) -> None:
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Tell me a story."}]
+    first = llm.create_chat_completion(messages, max_tokens=6, temperature=0)
+    generator = llm.chat_generator
+    changed = [{"role": "user", "content": "Tell me a joke."}, first["choices"][0]["message"]]
+    llm.create_chat_completion([*changed, {"role": "user", "content": "Go on."}], max_tokens=6, temperature=0)
+    assert llm.chat_generator is not generator
+    assert llm.chat_generator is not None and len(llm.chat_generator.messages) == 4
+    generator = llm.chat_generator
+    history = [*generator.messages, {"role": "user", "content": "More."}]
+    llm.create_chat_completion(history, max_tokens=6, temperature=0.5)
+    assert llm.chat_generator is not generator and len(llm.chat_generator.messages) == 6
+
+
+def test_a_chat_stop_string_cuts_the_reply(llm: Llama) -> None:
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Hi"}]
+    full = content_of(llm.create_chat_completion(messages, max_tokens=20, temperature=0))
+    stop = full[8:11]
+    cut = tiny_llama(Path(llm.model_path)).create_chat_completion(messages, max_tokens=20, temperature=0, stop=stop)
+    assert content_of(cut) == full[: full.index(stop)] and cut["choices"][0]["finish_reason"] == "stop"
+    streamed = llm.create_chat_completion(messages, max_tokens=20, temperature=0, stop=[stop], stream=True)
+    assert chat_chunks_valid(streamed) == (full[: full.index(stop)], "stop")
+    generator = llm.chat_generator
+    messages += [cut["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+    llm.create_chat_completion(messages, max_tokens=4, temperature=0)
+    assert llm.chat_generator is not generator  # the generator recorded the text after the stop: a new generation
+
+
+def test_content_parts_and_names(tiny_chat: Path) -> None:
+    plain = [{"role": "user", "content": "Hello\nthere"}]
+    parts = [
+        {
+            "role": "user",
+            "name": "ann",
+            "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}],
+        }
+    ]
+    expected = content_of(tiny_llama(tiny_chat).create_chat_completion(plain, max_tokens=8, temperature=0))
+    assert content_of(tiny_llama(tiny_chat).create_chat_completion(parts, max_tokens=8, temperature=0)) == expected
+    image = {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}
+    with pytest.raises(ValueError, match="image_url"):
+        tiny_llama(tiny_chat).create_chat_completion([{"role": "user", "content": [image]}])
+    with pytest.raises(ValueError, match="tool_calls"):
+        tiny_llama(tiny_chat).create_chat_completion([{"role": "user", "content": "x", "tool_calls": []}])
+    named = tiny_llama(tiny_chat, chat_template=NAMED_TEMPLATE)
+    with pytest.raises(ValueError, match="'name' is not supported"):
+        named.create_chat_completion(parts, max_tokens=2)
+
+
+BAD_ARGUMENTS: list[tuple[dict[str, Any], type[Exception]]] = [
+    ({"temperature": -1.0}, ValueError),
+    ({"temperature": float("nan")}, ValueError),
+    ({"temperature": True}, TypeError),
+    ({"top_p": 0.0}, ValueError),
+    ({"top_p": 1.5}, ValueError),
+    ({"top_k": 1.5}, TypeError),
+    ({"top_k": True}, TypeError),
+    ({"seed": "1"}, TypeError),
+    ({"seed": 2**64}, ValueError),
+    ({"max_tokens": True}, TypeError),
+    ({"max_tokens": 2.0}, TypeError),
+    ({"stop": [1]}, TypeError),
+    ({"stream": 1}, TypeError),
+    ({"model": 3}, TypeError),
+    ({"n_ctx": 3}, TypeError),
+    ({"min_p": 0.05}, UnsupportedParameterError),
+]
+
+
+@pytest.mark.parametrize(("arguments", "error"), BAD_ARGUMENTS)
+def test_bad_arguments_change_nothing(llm: Llama, arguments: dict[str, Any], error: type[Exception]) -> None:
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Hi"}]
+    first = llm.create_chat_completion(messages, max_tokens=4, temperature=0)
+    generator = llm.chat_generator
+    assert generator is not None
+    before = generator.checkpoint()
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+    with pytest.raises(error):
+        llm.create_chat_completion(messages, **{"max_tokens": 4, **arguments})
+    with pytest.raises(error):
+        llm.create_completion(PROMPT, **{"max_tokens": 4, **arguments})
+    assert llm.chat_generator is generator and generator.checkpoint() == before
+    for bad in ([], "Hi", [{"role": "user"}], [{"role": 1, "content": "x"}], [{"role": "user", "content": [3]}]):
+        with pytest.raises((TypeError, ValueError)):
+            llm.create_chat_completion(bad)  # type: ignore[arg-type]
+    assert llm.chat_generator is generator and generator.checkpoint() == before
+
+
+UNSUPPORTED: list[tuple[str, object, object]] = [
+    ("min_p", 0.05, 0.0),
+    ("typical_p", 0.9, 1.0),
+    ("repeat_penalty", 1.1, 1.0),
+    ("presence_penalty", 0.5, 0.0),
+    ("frequency_penalty", 0.5, 0.0),
+    ("tfs_z", 0.5, 1.0),
+    ("mirostat_mode", 2, 0),
+    ("logit_bias", {5: 1.0}, None),
+    ("grammar", "root ::= 'a'", None),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "neutral"), UNSUPPORTED)
+def test_unsupported_parameters_only_at_neutral_values(llm: Llama, name: str, value: object, neutral: object) -> None:
+    for call in (
+        lambda **kw: llm(PROMPT, **kw),
+        lambda **kw: llm.create_chat_completion([{"role": "user", "content": "x"}], **kw),
+    ):
+        with pytest.raises(UnsupportedParameterError, match=f"^{name}=") as raised:
+            call(max_tokens=2, **{name: value})
+        assert isinstance(raised.value, NotImplementedError)
+        assert call(max_tokens=2, **{name: neutral})["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(UnsupportedParameterError, match="min_p"):
+        llm(PROMPT, min_p=False)  # a bool does not stand for 0.0
+
+
+def test_chat_only_and_completion_only_parameters(llm: Llama) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    neutral = llm.create_chat_completion(messages, max_tokens=2, logprobs=False, response_format={"type": "text"})
+    content_of(neutral)
+    with pytest.raises(UnsupportedParameterError, match="response_format"):
+        llm.create_chat_completion(messages, response_format={"type": "json_object"})
+    with pytest.raises(UnsupportedParameterError, match="tools"):
+        llm.create_chat_completion(messages, tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(UnsupportedParameterError, match="logprobs"):
+        llm(PROMPT, logprobs=5)
+    with pytest.raises(UnsupportedParameterError, match="suffix"):
+        llm(PROMPT, suffix="end")
+    with pytest.raises(TypeError, match="echo"):
+        llm.create_chat_completion(messages, echo=True)  # type: ignore[call-overload]
+
+
+def test_constructor_arguments(tiny_chat: Path) -> None:
+    with pytest.raises(ValueError, match="chat_format"):
+        Llama(str(tiny_chat), chat_format="llama-2")
+    with pytest.raises(ValueError, match="mode"):
+        Llama(str(tiny_chat), mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="seed"):
+        Llama(str(tiny_chat), seed=True)
+    llm = Llama(str(tiny_chat), n_ctx=128, n_threads=1, chat_format="chatml")
+    assert llm.n_ctx() == 128 and llm.detokenize(llm.tokenize(b"Hello", add_bos=False)) == b"Hello"
+    reply = llm.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=2)
+    assert "<|im_start|>" in llm.model.detokenize(llm.chat_generator.prompt_tokens, special=True)  # type: ignore[union-attr]
+    llm.reset()
+    assert llm.chat_generator is None and reply["choices"][0]["finish_reason"] == "length"
+
+
+# --- a real model --------------------------------------------------------------------------------
+
+
+def test_smollm2_chat_in_llama_cpp_python_style(smollm2_file: Path) -> None:
+    llm = Llama(str(smollm2_file), n_ctx=256, n_threads=1, seed=3)  # chat defaults: temperature 0.2, seeded
+    messages: list[Mapping[str, object]] = [{"role": "system", "content": "You answer in one short sentence."}]
+    replies, generators = [], []
+    for question in ("What is the capital of France?", "And of Germany?"):
+        messages.append({"role": "user", "content": question})
+        chunks = llm.create_chat_completion(messages, max_tokens=16, stream=True, stop=["\n\n"])
+        content, finish = chat_chunks_valid(chunks)
+        messages.append({"role": "assistant", "content": content})
+        generator = llm.chat_generator
+        assert generator is not None and finish == "stop" and generator.stopped_by == "eos"
+        assert generator.messages == messages
+        replies.append(content)
+        generators.append(generator)
+    assert "Paris" in replies[0] and "Berlin" in replies[1]
+    assert generators[0] is generators[1]  # the second turn decoded only the new message
