@@ -191,8 +191,21 @@ def test_a_resent_history_decodes_only_the_new_message(llm: Llama) -> None:
     assert generator.messages[:3] == messages and generator.messages[3]["content"] == second
     assert generator._native.history[: len(held)] == held  # the first turn was kept, not decoded again
     messages += [{"role": "assistant", "content": second}, {"role": "user", "content": "And then?"}]
-    llm.create_chat_completion(messages, max_tokens=6, temperature=0)
+    llm.create_chat_completion(messages, max_tokens=6, temperature=0, seed=99)  # greedy: the seed changes nothing
     assert llm.chat_generator is generator and len(generator.messages) == 6
+
+
+def test_a_full_context_ends_the_reply_and_then_refuses_the_next_turn(tiny_chat: Path) -> None:
+    llm = Llama(str(tiny_chat), n_ctx=64, n_batch=64, n_threads=1)
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Hi"}]
+    reply = llm.create_chat_completion(messages, temperature=0)  # max_tokens None: until the context is full
+    generator = llm.chat_generator
+    assert generator is not None and reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["total_tokens"] == generator.context_length
+    messages += [reply["choices"][0]["message"], {"role": "user", "content": "More."}]
+    with pytest.raises(ValueError, match="no room"):
+        llm.create_chat_completion(messages, temperature=0)
+    assert llm.chat_generator is None  # a failed turn leaves no conversation to continue
 
 
 def test_another_history_or_sampling_starts_a_new_generation(llm: Llama) -> None:
@@ -331,8 +344,10 @@ def test_constructor_arguments(tiny_chat: Path) -> None:
         Llama(str(tiny_chat), chat_format="llama-2")
     with pytest.raises(ValueError, match="mode"):
         Llama(str(tiny_chat), mode="fast")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="seed"):
-        Llama(str(tiny_chat), seed=True)
+    wrong: list[tuple[str, Any]] = [("seed", True), ("n_ctx", "64"), ("n_threads", True), ("n_draft", 2.0)]
+    for name, value in wrong:
+        with pytest.raises(TypeError, match=name):
+            Llama(str(tiny_chat), **{name: value})
     llm = Llama(str(tiny_chat), n_ctx=128, n_threads=1, chat_format="chatml")
     assert llm.n_ctx() == 128 and llm.detokenize(llm.tokenize(b"Hello", add_bos=False)) == b"Hello"
     reply = llm.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=2)

@@ -391,13 +391,19 @@ class Llama:
     lacks (:data:`NEUTRAL`) are accepted at their neutral values and raise
     :class:`UnsupportedParameterError` otherwise, until the sampler chain
     has them. ``top_k`` at most 0 keeps every token, as in llama.cpp. Every
-    argument after the prompt or the messages is keyword-only.
+    argument after the prompt or the messages is keyword-only. The other
+    sampling defaults are llama-cpp-python's: ``temperature``
+    :data:`COMPLETION_TEMPERATURE` (0.8) for completions and
+    :data:`CHAT_TEMPERATURE` (0.2) for chats, ``top_p`` :data:`TOP_P`,
+    ``top_k`` :data:`TOP_K`, ``max_tokens`` :data:`COMPLETION_MAX_TOKENS`
+    (16) for completions and None (until the context is full) for chats.
 
     Chat: llama-cpp-python callers send the whole history each turn. When the
     messages extend the conversation held from the last chat call (the same
     earlier messages, the assistant replies as returned, the same sampling
-    parameters), only the new messages are decoded after it; otherwise a new
-    generation starts on all of them. A reply cut by a ``stop`` string is
+    parameters), only the new messages are decoded after it, its random
+    stream going on where the last reply left it; otherwise a new generation
+    starts on all of them (greedy calls continue whatever the seed). A reply cut by a ``stop`` string is
     recorded by the generator with the text its last round committed after the
     stop, so a history sent back with the cut reply starts a new generation.
     :attr:`chat_generator` is that conversation's generator (to checkpoint it).
@@ -422,6 +428,9 @@ class Llama:
     ) -> None:
         if mode not in get_args(Mode):
             raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, not {mode!r}")
+        threads = 0 if n_threads is None else n_threads
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_draft", n_draft), ("n_threads", threads)):
+            _integer(name, value)  # the ranges are the generator's to check
         self._seed = _seed(seed)
         self._template = _template_source(chat_format, chat_template)
         #: Accepted for compatibility; nothing reads it.
@@ -437,7 +446,7 @@ class Llama:
             "n_draft": n_draft,
             "n_ctx": n_ctx,
             "n_batch": n_batch,
-            "n_threads": 0 if n_threads is None else n_threads,
+            "n_threads": threads,
         }
         self._conversation: _Conversation | None = None
 
@@ -451,9 +460,9 @@ class Llama:
         """Token ids of UTF-8 ``text``; ``add_bos`` adds BOS as the model says, ``special`` parses special tokens."""
         return self.model.tokenize(text.decode("utf-8", errors="replace"), add_special=add_bos, parse_special=special)
 
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        """The UTF-8 bytes of ``tokens``."""
-        return b"".join(self.model.token_to_piece(token) for token in tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        """The UTF-8 bytes of ``tokens``; ``special`` includes the text of special tokens."""
+        return b"".join(self.model.token_to_piece(token, special=special) for token in tokens)
 
     def reset(self) -> None:
         """Forget the held conversation: the next chat call starts a new generation."""
@@ -583,11 +592,13 @@ class Llama:
     ) -> tuple[_Sampling, int | None, list[str], str]:
         """The sampling, token limit, stop strings and model name of a call's options, each checked."""
         seed = options.get("seed")
+        seed = self._seed if seed is None else _seed(seed)
+        temperature = _real("temperature", options.get("temperature", temperature), 0.0, math.inf)
         sampling = _Sampling(
-            temperature=_real("temperature", options.get("temperature", temperature), 0.0, math.inf),
+            temperature=temperature,
             top_k=max(0, _integer("top_k", options.get("top_k", TOP_K))),
             top_p=_real("top_p", options.get("top_p", TOP_P), 0.0, 1.0, open_low=True),
-            seed=self._seed if seed is None else _seed(seed),
+            seed=0 if temperature == 0 else seed,  # greedy: any seed chooses alike (and continues a conversation)
         )
         limit = options.get("max_tokens", max_tokens)
         limit = None if limit is None else _integer("max_tokens", limit)
