@@ -115,6 +115,9 @@ def test_greedy_completions_equal_the_generators_tokens(tiny_chat: Path, mode: s
     assert llm.detokenize(generator.tokens) == expected.encode()
     prompt_ids = generator.prompt_tokens
     assert text_of(llm(prompt_ids, max_tokens=30, temperature=0)) == expected
+    chunks = list(llm(prompt_ids, max_tokens=30, temperature=0, stream=True))  # one chunk per token here
+    pieces = [llm.detokenize([token]).decode() for token in generator.tokens]
+    assert [chunk["choices"][0]["text"] for chunk in chunks[:-1]] == pieces
 
 
 def test_a_stop_string_ends_the_text_before_it(llm: Llama) -> None:
