@@ -253,15 +253,15 @@ def test_a_worker_refuses_a_checkpoint_of_other_model_files(
     assert pool.tokens(handle) == tokens and text == expected
 
 
-def test_placement_keeps_the_thread_count(pool: Pool, wide: int) -> None:
+def test_a_generation_continues_exactly_on_a_worker_with_another_thread_count(
+    pool: Pool, tiny_map: dict[str, Path], wide: int
+) -> None:
     handle = submit(pool, "draft", tokens=16)  # 2 threads on a loaded 2-core machine are slow: a short one
-    assert pool.worker_of(handle) != wide  # new generations get the pool's thread count
+    next(pool.stream(handle))
     pool.preempt(handle)
-    with pytest.raises(PlacementError, match="2 threads"):
-        pool.resume(handle, worker=wide)
-    assert pool.resume(handle, worker=wide, exact=False) == wide  # allowed when asked: exact up to near-ties
+    assert pool.resume(handle, worker=wide) == wide  # 1 thread, then 2: numerics do not depend on the count
     pool.result(handle)
-    assert len(pool.tokens(handle)) == 16
+    assert pool.tokens(handle) == reference(tiny_map, "draft", tokens=16)[0]
 
 
 def test_a_migration_that_cannot_happen_leaves_the_generation_running_where_it_was(
@@ -271,12 +271,11 @@ def test_a_migration_that_cannot_happen_leaves_the_generation_running_where_it_w
     pieces = pool.stream(handle)
     text = next(pieces)
     source = pool.worker_of(handle)
-    targets = [(wide, True, "decodes with 2 threads"), (foreign, True, "model files"), (wide, False, "not alive")]
-    for target, exact, reason in targets:
+    for target, reason in [(foreign, "model files"), (wide, "not alive")]:
         if reason == "not alive":
             kill_from_outside(pool, wide)  # the pool does not know it yet
         with pytest.raises(PlacementError, match=reason) as refused:
-            pool.migrate(handle, worker=target, exact=exact)
+            pool.migrate(handle, worker=target)
         assert pool.worker_of(handle) == source  # checked before it was preempted: still running there
         assert refused.value.worker == target
     text += "".join(pieces)

@@ -20,7 +20,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from requantize import cached_copy
-from specstate import Context, Model
+from specstate import Context, Generator, Model
 from specstate.smollm2 import cache_dir
 
 #: Thread counts compared. With 1 thread a single decode's flash attention is one pass, as a batch row's is; with 2,
@@ -82,3 +82,84 @@ def test_verified_rows_equal_single_decodes_bit_for_bit(quantized: dict[str, Mod
             rows = [_bits(context, row) for row in range(n)]
             differing = [row for row in range(n) if rows[row] != reference[row]]
             assert not differing, f"{quant}, {n_threads} threads, batch of {n}: rows {differing} differ"
+
+
+#: Twenty prompts of different kinds: code, lists, prose, questions, repetition (prompt lookup drafts from these).
+PROMPTS = (
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# The same again:\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Once upon a time, in a small village by the sea, there lived",
+    "List the planets of the solar system in order from the sun:\n1.",
+    "Q: What is the capital of France?\nA:",
+    "import numpy as np\n\ndef softmax(x):\n",
+    "To be, or not to be, that is the question:",
+    "The recipe for a simple bread needs flour, water, salt and",
+    "Monday, Tuesday, Wednesday, Thursday,",
+    "In machine learning, gradient descent is",
+    "<html>\n<head>\n<title>My page</title>\n</head>\n<body>\n",
+    "SELECT name, age FROM users WHERE",
+    "The history of the Roman Empire begins",
+    "Write a haiku about autumn leaves:\n",
+    "1, 1, 2, 3, 5, 8, 13,",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "The mitochondria is the powerhouse of the cell. The mitochondria",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
+    "Photosynthesis is the process by which plants",
+    "Hello! How are you today? I am",
+)
+GENERATED = 160
+
+
+@pytest.fixture(scope="module")
+def draft_model(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Model:
+    from smollm2_draft import build_smollm2_draft
+
+    return Model(build_smollm2_draft(smollm2_file, tmp_path_factory.mktemp("draft") / "smollm2-draft.gguf"))
+
+
+@pytest.fixture(scope="module")
+def plain_greedy_texts(smollm2: Model) -> list[list[int]]:
+    """Plain greedy tokens (mode ``none``) for every prompt, at 2 threads."""
+    out = []
+    for prompt in PROMPTS:
+        generator = Generator(smollm2, n_ctx=512, n_threads=2)
+        generator.generate(prompt, max_tokens=GENERATED)
+        out.append(generator.tokens)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_speculative_greedy_equals_plain_greedy_on_smollm2(
+    smollm2: Model, draft_model: Model, plain_greedy_texts: list[list[int]], mode: str
+) -> None:
+    """On the real model at 2 threads, speculation never changes the text: token for token, every prompt."""
+    accepted = drafted = 0
+    for prompt, plain in zip(PROMPTS, plain_greedy_texts, strict=True):
+        generator = Generator(
+            smollm2,
+            mode=mode,  # type: ignore[arg-type]
+            draft_model=draft_model if mode == "draft" else None,
+            n_ctx=512,
+            n_threads=2,
+        )
+        generator.generate(prompt, max_tokens=GENERATED)
+        assert generator.tokens == plain, f"{mode} parted from plain greedy on {prompt!r}"
+        accepted, drafted = accepted + generator.accepted, drafted + generator.drafted
+    print(f"{mode}: {len(PROMPTS)} prompts x {GENERATED} tokens equal to plain greedy; accepted {accepted}/{drafted}")
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram"])
+def test_a_checkpoint_taken_at_2_threads_continues_exactly_at_1_and_3(smollm2: Model, mode: str) -> None:
+    """Thread count changes speed, not numerics: a checkpoint resumes token for token on another count (3 threads
+    oversubscribe this project's 2-core machines, where ggml's spinning thread pool takes seconds a token: that
+    leg is short)."""
+    generator = Generator(smollm2, mode=mode, n_ctx=512, n_threads=2)  # type: ignore[arg-type]
+    generator.generate(PROMPTS[0], max_tokens=40)
+    checkpoint = generator.checkpoint()
+    generator.generate(max_tokens=GENERATED - 40)
+    for n_threads, more in ((1, GENERATED - 40), (3, 6)):
+        resumed = Generator.restore(checkpoint, smollm2, n_threads=n_threads)
+        assert resumed._native.n_threads == n_threads
+        resumed.generate(max_tokens=more)
+        assert resumed.tokens == generator.tokens[: 40 + more], f"{mode} resumed at {n_threads} threads parted"

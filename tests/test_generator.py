@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from generator_support import MODES, TINY_CTX, resume_matches, sampling, tiny_generator, tiny_resume_matches
-from reference import agreement, plain_greedy
+from reference import plain_greedy
 from specstate import GenerationError, Generator, Model, inspect_checkpoint
 
 TESTS = Path(__file__).resolve().parent
@@ -37,15 +37,23 @@ REPEATING = (
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_mode_commits_the_targets_greedy_tokens_on_tiny_models(tiny_map: dict[str, Path], mode: str) -> None:
-    generator = tiny_generator(mode, tiny_map)
-    prompt = generator.model.tokenize("the same tokens, whatever the mode")
+@given(
+    text=st.text(alphabet="abcdefgh ij.,", min_size=1, max_size=30),
+    n_draft=st.integers(1, 8),
+    n_threads=st.sampled_from([1, 2]),
+)
+@settings(max_examples=examples(ci=100, dev=20), deadline=None)
+def test_every_mode_commits_the_targets_greedy_tokens_on_tiny_models(
+    tiny_map: dict[str, Path], mode: str, text: str, n_draft: int, n_threads: int
+) -> None:
+    """Speculation never changes greedy text: token for token what one-token decodes at one thread give."""
+    generator = tiny_generator(mode, tiny_map, n_draft=n_draft, n_threads=n_threads)
+    prompt = generator.model.tokenize(text)
     generator.generate(prompt, max_tokens=100)
-    plain, gaps = plain_greedy(generator.model, prompt, 100, n_ctx=TINY_CTX, n_rs_seq=0)
-    agreed = agreement(generator.tokens, plain, gaps)
-    print(f"{mode}: {agreed}/100 agree, accepted {generator.accepted}/{generator.drafted}")
-    if mode != "none":
-        assert generator.drafted > 0 and generator.accepted > 0
+    plain, _ = plain_greedy(generator.model, prompt, len(generator.tokens), n_ctx=TINY_CTX, n_rs_seq=0)
+    assert generator.tokens == plain
+    if mode in ("draft", "mtp", "eagle3") and len(generator.tokens) > 8:  # (prompt lookup needs repetition)
+        assert generator.drafted > 0
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +71,8 @@ def test_speculation_on_smollm2_matches_plain_greedy(smollm2: Model, smollm2_dra
     none.generate(prompt, max_tokens=128)
     speculative = Generator(smollm2, mode=mode, draft_model=draft, n_ctx=1024)  # type: ignore[arg-type]
     speculative.generate(prompt, max_tokens=128)
-    _, gaps = plain_greedy(smollm2, prompt, 128, n_ctx=1024)
-    agreed = agreement(speculative.tokens, none.tokens, gaps)
-    print(
-        f"SmolLM2 {mode}: {agreed}/128 tokens agree with none; "
-        f"acceptance {speculative.accepted}/{speculative.drafted} = {speculative.acceptance_rate:.2f}"
-    )
+    assert speculative.tokens == none.tokens  # exact verification: speculation never changes the text
+    print(f"SmolLM2 {mode}: acceptance {speculative.accepted}/{speculative.drafted}")
     assert speculative.accepted > 0
     assert speculative.rounds < 127
 

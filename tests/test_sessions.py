@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import specstate
 from conftest import TinyModels, examples
-from reference import agreement, error_from_another_thread, outcomes_during
+from reference import error_from_another_thread, outcomes_during
 from reference import plain_greedy as reference_greedy
 from sessions_support import KINDS, N_CTX, Setup, build
 from specstate import (
@@ -79,10 +79,9 @@ def test_speculation_commits_the_targets_greedy_tokens(
     target_model = models_by_kind[kind][0]
     prompt = target_model.tokenize(text)
     generation = generate(setup_for(models_by_kind, kind), prompt, 80)
-    plain, gaps = plain_greedy(target_model, prompt, 80)
-    agreed = agreement(generation.tokens[:80], plain, gaps)
-    print(f"{kind}: {agreed}/80 tokens agree; accepted {generation.n_accepted}/{generation.n_drafted}")
-    assert agreed >= 1
+    plain, _ = plain_greedy(target_model, prompt, 80)
+    assert generation.tokens[:80] == plain
+    print(f"{kind}: accepted {generation.n_accepted}/{generation.n_drafted}")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -101,8 +100,8 @@ def test_eagle3_over_a_transformer_target_matches_plain_greedy(llama_model: Mode
     setup = build("eagle3", llama_model, eagle3_draft_model)
     prompt = llama_model.tokenize("transformer target")
     generation = generate(setup, prompt, 80)
-    plain, gaps = plain_greedy(llama_model, prompt, 80)
-    assert agreement(generation.tokens[:80], plain, gaps) >= 1
+    plain, _ = plain_greedy(llama_model, prompt, 80)
+    assert generation.tokens[:80] == plain
     assert generation.n_accepted > 0
 
 
@@ -468,8 +467,8 @@ def test_eagle3_draft_without_its_own_head_reads_the_targets(qwen35_model: Model
     draft = Context(draft_model, n_ctx=N_CTX, other=target)
     session = Eagle3Session(target, draft)
     generation = generate(Setup(target, draft, session), qwen35_model.tokenize("headless"), 60)
-    plain, gaps = plain_greedy(qwen35_model, qwen35_model.tokenize("headless"), 60)
-    assert agreement(generation.tokens[:60], plain, gaps) >= 1
+    plain, _ = plain_greedy(qwen35_model, qwen35_model.tokenize("headless"), 60)
+    assert generation.tokens[:60] == plain
     assert generation.n_accepted > 0
 
 

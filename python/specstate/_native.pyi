@@ -519,8 +519,8 @@ class Generator:
         `max_n_batch` (default: 512), and, unless `max_n_batch` is given, a
         recurrent or hybrid target's rollback snapshots may take at most the
         model's size (`AllocationLimitError`). Without `n_threads`, the
-        recorded thread count is used, and one above the CPUs available raises
-        `ThreadCountError`.
+        recorded thread count is used, at most the CPUs available; any count
+        continues exactly (verification does not depend on it).
         """
     def load(self, data: bytes) -> None:
         """Replace this generation with a checkpoint, reusing the contexts; on failure nothing changes."""

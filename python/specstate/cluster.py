@@ -25,10 +25,10 @@ the generation, so none is ever given twice or skipped.
   checkpoint and can be resumed elsewhere.
 
 What exactness needs from a worker: the same model files (checked by
-fingerprint) and the same thread count (llama.cpp sums batched verification in
-an order that depends on it), on the same backend. The pool places a
-generation only on workers that decode with its thread count; ``exact=False``
-lets :meth:`Pool.resume` place it elsewhere, exact only up to near-ties.
+fingerprint), on the CPU backend. The thread count does not matter: a verified
+row gets its single-token decode's logits bit for bit at any count
+(specstate's llama.cpp patch), so a generation moves between workers with
+different counts and continues token for token.
 
 Misuse and failures raise the pool's errors (:class:`PoolError` and its
 subclasses, each with its fields as attributes, and picklable); an error that a
@@ -85,7 +85,7 @@ class PoolError(RuntimeError):
 
 
 class PlacementError(PoolError):
-    """No live worker can run the generation exactly (models or thread count), or the one named cannot.
+    """No live worker can run the generation exactly (its model files), or the one named cannot.
 
     Attributes:
         reason: what was refused, and why.
@@ -306,7 +306,6 @@ class _Generation:
     max_tokens: int
     checkpoint_every: int | None
     fingerprints: dict[str, str]
-    n_threads: int
     worker: int | None = None
     tokens: list[int] = field(default_factory=list)
     pieces: list[bytes] = field(default_factory=list)
@@ -448,8 +447,8 @@ class Pool:
     ) -> Handle:
         """Start a generation of up to ``max_tokens`` tokens (settings as :class:`~specstate.Generator` takes
         them, but ``n_threads``: the worker's); ``target``/``draft`` name the pool's models. Placed on
-        ``worker``, or by default on the least loaded worker with the pool's model files and thread count
-        (a dead one is passed over). When it cannot start, nothing is registered."""
+        ``worker``, or by default on the least loaded worker with the pool's model files (a dead one is
+        passed over). When it cannot start, nothing is registered."""
         if max_tokens < 0 or (checkpoint_every is not None and checkpoint_every < 1):
             raise ValueError("max_tokens must not be negative and checkpoint_every must be at least 1")
         allowed = set(GeneratorSettings.__optional_keys__) - {"n_threads", "draft_model"}
@@ -458,12 +457,11 @@ class Pool:
             raise ValueError(
                 f"unknown or pool-owned settings (n_threads and the models are the workers'): {sorted(unknown)}"
             )
-        if worker is None:  # on the pool's own model files and thread count, the least loaded worker
-            fingerprints, n_threads = self._models_of(self._home, target, draft), self.n_threads
-            candidates = self._candidates(fingerprints, n_threads)
+        if worker is None:  # on the pool's own model files, the least loaded worker
+            fingerprints = self._models_of(self._home, target, draft)
+            candidates = self._candidates(fingerprints)
         else:
-            entry = self._live(worker)
-            fingerprints, n_threads = self._models_of(entry.models, target, draft), entry.n_threads
+            fingerprints = self._models_of(self._live(worker).models, target, draft)
             candidates = [worker]
         generation = _Generation(
             handle=Handle(f"g{next(self._ids)}"),
@@ -474,11 +472,10 @@ class Pool:
             max_tokens=max_tokens,
             checkpoint_every=checkpoint_every,
             fingerprints=fingerprints,
-            n_threads=n_threads,
             done=max_tokens == 0,
         )
         if not generation.done and not self._launch(generation, candidates):
-            self._unplaced(worker, fingerprints, n_threads)
+            self._unplaced(worker, fingerprints)
         self._generations[generation.handle.id] = generation
         return generation.handle
 
@@ -568,43 +565,43 @@ class Pool:
         generation.worker = None
         generation.stats.preempted_seconds.append(time.perf_counter() - started)
 
-    def resume(self, handle: Handle, worker: int | None = None, *, exact: bool = True) -> int:
-        """Continue a preempted generation on ``worker`` (by default the least loaded one that can
-        run it exactly, a dead one passed over); returns the worker. A worker without the generation's
-        model files refuses (:class:`~specstate.errors.ModelMismatchError`) and the generation stays
-        preempted, as it does on any other error. :class:`GenerationStateError` if it is not preempted."""
+    def resume(self, handle: Handle, worker: int | None = None) -> int:
+        """Continue a preempted generation on ``worker`` (by default the least loaded one with its
+        model files, a dead one passed over), exactly, whatever the worker's thread count; returns the
+        worker. A worker without the generation's model files refuses
+        (:class:`~specstate.errors.ModelMismatchError`) and the generation stays preempted, as it does
+        on any other error. :class:`GenerationStateError` if it is not preempted."""
         generation = self._generation(handle)
         if not generation.preempted or generation.done:
             raise GenerationStateError(generation.handle.id, generation.state, "resume")
-        n_threads = generation.n_threads if exact else None
         if worker is None:
-            candidates = self._candidates(generation.fingerprints, n_threads)
+            candidates = self._candidates(generation.fingerprints)
         else:
-            self._placeable(worker, n_threads)
+            self._placeable(worker)
             candidates = [worker]
         started = time.perf_counter()
         if not self._launch(generation, candidates):
-            self._unplaced(worker, generation.fingerprints, n_threads)
+            self._unplaced(worker, generation.fingerprints)
         generation.preempted = False
         generation.stats.resumed_seconds.append(time.perf_counter() - started)
         assert generation.worker is not None
         return generation.worker
 
-    def migrate(self, handle: Handle, worker: int | None = None, *, exact: bool = True) -> int:
-        """Preempt, then resume on ``worker`` (by default another one that can run it exactly, or its own
-        when no other can); returns the worker it runs on.
+    def migrate(self, handle: Handle, worker: int | None = None) -> int:
+        """Preempt, then resume on ``worker`` (by default another one with its model files, or its own
+        when no other has them); returns the worker it runs on.
 
-        The target is checked first (alive, the generation's model files, its thread count unless
-        ``exact=False``): :class:`PlacementError` leaves the generation running where it was. If the
-        target fails after the checkpoint was taken (it died, or refused it), the generation resumes
-        where it was (or, that worker dead too, on another one) and the error is raised. A generation
-        whose outstanding call finishes it is not moved (the worker it finished on is returned);
-        :class:`GenerationStateError` for one that was finished already."""
+        The target is checked first (alive, the generation's model files): :class:`PlacementError`
+        leaves the generation running where it was. If the target fails after the checkpoint was taken
+        (it died, or refused it), the generation resumes where it was (or, that worker dead too, on
+        another one) and the error is raised. A generation whose outstanding call finishes it is not
+        moved (the worker it finished on is returned); :class:`GenerationStateError` for one that was
+        finished already."""
         generation = self._generation(handle)
         if generation.done:
             raise GenerationStateError(generation.handle.id, generation.state, "migrate")
         source = generation.worker  # None when it was preempted: then it stays so if the migration fails
-        chosen = self._migration_target(generation, worker, generation.n_threads if exact else None)
+        chosen = self._migration_target(generation, worker)
         self.preempt(handle)
         if generation.done:  # its outstanding call finished it: nothing to move
             assert source is not None
@@ -623,26 +620,26 @@ class Pool:
         generation.stats.migrations += 1
         return chosen
 
-    def _migration_target(self, generation: _Generation, worker: int | None, n_threads: int | None) -> int:
+    def _migration_target(self, generation: _Generation, worker: int | None) -> int:
         """The worker a migration goes to, checked before the generation is touched: ``worker`` if it can
         run the generation, else the least loaded live one other than its own (its own when no other is)."""
         if worker is not None:
-            self._placeable(worker, n_threads, generation.fingerprints)
+            self._placeable(worker, generation.fingerprints)
             if not self._responds(worker):
                 raise self._not_alive(worker)
             return worker
-        fits = self._least_loaded(generation.fingerprints, n_threads)
+        fits = self._least_loaded(generation.fingerprints)
         for other in sorted(fits, key=lambda w: w == generation.worker):  # its own worker last
             if self._responds(other):
                 return other
-        self._unplaced(None, generation.fingerprints, n_threads)
+        self._unplaced(None, generation.fingerprints)
 
     def _fall_back(self, generation: _Generation, source: int | None, target: int) -> None:
         """After a failed migration: resume the generation on ``source``, or (dead too) on another live
         worker than ``target``; none, or no ``source`` (it was preempted): it stays preempted."""
         if source is None:
             return
-        others = [w for w in self._least_loaded(generation.fingerprints, generation.n_threads) if w != target]
+        others = [w for w in self._least_loaded(generation.fingerprints) if w != target]
         if self._launch(generation, [source, *others]):
             generation.preempted = False
 
@@ -749,10 +746,6 @@ class Pool:
     def _not_alive(worker: int) -> PlacementError:
         return PlacementError(f"worker {worker} is not alive", worker)
 
-    @staticmethod
-    def _threads(n_threads: int | None) -> str:
-        return "any thread count" if n_threads is None else f"{n_threads} threads"
-
     def _live(self, worker: int) -> _WorkerEntry:
         entry = self._entry(worker)
         if not entry.alive:
@@ -775,46 +768,31 @@ class Pool:
             entry.alive = False
             logger.info("worker %d (pid %d) died", worker, entry.pid)
 
-    def _least_loaded(self, fingerprints: Mapping[str, str], n_threads: int | None) -> list[int]:
-        """Live workers holding these model files (and decoding with ``n_threads``, unless None),
-        the least loaded first."""
+    def _least_loaded(self, fingerprints: Mapping[str, str]) -> list[int]:
+        """Live workers holding these model files, the least loaded first."""
         load = {w: 0 for w in self.workers()}
         for other in self._generations.values():
             if other.worker in load and not other.done:
                 load[other.worker] += 1
-        fits = [
-            w
-            for w in load
-            if all(self._workers[w].models.get(name) == sha for name, sha in fingerprints.items())
-            and (n_threads is None or self._workers[w].n_threads == n_threads)
-        ]
+        fits = [w for w in load if all(self._workers[w].models.get(name) == sha for name, sha in fingerprints.items())]
         return sorted(fits, key=lambda w: (load[w], w))
 
-    def _candidates(self, fingerprints: Mapping[str, str], n_threads: int | None) -> list[int]:
-        """The workers to try, in order, for a generation of these model files and thread count."""
-        fits = self._least_loaded(fingerprints, n_threads)
+    def _candidates(self, fingerprints: Mapping[str, str]) -> list[int]:
+        """The workers to try, in order, for a generation of these model files."""
+        fits = self._least_loaded(fingerprints)
         if not fits:
-            self._unplaced(None, fingerprints, n_threads)
+            self._unplaced(None, fingerprints)
         return fits
 
-    def _unplaced(self, worker: int | None, fingerprints: Mapping[str, str], n_threads: int | None) -> NoReturn:
+    def _unplaced(self, worker: int | None, fingerprints: Mapping[str, str]) -> NoReturn:
         """No worker took the generation: ``worker`` (named by the caller) is dead, or none fits."""
         if worker is not None:
             raise self._not_alive(worker)
-        raise PlacementError(
-            f"no live worker has the model files {sorted(fingerprints)} and {self._threads(n_threads)}"
-        )
+        raise PlacementError(f"no live worker has the model files {sorted(fingerprints)}")
 
-    def _placeable(self, worker: int, n_threads: int | None, fingerprints: Mapping[str, str] | None = None) -> None:
-        """Refuse ``worker`` if it is not alive, does not decode with ``n_threads`` (None: any count), or
-        (when given) does not hold these model files."""
+    def _placeable(self, worker: int, fingerprints: Mapping[str, str] | None = None) -> None:
+        """Refuse ``worker`` if it is not alive or (when given) does not hold these model files."""
         entry = self._live(worker)
-        if n_threads is not None and entry.n_threads != n_threads:
-            raise PlacementError(
-                f"worker {worker} decodes with {entry.n_threads} threads and the generation with "
-                f"{n_threads}: not exact (pass exact=False to allow it)",
-                worker,
-            )
         other = sorted(name for name, sha in (fingerprints or {}).items() if entry.models.get(name) != sha)
         if other:
             raise PlacementError(
@@ -870,7 +848,7 @@ class Pool:
             if generation.preempted:  # resumed from its latest checkpoint when asked
                 continue
             generation.preempted = True  # until it runs again
-            if self._launch(generation, self._least_loaded(generation.fingerprints, generation.n_threads)):
+            if self._launch(generation, self._least_loaded(generation.fingerprints)):
                 generation.preempted = False
             else:
                 stranded.append(generation.handle.id)

@@ -104,8 +104,9 @@ def _compare_speculation(out: Console, model: Model, prompt: list[int], threads:
     if agree < len(plain.tokens):
         gap = _top_two_gap(model, prompt + plain.tokens[:agree], threads)
         out.print(
-            f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: "
-            "a near-tie that batched and single-token kernels may break differently)"
+            f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: verification "
+            "is bit-exact on the CPU, where specstate's llama.cpp patch gives a verified row its single decode's "
+            "logits; a GPU's batched kernels can break a near-tie differently)"
         )
     return fast, fast_text
 

@@ -44,7 +44,6 @@ __all__ = [
     "StateSizeChangedError",
     "StateUnavailableError",
     "ThreadAffinityError",
-    "ThreadCountError",
     "TruncatedCheckpointError",
     "UnknownStatusError",
     "UnsupportedVersionError",
@@ -237,19 +236,6 @@ class ConfigMismatchError(CheckpointError):
     field: str
     checkpoint: str
     generator: str
-
-
-class ThreadCountError(ConfigMismatchError):
-    """The checkpoint records more threads than the CPUs available, and the caller named none.
-
-    Fields ``recorded`` and ``available`` (and, as a ``ConfigMismatchError``,
-    ``field`` ``"n_threads"``, ``checkpoint`` and ``generator``). Pass
-    ``n_threads`` (``--threads``) to restore it: a count other than the
-    recorded one continues exactly only up to near-ties.
-    """
-
-    recorded: int
-    available: int
 
 
 class AllocationLimitError(ConfigMismatchError):

@@ -17,9 +17,10 @@ What each mode guarantees:
 
 * Greedy decoding (``temperature=0``, the default): every committed token is
   the target's own argmax at verification, so every mode commits the tokens
-  ``none`` mode does -- up to llama.cpp's batch-shape numerics: a token
-  verified inside a batch and the same token decoded alone can get logits
-  that differ by ~0.1, which flips the choice only at near-ties.
+  ``none`` mode does, token for token: on the CPU, specstate's llama.cpp
+  patch gives a row verified inside a batch the logits, bit for bit, of the
+  same token decoded alone, at any thread count (on a GPU, batched kernels
+  can part at near-ties).
 * Seeded sampling (``temperature > 0``, ``top_k``, ``top_p``, ``seed``):
   drafts are verified by speculative rejection sampling (the draft model's
   distribution in ``draft`` mode, a point mass on the drafted token in the
@@ -29,7 +30,8 @@ What each mode guarantees:
   seed.
 * Every mode: a checkpoint taken between rounds resumes bit for bit -- the
   continuation equals the uninterrupted run token for token, in any process
-  that has the same model files. The RNG state is part of the checkpoint.
+  that has the same model files, at any thread count. The RNG state is part
+  of the checkpoint.
 """
 
 from __future__ import annotations
@@ -137,9 +139,9 @@ class Generator:
         that does not start as a checkpoint is refused from its first bytes.
 
         ``n_threads`` defaults to the thread count the checkpoint was taken
-        with: llama.cpp's batched verification sums in an order that depends
-        on it, so another count continues exactly only up to near-ties (0: the
-        CPUs available). A recorded count above the CPUs raises ``ThreadCountError``.
+        with, at most the CPUs available (0: the CPUs available). Any count
+        continues exactly: on the CPU a verified row gets its single-token
+        decode's logits bit for bit whatever the thread count.
         """
         generator = cls.__new__(cls)
         generator._native = _native.Generator.restore(

@@ -66,7 +66,6 @@ pub(crate) mod classes {
         StateSizeChangedError,
         StateUnavailableError,
         ThreadAffinityError,
-        ThreadCountError,
         TruncatedCheckpointError,
         UnknownStatusError,
         UnsupportedVersionError,
@@ -236,10 +235,6 @@ fn checkpoint_fields<'py>(
             fields.set_item("generator", generator)?;
             c::ConfigMismatchError::type_object(py)
         }
-        E::ExcessiveThreads {
-            recorded,
-            available,
-        } => thread_count_fields(py, &fields, *recorded, *available)?,
         E::ExcessiveAllocation {
             field,
             value,
@@ -256,24 +251,6 @@ fn checkpoint_fields<'py>(
         }
     };
     Ok((class, fields))
-}
-
-/// `ThreadCountError`'s fields: its own, and those of a `ConfigMismatchError`.
-fn thread_count_fields<'py>(
-    py: Python<'py>,
-    fields: &Bound<'py, PyDict>,
-    recorded: u32,
-    available: u32,
-) -> PyResult<Bound<'py, pyo3::types::PyType>> {
-    fields.set_item("field", "n_threads")?;
-    fields.set_item("checkpoint", recorded.to_string())?;
-    fields.set_item(
-        "generator",
-        format!("at most {available} (the CPUs available)"),
-    )?;
-    fields.set_item("recorded", recorded)?;
-    fields.set_item("available", available)?;
-    Ok(classes::ThreadCountError::type_object(py))
 }
 
 impl From<CheckpointError> for PyErr {

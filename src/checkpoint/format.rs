@@ -152,20 +152,6 @@ pub enum CheckpointError {
         /// Value in the generator.
         generator: String,
     },
-    /// The checkpoint records more threads than the CPUs available, and the
-    /// caller gave no thread count.
-    #[error(
-        "the checkpoint was decoded with {recorded} threads (meta.n_threads), more than the \
-         {available} CPUs available here: pass the thread count explicitly to restore it \
-         (n_threads=, --threads on the command line; 0: the CPUs available), knowing that a \
-         count other than the recorded one continues exactly only up to near-ties"
-    )]
-    ExcessiveThreads {
-        /// The thread count in the checkpoint.
-        recorded: u32,
-        /// The CPUs this process may run on.
-        available: u32,
-    },
     /// The checkpoint's configuration would make a restore allocate more than
     /// its limits: compute buffers for more rows per pass than `max_n_batch`
     /// (by default [`DEFAULT_MAX_N_BATCH`](crate::checkpoint::DEFAULT_MAX_N_BATCH)), or, on a

@@ -147,22 +147,13 @@ impl Meta {
     }
 
     /// The runtime options a restore uses unless the caller gives others:
-    /// the recorded thread count (0, the CPUs available, if none is recorded).
-    /// A file may not push the thread count past the `available` CPUs: a
-    /// larger recorded count is refused ([`CheckpointError::ExcessiveThreads`]),
-    /// and the caller chooses a count instead.
-    pub fn recorded_runtime(
-        &self,
-        available: u32,
-    ) -> Result<crate::settings::RuntimeOptions, CheckpointError> {
-        match self.n_threads {
-            Some(recorded) if recorded > available => Err(CheckpointError::ExcessiveThreads {
-                recorded,
-                available,
-            }),
-            recorded => Ok(crate::settings::RuntimeOptions {
-                n_threads: recorded.map_or(0, |n| n as i32),
-            }),
+    /// the recorded thread count, at most the `available` CPUs (a file may
+    /// not push the count past them), or 0 (the CPUs available) if none is
+    /// recorded. The count changes speed only: verification is exact at any
+    /// count (specstate's llama.cpp patch), so the continuation is the same.
+    pub fn recorded_runtime(&self, available: u32) -> crate::settings::RuntimeOptions {
+        crate::settings::RuntimeOptions {
+            n_threads: self.n_threads.map_or(0, |n| n.min(available.max(1)) as i32),
         }
     }
 
