@@ -116,7 +116,7 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         help="threads (0: the CPUs available; default: all of them for a new generation, "
-        "the checkpoint's own count for a resumed one, which must not exceed the CPUs available)",
+        "the checkpoint's own count, at most the CPUs available, for a resumed one: any count continues exactly)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
 
     _add_chat_parser(commands)
+    _add_serve_parser(commands)
 
     bench = commands.add_parser("bench", help="run the quick benchmark suite and print the table")
     bench.add_argument("--threads", type=int, default=2)
@@ -194,12 +195,32 @@ def _add_chat_parser(commands: Any) -> None:
     chat.add_argument(
         "--threads",
         type=int,
-        help="threads (0: the CPUs available; default: all, or the checkpoint's count if no more than the CPUs)",
+        help="threads (0: the CPUs available; default: all, or the checkpoint's count, at most the CPUs)",
     )
     chat.add_argument("--quiet", action="store_true", help="no status line")
     _add_max_n_batch(chat)
     _add_mmap(chat)
     _add_sampling(chat)
+
+
+def _add_serve_parser(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the server extra)")
+    serve.add_argument("--model", type=Path, required=True, help="target GGUF model")
+    serve.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
+    serve.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
+    serve.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
+    serve.add_argument("--n-ctx", type=int, default=4096, help="context length of each slot (default 4096)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--slots", type=int, default=1, help="generations run at once (default 1)")
+    serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot (default 16)")
+    serve.add_argument("--max-tokens", type=int, default=4096, help="most tokens a request may ask for")
+    serve.add_argument("--threads", type=int, default=0, help="threads per slot (0: the CPUs shared out)")
+    serve.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")
+    serve.add_argument("--model-name", help="the model name clients use (default: the file's name)")
+    serve.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' (default: $SPECSTATE_API_KEY, else no key)"
+    )
 
 
 def _load(path: Path, what: str, use_mmap: bool = False) -> Model:
@@ -257,6 +278,15 @@ RANGES: dict[str, tuple[_Range, ...]] = {
     "resume": _OUTPUT_RANGES,
     "chat": (_Range("max_tokens", 1), _Range("threads", 0, I32_MAX), *_SETTING_RANGES),
     "bench": (_Range("threads", 1, I32_MAX), _Range("runs", 1)),
+    "serve": (
+        _Range("n_ctx", 2, U32_MAX),
+        _Range("n_draft", 1, U32_MAX),
+        _Range("port", 0, 65535),
+        _Range("slots", 1, 64),
+        _Range("queue", 0, 1 << 16),
+        _Range("max_tokens", 1, U32_MAX),
+        _Range("threads", 0, 512),
+    ),
 }
 
 
@@ -539,6 +569,29 @@ def cmd_demo_cluster(args: argparse.Namespace) -> None:
         raise UsageError("the text differed from the uninterrupted run")
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from specstate.server import API_KEY_VARIABLE, ServerConfig, serve
+    except ImportError as error:
+        raise UsageError(f"specstate serve needs the server extra: pip install 'specstate[server]' ({error})") from None
+    config = ServerConfig(
+        model_path=str(args.model),
+        mode=args.mode,
+        draft_model_path=None if args.draft_model is None else str(args.draft_model),
+        n_draft=args.n_draft,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        slots=args.slots,
+        queue=args.queue,
+        max_tokens=args.max_tokens,
+        api_key=args.api_key or os.environ.get(API_KEY_VARIABLE) or None,
+        chat_template=_chat_template(args.template),
+        model_name=args.model_name,
+    )
+    sys.stderr.write(f"specstate serve: http://{args.host}:{args.port}/v1 ({config.name()}, mode {args.mode})\n")
+    serve(config, args.host, args.port)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "generate": cmd_generate,
     "resume": cmd_resume,
@@ -547,6 +600,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "bench": cmd_bench,
     "demo": cmd_demo,
     "demo-cluster": cmd_demo_cluster,
+    "serve": cmd_serve,
 }
 
 

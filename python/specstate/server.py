@@ -1,0 +1,451 @@
+"""``specstate serve``: an OpenAI-compatible HTTP server over :class:`specstate.Llama`.
+
+Starlette under uvicorn: a small, well-kept ASGI stack (the one FastAPI is built
+on) whose streaming responses notice a client that goes away, with no framework
+layer between a request and the model. Endpoints: ``POST /v1/chat/completions``
+and ``POST /v1/completions`` (llama-cpp-python's parameters; ``stream`` as
+server-sent events ending in ``data: [DONE]``), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (Prometheus text).
+
+Slots and a queue: ``slots`` threads each own a :class:`~specstate.Llama` (a
+generator's contexts belong to the thread that made it) and take requests from
+one bounded queue; a full queue answers 429 with ``Retry-After``. A slot prefers
+the waiting chat request whose messages extend the conversation it holds, which
+it continues by decoding only the new messages. A client that disconnects stops
+its generation after the piece being made. The GIL is released in native compute,
+so slots run side by side.
+
+Safety: binds 127.0.0.1 unless told otherwise; an optional API key (``--api-key``
+or ``SPECSTATE_API_KEY``, compared in constant time); bodies and ``max_tokens``
+bounded; a request names only the server's own model; no request field reaches
+the file system; bad JSON and bad parameters are 400 with an OpenAI-shaped error
+body, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specstate._typing import Mode
+from specstate.llama import Llama, UnsupportedParameterError
+
+__all__ = ["ServerConfig", "build_app", "serve"]
+
+#: Largest request body accepted, in bytes.
+MAX_BODY_BYTES = 1 << 20
+#: Environment variable holding the API key when ``--api-key`` is not given.
+API_KEY_VARIABLE = "SPECSTATE_API_KEY"
+#: Seconds a client told 429 is asked to wait.
+RETRY_AFTER_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What ``specstate serve`` runs: the model, how it speculates, slots, queue and limits."""
+
+    model_path: str
+    mode: Mode = "none"
+    draft_model_path: str | None = None
+    n_draft: int = 8
+    n_ctx: int = 2048
+    #: Threads per slot (0: the CPUs available, shared out between the slots).
+    n_threads: int = 0
+    slots: int = 1
+    #: Requests that may wait for a slot; one more is refused with 429.
+    queue: int = 16
+    #: The most tokens one request may ask for (and what a chat without ``max_tokens`` gets at most).
+    max_tokens: int = 4096
+    api_key: str | None = None
+    chat_template: str | None = None
+    #: The model name clients use (by default the file's name).
+    model_name: str | None = None
+
+    def name(self) -> str:
+        """The one model name this server answers to."""
+        return self.model_name or os.path.basename(self.model_path)
+
+    def threads_per_slot(self) -> int:
+        """Threads each slot decodes with: the CPUs shared out when ``n_threads`` is 0."""
+        return self.n_threads or max(1, len(os.sched_getaffinity(0)) // self.slots)
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status and OpenAI error ``type``."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RequestError, (self.status, self.message, self.kind, self.param))
+
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+# --- jobs and slots --------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One request on its way through a slot: what to call, and where its results go."""
+
+    kind: str  # "chat" or "completion"
+    body: dict[str, Any]
+    stream: bool
+    deliver: Callable[[object], None]  # called from the slot thread with each chunk, an exception, or DONE
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def messages(self) -> list[Any]:
+        return list(self.body.get("messages", [])) if self.kind == "chat" else []
+
+
+DONE = object()
+
+
+class Metrics:
+    """Counters for ``/metrics``, updated from the slot threads and the event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.counts: Counter[str] = Counter()
+
+    def add(self, name: str, value: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += value
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def text(self, queued: int, busy: int) -> str:
+        lines = ["# TYPE specstate_requests_total counter"]
+        with self._lock:
+            for (endpoint, status), count in sorted(self.requests.items()):
+                lines.append(f'specstate_requests_total{{endpoint="{endpoint}",status="{status}"}} {count}')
+            for name, value in sorted(self.counts.items()):
+                lines += [f"# TYPE specstate_{name}_total counter", f"specstate_{name}_total {value}"]
+        lines += ["# TYPE specstate_queue_depth gauge", f"specstate_queue_depth {queued}"]
+        lines += ["# TYPE specstate_slots_busy gauge", f"specstate_slots_busy {busy}"]
+        return "\n".join(lines) + "\n"
+
+
+class Scheduler:
+    """The bounded queue the slots take jobs from: a chat that extends a slot's conversation goes to that slot
+    first, any other job to the first idle slot, oldest first."""
+
+    def __init__(self, capacity: int, slots: int) -> None:
+        self.capacity, self.slots = capacity, slots
+        self._jobs: deque[Job] = deque()
+        self._ready = threading.Condition()
+        self.busy = 0
+        self.closed = False
+
+    def submit(self, job: Job) -> None:
+        with self._ready:
+            idle = self.slots - self.busy
+            if len(self._jobs) >= self.capacity + idle:
+                raise RequestError(429, "the server is busy: every slot is taken and the queue is full", "rate_limit")
+            self._jobs.append(job)
+            self._ready.notify_all()
+
+    def take(self, holds: Callable[[Job], bool]) -> Job | None:
+        """The next job for a slot (``holds``: whether the slot holds that job's conversation); None once closed."""
+        with self._ready:
+            while not self._jobs and not self.closed:
+                self._ready.wait()
+            if self.closed:
+                return None
+            job = next((j for j in self._jobs if holds(j)), self._jobs[0])
+            self._jobs.remove(job)
+            self.busy += 1
+            return job
+
+    def finished(self) -> None:
+        with self._ready:
+            self.busy -= 1
+
+    def depth(self) -> int:
+        with self._ready:
+            return len(self._jobs)
+
+    def close(self) -> None:
+        with self._ready:
+            self.closed = True
+            self._ready.notify_all()
+
+
+class Slot(threading.Thread):
+    """A thread that owns one :class:`Llama` and runs jobs to completion, one at a time."""
+
+    def __init__(self, config: ServerConfig, scheduler: Scheduler, metrics: Metrics, loaded: threading.Event) -> None:
+        super().__init__(daemon=True, name="specstate-slot")
+        self.config, self.scheduler, self.metrics, self.loaded = config, scheduler, metrics, loaded
+        self.llama: Llama | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.llama = _load(self.config)
+        except BaseException as error:  # reported by serve() before it listens
+            self.error = error
+            return
+        finally:
+            self.loaded.set()
+        while (job := self.scheduler.take(self._holds)) is not None:
+            try:
+                self._run(job)
+            finally:
+                self.scheduler.finished()
+
+    def _holds(self, job: Job) -> bool:
+        generator = self.llama.chat_generator if self.llama is not None else None
+        if generator is None or job.kind != "chat":
+            return False
+        held = generator.messages
+        return 0 < len(held) < len(job.messages()) and _plain(job.messages()[: len(held)]) == _plain(held)
+
+    def _run(self, job: Job) -> None:
+        assert self.llama is not None
+        try:
+            call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
+            if not job.stream:
+                job.deliver(call(stream=False, **job.body))
+            else:
+                chunks: Iterator[Any] = call(stream=True, **job.body)
+                for chunk in chunks:
+                    job.deliver(chunk)
+                    if job.cancelled.is_set():
+                        chunks.close()  # type: ignore[attr-defined]
+                        self.metrics.add("cancelled_requests")
+                        return
+            self._count(job)
+            job.deliver(DONE)
+        except (TypeError, ValueError, UnsupportedParameterError) as error:
+            job.deliver(RequestError(400, str(error)))
+        except Exception as error:  # the model failed (a full context, say): the client hears it, the slot goes on
+            job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+
+    def _count(self, job: Job) -> None:
+        generator = self.llama.chat_generator if self.llama is not None and job.kind == "chat" else None
+        if generator is not None:
+            self.metrics.add("drafted_tokens", generator.drafted)
+            self.metrics.add("accepted_tokens", generator.accepted)
+
+
+def _plain(messages: list[Any]) -> list[tuple[str, str]]:
+    """Role and text of each message (text parts joined as :class:`Llama` joins them)."""
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            content = "\n".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        out.append((str(message.get("role")) if isinstance(message, Mapping) else "", str(content)))
+    return out
+
+
+def _load(config: ServerConfig) -> Llama:
+    return Llama(
+        config.model_path,
+        n_ctx=config.n_ctx,
+        n_threads=config.threads_per_slot(),
+        mode=config.mode,
+        draft_model_path=config.draft_model_path,
+        n_draft=config.n_draft,
+        chat_template=config.chat_template,
+        seed=-1,
+    )
+
+
+# --- HTTP ------------------------------------------------------------------------------------------
+
+
+class Server:
+    """The application's state: configuration, slots, queue, metrics."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(config.queue, config.slots)
+        self.slots: list[Slot] = []
+        self.started = int(time.time())
+
+    def start(self) -> None:
+        """Start the slots and wait until each has loaded its model (raising the first failure)."""
+        for _ in range(self.config.slots):
+            loaded = threading.Event()
+            slot = Slot(self.config, self.scheduler, self.metrics, loaded)
+            slot.start()
+            loaded.wait()
+            if slot.error is not None:
+                self.scheduler.close()
+                raise slot.error
+            self.slots.append(slot)
+
+    def stop(self) -> None:
+        self.scheduler.close()
+
+    def authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise RequestError(401, "a valid API key is needed (Authorization: Bearer ...)", "authentication_error")
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object, read up to :data:`MAX_BODY_BYTES`; the model checked and removed."""
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > MAX_BODY_BYTES:
+                raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise RequestError(400, f"the body is not valid JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body must be a JSON object")
+        return self._checked(body)
+
+    def _checked(self, body: dict[str, Any]) -> dict[str, Any]:
+        model = body.pop("model", None)
+        if model is not None and model != self.config.name():
+            raise RequestError(
+                404,
+                f"the model {model!r} does not exist; this server has {self.config.name()!r}",
+                "invalid_request_error",
+                "model",
+            )
+        n = body.pop("n", 1)
+        if n != 1 or isinstance(n, bool):
+            raise RequestError(400, "n must be 1: one choice per request", param="n")
+        body.pop("user", None)  # OpenAI's end-user id: nothing to do with it
+        body.pop("stream_options", None)
+        limit = self.config.max_tokens
+        tokens = body.get("max_tokens", body.pop("max_completion_tokens", None))
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > limit:
+            raise RequestError(400, f"max_tokens must be at most {limit}, not {tokens}", param="max_tokens")
+        body["max_tokens"] = limit if tokens is None else tokens
+        return body
+
+
+def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
+    """The ASGI application and its state (the slots start with the application)."""
+    server = Server(config)
+
+    async def completions(request: Request, kind: str, endpoint: str) -> Response:
+        try:
+            server.authorize(request)
+            body = await server.body(request)
+            stream = body.pop("stream", False)
+            if not isinstance(stream, bool):
+                raise RequestError(400, "stream must be a boolean", param="stream")
+            response = await _answer(server, kind, body, stream)
+        except RequestError as error:
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
+            server.metrics.request(endpoint, error.status)
+            return error.response(headers)
+        server.metrics.request(endpoint, 200)
+        return response
+
+    async def chat(request: Request) -> Response:
+        return await completions(request, "chat", "chat")
+
+    async def completion(request: Request) -> Response:
+        return await completions(request, "completion", "completions")
+
+    async def models(request: Request) -> Response:
+        try:
+            server.authorize(request)
+        except RequestError as error:
+            return error.response()
+        entry = {"id": server.config.name(), "object": "model", "created": server.started, "owned_by": "specstate"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "slots": len(server.slots)})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(server.metrics.text(server.scheduler.depth(), server.scheduler.busy))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(server.start)
+        try:
+            yield
+        finally:
+            server.stop()
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completion, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan), server
+
+
+async def _answer(server: Server, kind: str, body: dict[str, Any], stream: bool) -> Response:
+    """Queue the job, wait for its first result (so a refusal is an error status), then answer."""
+    loop = asyncio.get_running_loop()
+    results: asyncio.Queue[object] = asyncio.Queue()
+
+    def deliver(item: object) -> None:
+        loop.call_soon_threadsafe(results.put_nowait, item)
+
+    job = Job(kind, body, stream, deliver)
+    server.scheduler.submit(job)
+    first = await results.get()
+    if isinstance(first, RequestError):
+        raise first
+    if stream:
+        return StreamingResponse(_events(job, first, results, server), media_type="text/event-stream")
+    return JSONResponse(first)
+
+
+async def _events(job: Job, first: object, results: asyncio.Queue[object], server: Server) -> AsyncIterator[str]:
+    """Server-sent events: each chunk as ``data: {json}``, then ``data: [DONE]``; a client gone cancels the job."""
+    item = first
+    try:
+        while item is not DONE:
+            if isinstance(item, RequestError):
+                yield _event({"error": {"message": item.message, "type": item.kind}})
+                break
+            server.metrics.add("chunks")
+            yield _event(item)
+            item = await results.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancelled.set()  # a no-op once the job is done; else the client went away
+
+
+def _event(payload: object) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the server until interrupted."""
+    import uvicorn
+
+    app, _ = build_app(config)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,202 @@
+"""``specstate serve``: the real ``openai`` client against a live server on loopback, over the tiny model."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import openai
+import pytest
+import uvicorn
+from openai.types.chat import ChatCompletionMessageParam
+
+import models
+from specstate import Generator, Model
+from specstate.server import ServerConfig, build_app
+from test_chat import TINY_TEMPLATE
+
+KEY = "test-key"
+MODEL = "tiny.gguf"
+N_CTX = 512
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return models.build_llama(tmp_path_factory.mktemp("server") / "tiny.gguf", chat_template=TINY_TEMPLATE)
+
+
+class Live:
+    """A server running in a thread of this process, on a free loopback port."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.app, self.state = build_app(config)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0, timeout=60)
+
+    def get(self, path: str) -> tuple[int, str]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection.request("GET", path, headers={"Authorization": f"Bearer {KEY}"})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+
+    def post(self, path: str, body: bytes, key: str = KEY) -> tuple[int, dict[str, object], dict[str, str]]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read()), dict(response.getheaders())
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def config(path: Path, **changes: object) -> ServerConfig:
+    base = ServerConfig(model_path=str(path), mode="ngram", n_ctx=N_CTX, n_threads=1, slots=1, api_key=KEY)
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def live(tiny_chat: Path) -> Iterator[Live]:
+    server = Live(config(tiny_chat, slots=2))
+    yield server
+    server.stop()
+
+
+def plain_reply(path: Path, messages: list[ChatCompletionMessageParam], max_tokens: int) -> str:
+    """The same greedy reply from a Generator in this process (mode none)."""
+    generator = Generator(Model(path), n_ctx=N_CTX, n_threads=1)
+    return generator.chat(
+        [{"role": m["role"], "content": str(m.get("content"))} for m in messages], max_tokens=max_tokens
+    )
+
+
+def test_chat_completions_streamed_and_not_equal_plain_greedy(live: Live, tiny_chat: Path) -> None:
+    client = live.client()
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    assert whole.object == "chat.completion" and whole.choices[0].finish_reason in ("stop", "length")
+    text = whole.choices[0].message.content
+    assert text == plain_reply(tiny_chat, messages, 24)  # speculation (ngram) changes nothing
+    assert whole.usage is not None and whole.usage.completion_tokens > 0
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0, stream=True)
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_a_follow_up_turn_continues_the_held_conversation(live: Live, tiny_chat: Path) -> None:
+    client = live.client()
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""}]
+    messages += [{"role": "user", "content": "Go on."}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    assert second.choices[0].message.content
+    held = [slot.llama.chat_generator for slot in live.state.slots if slot.llama is not None]
+    assert any(g is not None and len(g.messages) == 4 for g in held)  # continued, not re-sent twice
+
+
+def test_completions_and_models(live: Live) -> None:
+    client = live.client()
+    completion = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0)
+    assert completion.object == "text_completion" and completion.choices[0].text
+    streamed = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == completion.choices[0].text
+    assert [m.id for m in client.models.list()] == [MODEL]
+    status, health = live.get("/health")
+    assert status == 200 and json.loads(health)["status"] == "ok"
+    status, metrics = live.get("/metrics")
+    assert status == 200 and 'specstate_requests_total{endpoint="completions",status="200"}' in metrics
+
+
+def test_errors_are_openai_shaped(live: Live) -> None:
+    client = live.client()
+    with pytest.raises(openai.AuthenticationError):
+        live.client("wrong").chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], top_p=3.0)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=10**9)
+    for body in (b"{not json", b"[1, 2]", json.dumps({"prompt": "x", "max_tokens": 2, "bogus": 1}).encode()):
+        status, error, _ = live.post("/v1/completions", body)
+        assert status == 400 and {"message", "type"} <= set(error["error"])  # type: ignore[call-overload]
+    status, error, _ = live.post("/v1/completions", b"x" * (2 << 20))
+    assert status == 413
+
+
+def test_a_full_queue_answers_429_and_a_client_that_leaves_stops_its_generation(tiny_chat: Path) -> None:
+    server = Live(config(tiny_chat, slots=1, queue=0, n_ctx=4096))
+    try:
+        long = json.dumps({"prompt": "Once upon a time", "max_tokens": 4000, "stream": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        request = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(long)}\r\n\r\n"
+        )
+        sock.sendall(request.encode() + long)
+        received = b""
+        while b"data: " not in received:  # streaming: the only slot is busy
+            part = sock.recv(65536)
+            assert part, received
+            received += part
+        status, error, headers = server.post("/v1/completions", json.dumps({"prompt": "x"}).encode())
+        assert status == 429 and headers.get("retry-after") == "1" and "busy" in str(error)
+        sock.close()  # the client leaves: its generation stops, the slot frees
+        deadline = time.monotonic() + 60
+        while server.state.scheduler.busy:
+            assert time.monotonic() < deadline, "the abandoned generation kept its slot"
+            time.sleep(0.05)
+        assert "specstate_cancelled_requests_total 1" in server.get("/metrics")[1]
+        reply = server.client().completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=0)
+        assert reply.choices[0].text is not None
+    finally:
+        server.stop()
+
+
+def test_the_command_line_serves_until_interrupted(tiny_chat: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "specstate", "serve", "--model", str(tiny_chat), "--port", str(port)]
+    process = subprocess.Popen([*command, "--threads", "1", "--n-ctx", "256"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, "specstate serve did not come up"
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.request("GET", "/health")
+                if connection.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert client.completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0).choices[0].text
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert f"http://127.0.0.1:{port}/v1" in stderr
