@@ -116,6 +116,33 @@ def test_a_follow_up_turn_continues_the_held_conversation(live: Live, tiny_chat:
     assert any(g is not None and len(g.messages) == 4 for g in held)  # continued, not re-sent twice
 
 
+def test_a_restarted_server_continues_a_conversation_from_its_cache_directory(tiny_chat: Path, tmp_path: Path) -> None:
+    cached = config(tiny_chat, cache_dir=str(tmp_path / "cache"))
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story."}]
+    first_server = Live(cached)
+    try:
+        first = first_server.client().chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0
+        )
+    finally:
+        first_server.stop()
+    assert len(list((tmp_path / "cache").glob("*.ckpt"))) == 1  # flushed to the directory at shutdown
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""}]
+    messages += [{"role": "user", "content": "Go on."}]
+    second_server = Live(cached)
+    try:
+        second = second_server.client().chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0
+        )
+        assert "specstate_conversations_restored_total 1" in second_server.get("/metrics")[1]
+    finally:
+        second_server.stop()
+    generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=N_CTX, n_threads=1)  # the same turns in one process
+    assert generator.chat("Tell me a story.", max_tokens=12) == first.choices[0].message.content
+    assert generator.chat("Go on.", max_tokens=12) == second.choices[0].message.content
+    assert second.usage is not None and second.usage.prompt_tokens == len(generator.prompt_tokens)
+
+
 def test_completions_and_models(live: Live) -> None:
     client = live.client()
     completion = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0)

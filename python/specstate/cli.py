@@ -218,6 +218,10 @@ def _add_serve_parser(commands: Any) -> None:
     serve.add_argument("--threads", type=int, default=0, help="threads per slot (0: the CPUs shared out)")
     serve.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")
     serve.add_argument("--model-name", help="the model name clients use (default: the file's name)")
+    serve.add_argument("--cache-dir", type=Path, help="keep conversation checkpoints here across restarts")
+    serve.add_argument(
+        "--cache-mib", type=int, default=1024, help="MiB of conversation checkpoints kept in memory (default 1024)"
+    )
     serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' (default: $SPECSTATE_API_KEY, else no key)"
     )
@@ -286,6 +290,7 @@ RANGES: dict[str, tuple[_Range, ...]] = {
         _Range("queue", 0, 1 << 16),
         _Range("max_tokens", 1, U32_MAX),
         _Range("threads", 0, 512),
+        _Range("cache_mib", 0, 1 << 20),
     ),
 }
 
@@ -587,6 +592,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_key=args.api_key or os.environ.get(API_KEY_VARIABLE) or None,
         chat_template=_chat_template(args.template),
         model_name=args.model_name,
+        cache_bytes=args.cache_mib << 20,
+        cache_dir=None if args.cache_dir is None else str(args.cache_dir),
     )
     sys.stderr.write(f"specstate serve: http://{args.host}:{args.port}/v1 ({config.name()}, mode {args.mode})\n")
     serve(config, args.host, args.port)

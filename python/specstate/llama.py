@@ -473,6 +473,21 @@ class Llama:
         """The generator of the conversation the next chat call can continue (None before a chat call)."""
         return None if self._conversation is None else self._conversation.generator
 
+    def restore_chat(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
+        """Continue a saved chat: ``checkpoint`` (bytes, or a file) of a :attr:`chat_generator` is restored with
+        this object's models and thread count and becomes the conversation the next chat call continues when
+        its messages extend it with the sampling parameters the checkpoint records. Returns the generator."""
+        settings = self._settings
+        generator = Generator.restore(
+            checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
+        )
+        if not generator.messages:
+            raise ValueError("the checkpoint holds a generation started with a prompt, not a chat")
+        config = generator.config
+        sampling = _Sampling(config["temperature"], config["top_k"], config["top_p"], config["seed"])
+        self._conversation = _Conversation(generator, sampling)
+        return generator
+
     # --- completions -----------------------------------------------------------------------------
 
     @overload

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import os
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -41,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specstate import _files
 from specstate._typing import Mode
 from specstate.llama import Llama, UnsupportedParameterError
 
@@ -74,6 +77,12 @@ class ServerConfig:
     chat_template: str | None = None
     #: The model name clients use (by default the file's name).
     model_name: str | None = None
+    #: Bytes of conversation checkpoints kept in memory (least recently used evicted, to the directory if any).
+    cache_bytes: int = 1 << 30
+    #: A directory keeping conversation checkpoints across restarts (None: memory only).
+    cache_dir: str | None = None
+    #: Bytes of conversation checkpoints kept in ``cache_dir``.
+    cache_dir_bytes: int = 8 << 30
 
     def name(self) -> str:
         """The one model name this server answers to."""
@@ -97,6 +106,84 @@ class RequestError(Exception):
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
         return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+# --- conversations that come back -----------------------------------------------------------------
+
+
+def conversation_key(messages: list[tuple[str, str]]) -> str:
+    """The cache key of a conversation: the SHA-256 of its roles and texts."""
+    return hashlib.sha256(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
+
+
+class ConversationCache:
+    """Checkpoints of finished chat turns, by the conversation they hold (its messages, the reply included).
+
+    In memory up to ``memory_bytes``, the least recently used moved to ``directory`` when there is one (up to
+    ``directory_bytes``, the least recently used file removed), else dropped. A directory's files are found
+    again by a restarted server: ``<key>.ckpt``, written atomically, read back only as checkpoints."""
+
+    def __init__(self, memory_bytes: int, directory: str | None = None, directory_bytes: int = 0) -> None:
+        self.memory_bytes, self.directory_bytes = memory_bytes, directory_bytes
+        self.directory = None if directory is None else Path(directory)
+        self._lock = threading.Lock()
+        self._memory: OrderedDict[str, bytes] = OrderedDict()
+        self._files: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently used first
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            found = sorted(self.directory.glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
+            for path in found:
+                if path.is_file() and len(path.stem) == 64:
+                    self._files[path.stem] = path.stat().st_size
+
+    def put(self, messages: list[tuple[str, str]], checkpoint: bytes) -> None:
+        key = conversation_key(messages)
+        with self._lock:
+            self._memory[key] = checkpoint
+            self._memory.move_to_end(key)
+            while sum(len(data) for data in self._memory.values()) > self.memory_bytes and self._memory:
+                old, data = self._memory.popitem(last=False)
+                self._spill(old, data)
+
+    def get(self, messages: list[tuple[str, str]]) -> bytes | None:
+        key = conversation_key(messages)
+        with self._lock:
+            if key in self._memory:
+                self._memory.move_to_end(key)
+                return self._memory[key]
+            if key not in self._files or self.directory is None:
+                return None
+            self._files.move_to_end(key)
+            path = self.directory / f"{key}.ckpt"
+        try:
+            return _files.read_checkpoint(path)
+        except Exception:  # removed or damaged behind the server's back: as if never cached
+            return None
+
+    def longest(self, messages: list[tuple[str, str]]) -> tuple[int, bytes] | None:
+        """The longest cached conversation that ``messages`` extend (it ends with a reply): its length and bytes."""
+        for end in range(len(messages) - 1, 0, -1):
+            if messages[end - 1][0] == "assistant" and (data := self.get(messages[:end])) is not None:
+                return end, data
+        return None
+
+    def _spill(self, key: str, data: bytes) -> None:
+        if self.directory is None or len(data) > self.directory_bytes:
+            return
+        _files.replace_atomically(self.directory / f"{key}.ckpt", data, 0o600)
+        self._files[key] = len(data)
+        self._files.move_to_end(key)
+        while sum(self._files.values()) > self.directory_bytes:
+            old, _ = self._files.popitem(last=False)
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / f"{old}.ckpt").unlink()
+
+    def flush(self) -> None:
+        """Move every checkpoint held in memory to the directory (at shutdown, so a restart finds them)."""
+        with self._lock:
+            while self._memory:
+                key, data = self._memory.popitem(last=False)
+                self._spill(key, data)
 
 
 # --- jobs and slots --------------------------------------------------------------------------------
@@ -195,9 +282,10 @@ class Scheduler:
 class Slot(threading.Thread):
     """A thread that owns one :class:`Llama` and runs jobs to completion, one at a time."""
 
-    def __init__(self, config: ServerConfig, scheduler: Scheduler, metrics: Metrics, loaded: threading.Event) -> None:
+    def __init__(self, server: Server, loaded: threading.Event) -> None:
         super().__init__(daemon=True, name="specstate-slot")
-        self.config, self.scheduler, self.metrics, self.loaded = config, scheduler, metrics, loaded
+        self.config, self.scheduler, self.metrics = server.config, server.scheduler, server.metrics
+        self.cache, self.loaded = server.cache, loaded
         self.llama: Llama | None = None
         self.error: BaseException | None = None
 
@@ -224,6 +312,8 @@ class Slot(threading.Thread):
 
     def _run(self, job: Job) -> None:
         assert self.llama is not None
+        if job.kind == "chat" and not self._holds(job):
+            self._restore_cached(job)
         try:
             call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
             if not job.stream:
@@ -244,13 +334,28 @@ class Slot(threading.Thread):
             job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
 
     def _count(self, job: Job) -> None:
+        """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""
         generator = self.llama.chat_generator if self.llama is not None and job.kind == "chat" else None
         if generator is not None:
             self.metrics.add("drafted_tokens", generator.drafted)
             self.metrics.add("accepted_tokens", generator.accepted)
+            self.cache.put(_plain(generator.messages), generator.checkpoint())
+            self.metrics.add("conversations_cached")
+
+    def _restore_cached(self, job: Job) -> None:
+        """Continue the longest cached conversation that the job's messages extend, if there is one."""
+        assert self.llama is not None
+        found = self.cache.longest(_plain(job.messages()))
+        if found is None:
+            return
+        try:
+            self.llama.restore_chat(found[1])
+        except Exception:  # a checkpoint of another build or model: the turn is decoded from its messages
+            return
+        self.metrics.add("conversations_restored")
 
 
-def _plain(messages: list[Any]) -> list[tuple[str, str]]:
+def _plain(messages: Sequence[Any]) -> list[tuple[str, str]]:
     """Role and text of each message (text parts joined as :class:`Llama` joins them)."""
     out = []
     for message in messages:
@@ -284,6 +389,7 @@ class Server:
         self.config = config
         self.metrics = Metrics()
         self.scheduler = Scheduler(config.queue, config.slots)
+        self.cache = ConversationCache(config.cache_bytes, config.cache_dir, config.cache_dir_bytes)
         self.slots: list[Slot] = []
         self.started = int(time.time())
 
@@ -291,7 +397,7 @@ class Server:
         """Start the slots and wait until each has loaded its model (raising the first failure)."""
         for _ in range(self.config.slots):
             loaded = threading.Event()
-            slot = Slot(self.config, self.scheduler, self.metrics, loaded)
+            slot = Slot(self, loaded)
             slot.start()
             loaded.wait()
             if slot.error is not None:
@@ -301,6 +407,7 @@ class Server:
 
     def stop(self) -> None:
         self.scheduler.close()
+        self.cache.flush()
 
     def authorize(self, request: Request) -> None:
         key = self.config.api_key
