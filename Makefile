@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -21,6 +21,11 @@ demo: develop
 # A generation moving between two Ray workers and surviving a worker kill (Ray is in requirements-dev.txt).
 demo-cluster: develop
 	$(BIN)/specstate demo-cluster
+
+# specstate serve on SmolLM2: a streamed chat parked for an urgent request and resumed, compared with the
+# uninterrupted reply (Starlette and uvicorn are in requirements-dev.txt).
+demo-serve: develop
+	$(BIN)/specstate demo-serve
 
 test: develop lint test-rust test-python typecheck
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -227,3 +228,75 @@ def test_the_command_line_serves_until_interrupted(tiny_chat: Path) -> None:
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     assert f"http://127.0.0.1:{port}/v1" in stderr
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["in-memory", "spilled"])
+def test_a_higher_priority_request_parks_a_running_stream_that_then_resumes_exactly(
+    tiny_chat: Path, tmp_path: Path, spill: bool
+) -> None:
+    """The parked reply's checkpoint stays in memory, or (beyond ``parked_bytes``) goes to the spill directory."""
+    spilling = {"parked_bytes": 0, "spill_dir": str(tmp_path / "spill")} if spill else {}
+    server = Live(config(tiny_chat, slots=1, queue=4, n_ctx=4096, **spilling))
+    try:
+        client = server.client()
+        story: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
+        chunks: list[str] = []
+
+        def low() -> None:
+            stream = client.chat.completions.create(
+                model=MODEL, messages=story, max_tokens=3000, temperature=0, stream=True
+            )
+            chunks.extend(c.choices[0].delta.content or "" for c in stream)
+
+        reader = threading.Thread(target=low)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while len(chunks) < 20:
+            assert time.monotonic() < deadline and reader.is_alive(), "the low-priority stream did not start"
+            time.sleep(0.01)
+        urgent = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Quick!"}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"priority": 10},
+        )
+        assert urgent.choices[0].message.content and reader.is_alive()  # served while the long one was parked
+        reader.join(timeout=120)
+        metrics = server.get("/metrics")[1]
+        assert "specstate_preemptions_total 1" in metrics and "specstate_parked_bytes 0" in metrics
+        assert f"specstate_spilled_checkpoints_total {int(spill)}" in metrics
+    finally:
+        server.stop()
+    if spill:
+        assert (tmp_path / "spill").is_dir() and not list((tmp_path / "spill").iterdir())  # read back, removed
+    generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
+    assert "".join(chunks) == generator.chat("Tell me a long story.", max_tokens=3000)  # no gap, no duplicate
+
+
+def test_served_from_ray_workers_a_stream_survives_its_workers_death(tiny_chat: Path) -> None:
+    """``--ray-workers``: generations on a pool; killing the worker of a running stream, the pool recovers the
+    generation from its last checkpoint on the other worker and the client's text is the uninterrupted reply."""
+    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, max_tokens=3000))
+    try:
+        client = server.client()
+        story: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
+        stream = client.chat.completions.create(
+            model=MODEL, messages=story, max_tokens=1500, temperature=0, stream=True
+        )
+        driver = server.state.driver
+        assert driver is not None
+        pieces = []
+        for chunk in stream:
+            pieces.append(chunk.choices[0].delta.content or "")
+            if len(pieces) == 40:
+                (active,) = driver._active
+                os.kill(driver.pool.worker_pid(driver.pool.worker_of(active.handle)), signal.SIGKILL)
+        with pytest.raises(openai.BadRequestError, match="stop"):
+            client.chat.completions.create(model=MODEL, messages=story, max_tokens=4, stop=["x"])
+        stats = driver.pool.stats(active.handle)
+    finally:
+        server.stop()
+    assert stats.recoveries == 1 and stats.divergences == 0
+    generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
+    assert "".join(pieces) == generator.chat("Tell me a long story.", max_tokens=1500)

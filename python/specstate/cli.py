@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("demo", help="speculate, checkpoint half-way, resume in a new process, compare")
     commands.add_parser(
+        "demo-serve", help="a streamed chat parked for an urgent request and resumed exactly (needs the server extra)"
+    )
+    commands.add_parser(
         "demo-cluster", help="a generation moves between two Ray workers and survives a kill (needs the ray extra)"
     )
     return parser
@@ -222,6 +225,14 @@ def _add_serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--cache-mib", type=int, default=1024, help="MiB of conversation checkpoints kept in memory (default 1024)"
     )
+    serve.add_argument(
+        "--parked-mib", type=int, default=1024, help="MiB of parked replies' checkpoints kept in memory (default 1024)"
+    )
+    serve.add_argument("--spill-dir", type=Path, help="parked replies' checkpoints beyond --parked-mib go here")
+    serve.add_argument(
+        "--ray-workers", type=int, default=0, metavar="N", help="serve from N Ray workers (needs the ray extra)"
+    )
+    serve.add_argument("--ray-address", help="the Ray cluster to join (default: a local instance)")
     serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' (default: $SPECSTATE_API_KEY, else no key)"
     )
@@ -291,6 +302,8 @@ RANGES: dict[str, tuple[_Range, ...]] = {
         _Range("max_tokens", 1, U32_MAX),
         _Range("threads", 0, 512),
         _Range("cache_mib", 0, 1 << 20),
+        _Range("parked_mib", 0, 1 << 20),
+        _Range("ray_workers", 0, 1024),
     ),
 }
 
@@ -565,6 +578,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo()
 
 
+def cmd_demo_serve(args: argparse.Namespace) -> None:
+    try:
+        from specstate.serve_demo import run_serve_demo
+    except ImportError as error:
+        raise UsageError(f"demo-serve needs the server extra: pip install 'specstate[server]' ({error})") from error
+    if not run_serve_demo():
+        raise UsageError("the resumed stream differed from the uninterrupted reply")
+
+
 def cmd_demo_cluster(args: argparse.Namespace) -> None:
     try:
         from specstate.cluster_demo import run_cluster_demo
@@ -594,6 +616,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         model_name=args.model_name,
         cache_bytes=args.cache_mib << 20,
         cache_dir=None if args.cache_dir is None else str(args.cache_dir),
+        parked_bytes=args.parked_mib << 20,
+        spill_dir=None if args.spill_dir is None else str(args.spill_dir),
+        ray_workers=args.ray_workers,
+        ray_address=args.ray_address,
     )
     sys.stderr.write(f"specstate serve: http://{args.host}:{args.port}/v1 ({config.name()}, mode {args.mode})\n")
     serve(config, args.host, args.port)
@@ -607,6 +633,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "bench": cmd_bench,
     "demo": cmd_demo,
     "demo-cluster": cmd_demo_cluster,
+    "demo-serve": cmd_demo_serve,
     "serve": cmd_serve,
 }
 

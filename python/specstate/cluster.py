@@ -506,6 +506,17 @@ class Pool:
         if tail:
             yield tail
 
+    def take_text(self, handle: Handle) -> str:
+        """The text produced and not yet handed out, without running the pool (a driver that serves several
+        generations pumps itself); it moves the streams' position, as :meth:`stream` does."""
+        return self._take_text(self._generation(handle))
+
+    def _take_text(self, generation: _Generation) -> str:
+        pieces = generation.pieces[generation.handed :]
+        generation.handed += len(pieces)
+        text = "".join(generation.decoder.decode(piece) for piece in pieces)
+        return text + (generation.decoder.decode(b"", final=True) if generation.done else "")
+
     def result(self, handle: Handle) -> str:
         """The whole text, from its start (runs the pool until the generation is over; raises
         :class:`GenerationPreempted` if it is preempted first). The streams' position does not move."""

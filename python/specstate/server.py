@@ -9,11 +9,22 @@ server-sent events ending in ``data: [DONE]``), ``GET /v1/models``,
 
 Slots and a queue: ``slots`` threads each own a :class:`~specstate.Llama` (a
 generator's contexts belong to the thread that made it) and take requests from
-one bounded queue; a full queue answers 429 with ``Retry-After``. A slot prefers
-the waiting chat request whose messages extend the conversation it holds, which
-it continues by decoding only the new messages. A client that disconnects stops
-its generation after the piece being made. The GIL is released in native compute,
-so slots run side by side.
+one bounded queue, the highest ``priority`` first (a request field, an integer,
+default 0); a full queue answers 429 with ``Retry-After``. A client that
+disconnects stops its generation after the piece being made. The GIL is released
+in native compute, so slots run side by side.
+
+Preemption without loss: a request that finds every slot busy, one of them with
+a streamed chat of lower priority, has that reply parked -- checkpointed between
+two chunks, its contexts freed, the checkpoint kept in memory up to
+``parked_bytes`` and then in ``spill_dir`` -- and resumed in the next free slot,
+its stream going on token for token with no gap and no duplicate. A whole
+(non-streamed) answer and a completion run to their end.
+
+Conversations that come back: a finished chat turn's checkpoint is kept in a
+bounded cache (memory, then ``cache_dir``, least recently used evicted; a
+restarted server reads the directory again). A chat whose messages extend a
+conversation a slot holds, or one in the cache, decodes only its new messages.
 
 Safety: binds 127.0.0.1 unless told otherwise; an optional API key (``--api-key``
 or ``SPECSTATE_API_KEY``, compared in constant time); bodies and ``max_tokens``
@@ -26,17 +37,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
 import os
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -45,9 +57,12 @@ from starlette.routing import Route
 
 from specstate import _files
 from specstate._typing import Mode
-from specstate.llama import Llama, UnsupportedParameterError
+from specstate.llama import ChatStream, Llama, ParkedChat, UnsupportedParameterError
 
-__all__ = ["ServerConfig", "build_app", "serve"]
+if TYPE_CHECKING:
+    from specstate.server_ray import PoolDriver
+
+__all__ = ["ServerConfig", "build_app", "running", "serve"]
 
 #: Largest request body accepted, in bytes.
 MAX_BODY_BYTES = 1 << 20
@@ -55,6 +70,8 @@ MAX_BODY_BYTES = 1 << 20
 API_KEY_VARIABLE = "SPECSTATE_API_KEY"
 #: Seconds a client told 429 is asked to wait.
 RETRY_AFTER_SECONDS = 1
+#: The largest ``priority`` a request may give (and the negative of the smallest).
+MAX_PRIORITY = 1000
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,15 @@ class ServerConfig:
     cache_dir: str | None = None
     #: Bytes of conversation checkpoints kept in ``cache_dir``.
     cache_dir_bytes: int = 8 << 30
+    #: Bytes of parked replies' checkpoints kept in memory; beyond them they go to ``spill_dir``, or (without
+    #: one) nothing more is parked.
+    parked_bytes: int = 1 << 30
+    #: A directory for parked replies' checkpoints beyond ``parked_bytes`` (removed when resumed).
+    spill_dir: str | None = None
+    #: Serve from a pool of this many Ray workers (``slots`` generations each) instead of slot threads.
+    ray_workers: int = 0
+    #: The Ray cluster to join (None: a local instance).
+    ray_address: str | None = None
 
     def name(self) -> str:
         """The one model name this server answers to."""
@@ -197,7 +223,21 @@ class Job:
     body: dict[str, Any]
     stream: bool
     deliver: Callable[[object], None]  # called from the slot thread with each chunk, an exception, or DONE
+    #: Higher runs first; a streamed chat of lower priority is parked to make room for a higher one.
+    priority: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Set by the scheduler: park at the next chunk boundary.
+    preempt: threading.Event = field(default_factory=threading.Event)
+    #: The paused reply, while the job waits to be resumed (its checkpoint in ``spilled`` when that is set).
+    parked: ParkedChat | None = None
+    spilled: Path | None = None
+    parked_since: float = 0.0
+    #: When it was submitted (oldest first among equal priorities).
+    order: int = 0
+
+    def preemptible(self) -> bool:
+        """Only a streamed chat is parked (a whole answer or a completion runs to its end)."""
+        return self.kind == "chat" and self.stream
 
     def messages(self) -> list[Any]:
         return list(self.body.get("messages", [])) if self.kind == "chat" else []
@@ -222,7 +262,7 @@ class Metrics:
         with self._lock:
             self.requests[(endpoint, status)] += 1
 
-    def text(self, queued: int, busy: int) -> str:
+    def text(self, queued: int, busy: int, parked_bytes: int) -> str:
         lines = ["# TYPE specstate_requests_total counter"]
         with self._lock:
             for (endpoint, status), count in sorted(self.requests.items()):
@@ -231,27 +271,69 @@ class Metrics:
                 lines += [f"# TYPE specstate_{name}_total counter", f"specstate_{name}_total {value}"]
         lines += ["# TYPE specstate_queue_depth gauge", f"specstate_queue_depth {queued}"]
         lines += ["# TYPE specstate_slots_busy gauge", f"specstate_slots_busy {busy}"]
+        lines += ["# TYPE specstate_parked_bytes gauge", f"specstate_parked_bytes {parked_bytes}"]
         return "\n".join(lines) + "\n"
 
 
 class Scheduler:
-    """The bounded queue the slots take jobs from: a chat that extends a slot's conversation goes to that slot
-    first, any other job to the first idle slot, oldest first."""
+    """The bounded queue the slots take jobs from: the highest priority first, then a chat that extends the
+    slot's conversation, then the oldest. A job that finds every slot busy with a streamed chat of lower
+    priority has the lowest of them parked (checkpointed between two chunks); a parked job waits in the queue
+    with its checkpoint (up to ``parked_bytes`` of them) and resumes token for token in the next free slot."""
 
-    def __init__(self, capacity: int, slots: int) -> None:
-        self.capacity, self.slots = capacity, slots
-        self._jobs: deque[Job] = deque()
+    def __init__(self, capacity: int, slots: int, parked_bytes: int = 1 << 30, spill: str | None = None) -> None:
+        self.capacity, self.slots, self.parked_bytes = capacity, slots, parked_bytes
+        self.spill = None if spill is None else Path(spill)
+        if self.spill is not None:
+            self.spill.mkdir(parents=True, exist_ok=True)
+        self._jobs: list[Job] = []
+        self._running: list[Job] = []
         self._ready = threading.Condition()
-        self.busy = 0
+        self._submitted = 0
         self.closed = False
+
+    @property
+    def busy(self) -> int:
+        with self._ready:
+            return len(self._running)
 
     def submit(self, job: Job) -> None:
         with self._ready:
-            idle = self.slots - self.busy
-            if len(self._jobs) >= self.capacity + idle:
+            idle = self.slots - len(self._running)
+            if sum(j.parked is None for j in self._jobs) >= self.capacity + idle:
                 raise RequestError(429, "the server is busy: every slot is taken and the queue is full", "rate_limit")
+            self._submitted += 1
+            job.order = self._submitted
+            self._jobs.append(job)
+            if idle <= 0:
+                self._make_room(job.priority)
+            self._ready.notify_all()
+
+    def _make_room(self, priority: int) -> None:
+        """Ask the lowest-priority streamed chat running below ``priority`` (the newest of them) to park."""
+        if self.spill is None and self.parked() >= self.parked_bytes:
+            return
+        below = [j for j in self._running if j.preemptible() and j.priority < priority and not j.preempt.is_set()]
+        if below:
+            min(below, key=lambda j: (j.priority, -j.order)).preempt.set()
+
+    def park(self, job: Job, parked: ParkedChat) -> None:
+        """A running job paused: back in the queue with its checkpoint (in the spill directory beyond the budget)."""
+        if self.spill is not None and self.parked() + len(parked.checkpoint) > self.parked_bytes:
+            job.spilled = self.spill / f"parked-{os.getpid()}-{job.order}.ckpt"
+            _files.replace_atomically(job.spilled, parked.checkpoint, 0o600)
+            parked = dataclasses.replace(parked, checkpoint=b"")
+        with self._ready:
+            job.parked, job.parked_since = parked, time.monotonic()
+            job.preempt.clear()
+            self._running.remove(job)
             self._jobs.append(job)
             self._ready.notify_all()
+
+    def parked(self) -> int:
+        """Bytes of the parked jobs' checkpoints."""
+        with self._ready:
+            return sum(len(j.parked.checkpoint) for j in self._jobs if j.parked is not None)
 
     def take(self, holds: Callable[[Job], bool]) -> Job | None:
         """The next job for a slot (``holds``: whether the slot holds that job's conversation); None once closed."""
@@ -260,14 +342,15 @@ class Scheduler:
                 self._ready.wait()
             if self.closed:
                 return None
-            job = next((j for j in self._jobs if holds(j)), self._jobs[0])
+            job = min(self._jobs, key=lambda j: (-j.priority, not holds(j), j.order))
             self._jobs.remove(job)
-            self.busy += 1
+            self._running.append(job)
             return job
 
-    def finished(self) -> None:
+    def finished(self, job: Job) -> None:
         with self._ready:
-            self.busy -= 1
+            if job in self._running:
+                self._running.remove(job)
 
     def depth(self) -> int:
         with self._ready:
@@ -301,7 +384,7 @@ class Slot(threading.Thread):
             try:
                 self._run(job)
             finally:
-                self.scheduler.finished()
+                self.scheduler.finished(job)
 
     def _holds(self, job: Job) -> bool:
         generator = self.llama.chat_generator if self.llama is not None else None
@@ -312,26 +395,51 @@ class Slot(threading.Thread):
 
     def _run(self, job: Job) -> None:
         assert self.llama is not None
-        if job.kind == "chat" and not self._holds(job):
+        if job.cancelled.is_set():  # its client left while it waited (parked, say)
+            if job.spilled is not None:
+                job.spilled.unlink(missing_ok=True)
+            self.metrics.add("cancelled_requests")
+            return
+        if job.kind == "chat" and job.parked is None and not self._holds(job):
             self._restore_cached(job)
         try:
-            call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
             if not job.stream:
+                call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
                 job.deliver(call(stream=False, **job.body))
-            else:
-                chunks: Iterator[Any] = call(stream=True, **job.body)
-                for chunk in chunks:
-                    job.deliver(chunk)
-                    if job.cancelled.is_set():
-                        chunks.close()  # type: ignore[attr-defined]
-                        self.metrics.add("cancelled_requests")
-                        return
+            elif self._stream(job, self._chunks(job)):
+                return
             self._count(job)
             job.deliver(DONE)
         except (TypeError, ValueError, UnsupportedParameterError) as error:
             job.deliver(RequestError(400, str(error)))
         except Exception as error:  # the model failed (a full context, say): the client hears it, the slot goes on
             job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+
+    def _chunks(self, job: Job) -> Iterator[Any]:
+        """The job's chunks: a new call's, or the rest of its parked reply's."""
+        assert self.llama is not None
+        if job.parked is not None:
+            self.metrics.add("parked_milliseconds", int((time.monotonic() - job.parked_since) * 1000))
+            resumed, job.parked = self.llama.resume_chat(_unspilled(job)), None
+            return resumed
+        call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
+        chunks: Iterator[Any] = call(stream=True, **job.body)
+        return chunks
+
+    def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
+        """Deliver the chunks; True if the job stopped early (its client left, or it was parked)."""
+        for chunk in chunks:
+            job.deliver(chunk)
+            if job.cancelled.is_set():
+                chunks.close()  # type: ignore[attr-defined]
+                self.metrics.add("cancelled_requests")
+                return True
+            if job.preempt.is_set() and isinstance(chunks, ChatStream) and (parked := chunks.park()) is not None:
+                self.scheduler.park(job, parked)
+                self.metrics.add("preemptions")
+                self.metrics.add("spilled_checkpoints", job.spilled is not None)
+                return True
+        return False
 
     def _count(self, job: Job) -> None:
         """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""
@@ -353,6 +461,18 @@ class Slot(threading.Thread):
         except Exception:  # a checkpoint of another build or model: the turn is decoded from its messages
             return
         self.metrics.add("conversations_restored")
+
+
+def _unspilled(job: Job) -> ParkedChat:
+    """The job's parked reply, its checkpoint read back (and the file removed) if it was spilled."""
+    assert job.parked is not None
+    if job.spilled is None:
+        return job.parked
+    path, job.spilled = job.spilled, None
+    try:
+        return dataclasses.replace(job.parked, checkpoint=_files.read_checkpoint(path))
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _plain(messages: Sequence[Any]) -> list[tuple[str, str]]:
@@ -388,13 +508,36 @@ class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.scheduler = Scheduler(config.queue, config.slots)
+        self.scheduler = Scheduler(config.queue, config.slots, config.parked_bytes, config.spill_dir)
         self.cache = ConversationCache(config.cache_bytes, config.cache_dir, config.cache_dir_bytes)
         self.slots: list[Slot] = []
+        self.driver: PoolDriver | None = None
         self.started = int(time.time())
 
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
+        if self.driver is not None:
+            self.driver.submit(job)
+        else:
+            self.scheduler.submit(job)
+
+    def gauges(self) -> tuple[int, int, int]:
+        """Requests waiting, generations running, bytes parked."""
+        if self.driver is not None:
+            return self.driver.depth(), self.driver.busy(), 0
+        return self.scheduler.depth(), self.scheduler.busy, self.scheduler.parked()
+
     def start(self) -> None:
-        """Start the slots and wait until each has loaded its model (raising the first failure)."""
+        """Start the slots (or the Ray pool) and wait until each has loaded its model (raising the first failure)."""
+        if self.config.ray_workers:
+            from specstate.server_ray import PoolDriver
+
+            self.driver = PoolDriver(self.config, self.metrics, self.config.ray_workers, self.config.ray_address)
+            self.driver.start()
+            self.driver.loaded.wait()
+            if self.driver.error is not None:
+                raise self.driver.error
+            return
         for _ in range(self.config.slots):
             loaded = threading.Event()
             slot = Slot(self, loaded)
@@ -407,6 +550,9 @@ class Server:
 
     def stop(self) -> None:
         self.scheduler.close()
+        if self.driver is not None:
+            self.driver.closed = True
+            self.driver.join(timeout=60)
         self.cache.flush()
 
     def authorize(self, request: Request) -> None:
@@ -466,7 +612,7 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
             stream = body.pop("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError(400, "stream must be a boolean", param="stream")
-            response = await _answer(server, kind, body, stream)
+            response = await _answer(server, Job(kind, body, stream, _no_delivery, _priority(body)))
         except RequestError as error:
             headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
             server.metrics.request(endpoint, error.status)
@@ -492,7 +638,7 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
         return JSONResponse({"status": "ok", "slots": len(server.slots)})
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(server.metrics.text(server.scheduler.depth(), server.scheduler.busy))
+        return PlainTextResponse(server.metrics.text(*server.gauges()))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -512,7 +658,19 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
     return Starlette(routes=routes, lifespan=lifespan), server
 
 
-async def _answer(server: Server, kind: str, body: dict[str, Any], stream: bool) -> Response:
+def _no_delivery(item: object) -> None:
+    raise AssertionError("a job delivers only once _answer has connected it")
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """The request's ``priority`` (an integer, higher first; default 0), removed from the body."""
+    priority = body.pop("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise RequestError(400, f"priority must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}", param="priority")
+    return priority
+
+
+async def _answer(server: Server, job: Job) -> Response:
     """Queue the job, wait for its first result (so a refusal is an error status), then answer."""
     loop = asyncio.get_running_loop()
     results: asyncio.Queue[object] = asyncio.Queue()
@@ -520,12 +678,12 @@ async def _answer(server: Server, kind: str, body: dict[str, Any], stream: bool)
     def deliver(item: object) -> None:
         loop.call_soon_threadsafe(results.put_nowait, item)
 
-    job = Job(kind, body, stream, deliver)
-    server.scheduler.submit(job)
+    job.deliver = deliver
+    server.submit(job)
     first = await results.get()
     if isinstance(first, RequestError):
         raise first
-    if stream:
+    if job.stream:
         return StreamingResponse(_events(job, first, results, server), media_type="text/event-stream")
     return JSONResponse(first)
 
@@ -548,6 +706,28 @@ async def _events(job: Job, first: object, results: asyncio.Queue[object], serve
 
 def _event(payload: object) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+@contextlib.contextmanager
+def running(config: ServerConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[tuple[str, Server]]:
+    """Serve in a thread of this process (``port`` 0: a free one) until the block ends; yields the base URL
+    (``http://HOST:PORT/v1``) and the server's state."""
+    import uvicorn
+
+    app, state = build_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="specstate-serve")
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{bound}/v1", state
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
 
 
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -1,0 +1,233 @@
+"""``specstate serve --ray``: the server's generations on a :class:`specstate.cluster.Pool` of Ray workers.
+
+One driver thread owns the pool (a pool is driven from one thread): it submits
+each request as a generation, pumps the pool, and hands each generation's new
+text to its request as OpenAI chunks. The pool places generations by load and,
+with ``checkpoint_every``, recovers a killed worker's generations from their
+last checkpoints: their streams go on exactly, the regenerated tokens compared
+with those already sent (``specstate.cluster``). A client that disconnects has
+its generation preempted (stopped, its worker freed).
+
+A request here is a prompt: a chat's messages are rendered with the model's chat
+template and the reply generated after them; ``temperature``, ``top_k``,
+``top_p``, ``seed`` and ``max_tokens`` are honoured, other parameters refused
+with 400 (the slot server, without ``--ray``, has the rest: stop strings, the
+whole sampler chain, priorities and conversations continued from checkpoints).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specstate import Model
+from specstate.chat import as_pairs, chat_template
+from specstate.server import DONE, Job, Metrics, RequestError, ServerConfig
+
+__all__ = ["PoolDriver"]
+
+#: What a request may carry in this mode (after the server removed ``model``, ``n``, ``stream``, ``priority``).
+ALLOWED = {"prompt", "messages", "max_tokens", "temperature", "top_k", "top_p", "seed"}
+#: Tokens a worker checkpoints after, so that a killed worker's generations recover.
+CHECKPOINT_EVERY = 16
+
+
+@dataclass
+class _Active:
+    job: Job
+    handle: Any
+    id: str
+    created: int
+    chat: bool
+    prompt_tokens: int
+    started: bool = False
+    text: list[str] = field(default_factory=list)
+
+
+class PoolDriver(threading.Thread):
+    """The thread that owns the pool and runs every request on it."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics, workers: int, address: str | None) -> None:
+        super().__init__(daemon=True, name="specstate-pool")
+        self.config, self.metrics, self.workers, self.address = config, metrics, workers, address
+        self._incoming: queue.Queue[Job] = queue.Queue()
+        self._active: list[_Active] = []
+        self.loaded = threading.Event()
+        self.error: BaseException | None = None
+        self.closed = False
+        self.pool: Any = None
+
+    def submit(self, job: Job) -> None:
+        unknown = sorted(set(job.body) - ALLOWED)
+        if unknown:
+            raise RequestError(400, f"not available with --ray: {', '.join(unknown)}", param=unknown[0])
+        if self._incoming.qsize() + len(self._active) >= self.config.queue + self.workers * self.config.slots:
+            raise RequestError(429, "the server is busy: every worker is taken and the queue is full", "rate_limit")
+        self._incoming.put(job)
+
+    def depth(self) -> int:
+        return self._incoming.qsize()
+
+    def busy(self) -> int:
+        return len(self._active)
+
+    def run(self) -> None:
+        from specstate.cluster import Pool
+
+        try:
+            self.model = Model(self.config.model_path, use_mmap=True)  # for the chat template and the tokenizer
+            models = {"target": self.config.model_path}
+            if self.config.draft_model_path is not None:
+                models["draft"] = self.config.draft_model_path
+            threads = self.config.threads_per_slot()
+            self.pool = Pool(models, workers=self.workers, n_threads=threads, address=self.address)
+        except BaseException as error:
+            self.error = error
+            return
+        finally:
+            self.loaded.set()
+        with self.pool:
+            while not self.closed:
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            while True:
+                self._start(self._incoming.get_nowait())
+        except queue.Empty:
+            pass
+        if not self._active:
+            time.sleep(0.01)
+            return
+        try:
+            self.pool.pump(timeout=0.05)
+        except Exception as error:  # a worker refused a generation: it is over, and its client hears why
+            for active in [a for a in self._active if self.pool.done(a.handle)]:
+                self._active.remove(active)
+                active.job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+        for active in list(self._active):
+            self._hand_out(active)
+
+    def _start(self, job: Job) -> None:
+        chat = job.kind == "chat"
+        try:
+            prompt = self._prompt(job.body, chat)
+            settings = _sampling(job.body)
+            max_tokens = int(job.body.get("max_tokens") or self.config.max_tokens)
+            handle = self.pool.submit(
+                prompt,
+                max_tokens=max_tokens,
+                target="target",
+                draft="draft" if self.config.draft_model_path is not None else None,
+                checkpoint_every=CHECKPOINT_EVERY,
+                mode=self.config.mode,
+                n_draft=self.config.n_draft,
+                n_ctx=self.config.n_ctx,
+                **settings,
+            )
+        except (TypeError, ValueError) as error:
+            job.deliver(RequestError(400, str(error)))
+            return
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
+        self._active.append(_Active(job, handle, ident, int(time.time()), chat, len(prompt)))
+
+    def _prompt(self, body: dict[str, Any], chat: bool) -> list[int]:
+        if not chat:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise TypeError("prompt must be a string")
+            return self.model.tokenize(prompt, add_special=True, parse_special=True)
+        template = chat_template(self.model, self.config.chat_template)
+        return template.prompt_tokens(as_pairs(body.get("messages", [])))
+
+    def _hand_out(self, active: _Active) -> None:
+        """Send the generation's new text; finish it when it is over; preempt it when its client left."""
+        if active.job.cancelled.is_set():
+            self.pool.preempt(active.handle)
+            self._active.remove(active)
+            self.metrics.add("cancelled_requests")
+            return
+        text = self.pool.take_text(active.handle)
+        done = self.pool.done(active.handle)
+        if active.job.stream:
+            if text or not active.started:
+                active.job.deliver(self._chunk(active, text, None))
+                active.started = True
+            if done:
+                active.job.deliver(self._chunk(active, "", self._finish(active)))
+        else:
+            active.text.append(text)
+            if done:
+                active.job.deliver(self._whole(active, "".join(active.text)))
+        if done:
+            active.job.deliver(DONE)
+            self._active.remove(active)
+
+    def _finish(self, active: _Active) -> str:
+        tokens = self.pool.tokens(active.handle)
+        return "stop" if tokens and self.model.is_eog(tokens[-1]) else "length"
+
+    def _chunk(self, active: _Active, text: str, finish: str | None) -> dict[str, Any]:
+        if active.chat:
+            delta = {"content": text} if active.started else {"role": "assistant", "content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        return {
+            "id": active.id,
+            "object": kind,
+            "created": active.created,
+            "model": self.config.name(),
+            "choices": [choice],
+        }
+
+    def _whole(self, active: _Active, text: str) -> dict[str, Any]:
+        finish = self._finish(active)
+        tokens = len(self.pool.tokens(active.handle))
+        prompt = active.prompt_tokens
+        usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
+        if active.chat:
+            message = {"role": "assistant", "content": text}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            kind = "chat.completion"
+        else:
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+            kind = "text_completion"
+        return {
+            "id": active.id,
+            "object": kind,
+            "created": active.created,
+            "model": self.config.name(),
+            "choices": [choice],
+            "usage": usage,
+        }
+
+
+#: Where each sampling setting must lie here (checked before a worker sees it): low, high, integer.
+RANGES = {
+    "temperature": (0.0, 1e6, False),
+    "top_p": (1e-9, 1.0, False),
+    "top_k": (0, 2**32 - 1, True),
+    "seed": (0, 2**64 - 1, True),
+}
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's sampling settings, as the generator takes them, each checked."""
+    settings: dict[str, Any] = {}
+    for name, (low, high, integer) in RANGES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}")
+        if not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+        settings[name] = value
+    return settings
