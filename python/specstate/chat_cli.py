@@ -2,7 +2,9 @@
 
 On a terminal it is interactive: a ``> `` prompt, the reply streamed as it is
 committed, and a status line on standard error after each reply (tokens,
-speed, drafted and accepted tokens). Ctrl-C stops the current reply cleanly and
+speed, drafted and accepted tokens); ``/save FILE`` checkpoints the
+conversation now, ``/help`` lists the commands, and a resumed conversation
+shows its last exchange first. Ctrl-C stops the current reply cleanly and
 keeps the conversation (the reply so far is part of it); Ctrl-C at the prompt,
 Ctrl-D or ``/quit`` leaves. Otherwise it reads the user's messages from
 standard input, one per line, and writes each reply on one line of standard
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from specstate import Generator
 from specstate.chat import Messages
@@ -31,6 +34,12 @@ __all__ = ["run_chat"]
 
 err = Console(stderr=True, highlight=False)
 QUIT = "/quit"
+#: The commands typed at the prompt, and what they do.
+COMMANDS = {
+    "/save FILE": "save the conversation to FILE now (a checkpoint that --resume continues)",
+    "/help": "this list",
+    QUIT: "leave (so do Ctrl-D, and Ctrl-C at the prompt)",
+}
 
 
 def _lines(interactive: bool) -> Iterator[str]:
@@ -115,16 +124,43 @@ def _reply(generator: Generator, messages: Messages, args: argparse.Namespace, t
     )
 
 
+def _greet(generator: Generator) -> None:
+    """The first lines of an interactive chat: what runs, and a resumed conversation's last exchange."""
+    held = generator.messages
+    where = f"{len(held)} messages resumed, " if held else ""
+    err.print(
+        f"[dim]specstate chat: {where}mode {generator.mode}; Ctrl-C stops a reply, /help lists the commands[/dim]"
+    )
+    for message in held[-2:]:  # the last exchange
+        err.print(f"[dim]{message['role']}:[/dim] " + escape(message["content"]))
+
+
+def _command(generator: Generator, line: str) -> None:
+    """``/save FILE`` or ``/help``; anything else is named unknown (the conversation is unchanged)."""
+    name, _, argument = line.strip().partition(" ")
+    if name == "/save" and argument.strip():
+        try:
+            generator.save(argument.strip())
+        except (OSError, ValueError, RuntimeError) as error:  # a bad path, a mapped model file changed, ...
+            err.print(f"[red]/save: {escape(str(error))}[/red]")
+            return
+        err.print(f"[dim]saved to {escape(argument.strip())}[/dim]")
+        return
+    if name != "/help":
+        err.print(f"[red]unknown command {escape(line.strip())!s}[/red]")
+    for usage, what in COMMANDS.items():
+        err.print(f"[dim]{usage:12s} {what}[/dim]")
+
+
 def run_chat(generator: Generator, args: argparse.Namespace, template: str | None, save: Path | None) -> None:
     """The conversation loop: one reply per user message, saved after each when ``save`` is set."""
     args.interactive = sys.stdin.isatty()
-    held = generator.messages
     if args.interactive and not args.quiet:
-        where = f"{len(held)} messages resumed, " if held else ""
-        err.print(
-            f"[dim]specstate chat: {where}mode {generator.mode}; Ctrl-C stops a reply, {QUIT} or Ctrl-D leaves[/dim]"
-        )
+        _greet(generator)
     for line in _lines(args.interactive):
+        if line.startswith("/") and args.interactive:
+            _command(generator, line)
+            continue
         messages: Messages = line
         if not generator.messages:
             system = [{"role": "system", "content": args.system}] if args.system else []

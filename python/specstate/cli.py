@@ -15,6 +15,7 @@ temporary file), then ``specstate: terminated`` and exit status 143.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from specstate import (
     GeneratorSettings,
     Model,
     ModelFingerprint,
+    _native,
     encode_prompt,
     errors,
     inspect_checkpoint,
@@ -48,6 +50,8 @@ from specstate.smollm2 import cache_dir
 __all__ = ["main"]
 
 MODES = ("none", "ngram", "draft", "mtp", "eagle3")
+#: A new conversation's context length unless --n-ctx says otherwise (room for a few turns).
+CHAT_N_CTX = 4096
 err = Console(stderr=True, highlight=False)
 
 
@@ -80,12 +84,43 @@ def _add_draft_policy(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_sampling(parser: argparse.ArgumentParser) -> None:
+#: The native generator's defaults (its signature, written once in Rust): what an option left out means.
+NATIVE_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(_native.Generator).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
+#: The sampler chain's options: (setting, type, what it does).
+_SAMPLERS: tuple[tuple[str, type, str], ...] = (
+    ("temperature", float, "softmax temperature; 0 is greedy"),
+    ("top_k", int, "keep the k most likely tokens (0: all)"),
+    ("top_p", float, "nucleus mass (1: all)"),
+    ("min_p", float, "drop tokens less likely than min-p times the most likely one (0: none)"),
+    ("typical_p", float, "locally typical sampling mass (1: off)"),
+    ("repeat_penalty", float, "penalty for tokens among the last --repeat-last-n (1: none)"),
+    ("repeat_last_n", int, "tokens the penalties look back over (0: none, -1: the whole context)"),
+    ("presence_penalty", float, "subtracted from every token seen in that window (0: none)"),
+    ("frequency_penalty", float, "subtracted per occurrence in that window (0: none)"),
+    ("seed", int, "RNG seed"),
+)
+
+
+def _default(setting: str) -> str:
+    return f" (default {NATIVE_DEFAULTS[setting]})"
+
+
+def _add_settings(parser: argparse.ArgumentParser, n_ctx: int | None = None) -> None:
+    """The settings of a new generation; an option left out takes the native default (``n_ctx``: this
+    command's own), and with ``chat --resume`` one given must agree with the checkpoint."""
+    parser.add_argument("--mode", choices=MODES, help="speculation mode" + _default("mode"))
+    parser.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
+    parser.add_argument("--n-draft", type=int, help="most tokens drafted per round" + _default("n_draft"))
+    _add_draft_policy(parser)
+    parser.add_argument("--n-ctx", type=int, help=f"context length (default {n_ctx or NATIVE_DEFAULTS['n_ctx']})")
     group = parser.add_argument_group("sampling (default: greedy)")
-    group.add_argument("--temperature", type=float, default=0.0, help="softmax temperature; 0 is greedy")
-    group.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
-    group.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1: all)")
-    group.add_argument("--seed", type=int, default=0, help="RNG seed")
+    for setting, kind, what in _SAMPLERS:
+        if setting in NATIVE_DEFAULTS:
+            group.add_argument("--" + setting.replace("_", "-"), type=kind, help=what + _default(setting))
 
 
 def _add_mmap(parser: argparse.ArgumentParser) -> None:
@@ -130,17 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text, optionally checkpointing it")
     generate.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     generate.add_argument("--model", type=Path, required=True, help="target GGUF model")
-    generate.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
-    generate.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
-    generate.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
-    _add_draft_policy(generate)
-    generate.add_argument("--n-ctx", type=int, default=2048, help="context length (default 2048)")
+    _add_settings(generate)
     generate.add_argument(
         "--literal",
         action="store_true",
         help="read special-token text in the prompt as plain text (default: parse it, as llama.cpp does)",
     )
-    _add_sampling(generate)
     _add_output(generate)
     _add_mmap(generate)
 
@@ -183,11 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_chat_parser(commands: Any) -> None:
     chat = commands.add_parser("chat", help="chat with a model; the conversation saves and resumes exactly")
     chat.add_argument("--model", type=Path, help="target GGUF model (with --resume: default the checkpoint's)")
-    chat.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
-    chat.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
-    chat.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
-    _add_draft_policy(chat)
-    chat.add_argument("--n-ctx", type=int, default=4096, help="context length (default 4096)")
+    _add_settings(chat, n_ctx=CHAT_N_CTX)
     chat.add_argument("--system", help="the system message of a new conversation")
     chat.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")
     chat.add_argument(
@@ -203,7 +229,6 @@ def _add_chat_parser(commands: Any) -> None:
     chat.add_argument("--quiet", action="store_true", help="no status line")
     _add_max_n_batch(chat)
     _add_mmap(chat)
-    _add_sampling(chat)
 
 
 def _add_serve_parser(commands: Any) -> None:
@@ -281,7 +306,7 @@ _OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_ope
 #: The settings of a new generation (``generate`` and ``chat``).
 _SETTING_RANGES = (
     _Range("n_ctx", 2, U32_MAX),
-    _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode != "none", note=" when speculating"),
+    _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode not in (None, "none"), note=" when speculating"),
     _Range("n_draft", 0, U32_MAX),
     _Range("seed", 0, U64_MAX),
     _Range("top_k", 0, U32_MAX),
@@ -475,7 +500,30 @@ def _restore_conversation(args: argparse.Namespace) -> Generator:
     generator = _restore_saved(args.resume, args)
     if not generator.messages:
         raise UsageError(f"{args.resume} is not a conversation (it was saved by 'specstate generate')")
+    _refuse_conflicts(_generator_settings(args), generator)
     return generator
+
+
+def _refuse_conflicts(given: dict[str, Any], generator: Generator) -> None:
+    """Refuse a setting given on the command line that the resumed conversation's checkpoint contradicts
+    (it continues with its own: a silently dropped option would mislead)."""
+    config: dict[str, Any] = dict(generator.config)
+    for setting, value in given.items():
+        if setting in config and config[setting] != value and not _same_real(config[setting], value):
+            option = "--" + _SETTING_OPTIONS.get(setting, setting).replace("_", "-")
+            raise UsageError(
+                f"{option} {value} contradicts the checkpoint's {setting} {config[setting]}: "
+                "a resumed conversation continues with its own settings (leave the option out)"
+            )
+
+
+def _same_real(recorded: object, given: object) -> bool:
+    """Whether a float setting given equals the one recorded (stored in single precision)."""
+    return (
+        isinstance(recorded, float)
+        and isinstance(given, (int, float))
+        and abs(recorded - given) <= 1e-6 * max(1.0, abs(given))
+    )
 
 
 def cmd_chat(args: argparse.Namespace) -> None:
@@ -491,7 +539,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
             raise UsageError("--model is needed to start a conversation")
         model = _load(args.model, "model", args.mmap)
         draft = _load(args.draft_model, "draft model", args.mmap) if args.draft_model else None
-        generator = Generator(model, draft_model=draft, **_generator_settings(args))
+        settings = {"n_ctx": CHAT_N_CTX, **_generator_settings(args)}
+        generator = Generator(model, draft_model=draft, **settings)
     run_chat(generator, args, template, save)
 
 
