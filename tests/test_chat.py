@@ -278,3 +278,18 @@ def test_a_reply_closed_early_is_the_reply_the_next_turn_continues(mode: str, ti
     second = generator.chat("Go on.", max_tokens=3, template=TINY_TEMPLATE)
     assert [m["content"] for m in generator.messages] == ["Tell me a story.", reply, "Go on.", second]
     assert generator.messages[-1]["content"] == second
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stop_string_ends_a_chat_reply_and_the_conversation_goes_on(mode: str, tiny_map: dict[str, Path]) -> None:
+    whole = tiny_generator(mode, tiny_map).chat("Tell me a story.", max_tokens=40, template=TINY_TEMPLATE)
+    stop = whole[12:15]
+    generator = tiny_generator(mode, tiny_map)
+    reply = generator.chat("Tell me a story.", max_tokens=40, template=TINY_TEMPLATE, stop=[stop, "\x00never"])
+    assert reply == whole[: whole.index(stop)] and generator.stopped_by == "stop"
+    recorded = generator.messages[-1]["content"]
+    assert recorded.startswith(reply + stop) and whole.startswith(recorded)  # the round's tokens stay
+    second = generator.chat("Go on.", max_tokens=3, template=TINY_TEMPLATE)
+    assert [m["content"] for m in generator.messages] == ["Tell me a story.", recorded, "Go on.", second]
+    with pytest.raises(TypeError, match="stop"):
+        generator.chat("More", max_tokens=3, template=TINY_TEMPLATE, stop=[3])  # type: ignore[list-item]

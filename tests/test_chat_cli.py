@@ -215,3 +215,10 @@ def test_interactive_commands_and_a_resumed_conversations_last_exchange(chat_mod
     assert "2 messages resumed" in greeting and "Hello there" in greeting and reply.strip()[:3] in greeting
     resumed.type("/quit\n")
     assert resumed.exit_status() == 0
+
+
+def test_chat_stop_strings_end_replies(chat_model: Path) -> None:
+    whole = chat("--model", str(chat_model), lines="a\n").stdout.splitlines()[0]
+    stop = whole[5:7]
+    cut = chat("--model", str(chat_model), "--stop", stop, lines="a\n")
+    assert cut.returncode == 0 and cut.stdout.splitlines()[0] == whole[: whole.index(stop)], cut.stderr

@@ -93,7 +93,7 @@ class _CtrlC:
 def _reply(generator: Generator, messages: Messages, args: argparse.Namespace, template: str | None) -> None:
     """Stream one reply to standard output; Ctrl-C ends it early, keeping what was said."""
     started = time.perf_counter()
-    stream = generator.stream_chat(messages, max_tokens=args.max_tokens, template=template)
+    stream = generator.stream_chat(messages, max_tokens=args.max_tokens, template=template, stop=args.stop)
     ctrl_c = _CtrlC()
 
     def show(text: str) -> None:

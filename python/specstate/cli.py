@@ -220,6 +220,7 @@ def _add_chat_parser(commands: Any) -> None:
         "--resume", type=Path, metavar="CHECKPOINT", help="continue a saved conversation (saved back to it by default)"
     )
     chat.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
+    chat.add_argument("--stop", action="append", default=[], help="end a reply before this string (repeatable)")
     chat.add_argument("--save", type=Path, help="checkpoint file written after every reply")
     chat.add_argument(
         "--threads",

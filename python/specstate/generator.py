@@ -334,7 +334,9 @@ class Generator:
 
     # --- conversations ---------------------------------------------------------------------------
 
-    def stream_chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> TextStream:
+    def stream_chat(
+        self, messages: Messages, *, max_tokens: int, template: str | None = None, stop: str | Sequence[str] = ()
+    ) -> TextStream:
         """Yield the assistant's reply to ``messages`` as it is committed.
 
         On a new generator, ``messages`` is the conversation so far (system,
@@ -350,17 +352,38 @@ class Generator:
         further, so nothing beyond the reply is committed; a reply cut short is
         closed as the template closes a turn. :attr:`messages` is the whole
         conversation, reply included, and travels in checkpoints.
+
+        ``stop`` (a string or several) ends the text yielded before the first
+        of them. The reply in :attr:`messages`, what the next turn follows, is
+        every token committed: the stop string and what the last round
+        committed after it included (a round's tokens are never taken back).
         """
         max_tokens = _count("max_tokens", max_tokens, minimum=1, what="for a chat reply")
+        stops = _stop_strings(stop)
         new = as_pairs(messages)
         if template is not None and not isinstance(template, str):
             raise TypeError(f"template must be a str or None, not {type(template).__name__}")
         template_ = chat_template(self._native.target, template)
-        return self._stream(lambda: self._start_turn(template_, new), max_tokens, [], within=True)
+        return self._stream(lambda: self._start_turn(template_, new), max_tokens, stops, within=True)
 
-    def chat(self, messages: Messages, *, max_tokens: int, template: str | None = None) -> str:
+    def continue_reply(self, *, max_tokens: int) -> TextStream:
+        """Go on with the current chat reply by up to ``max_tokens`` tokens, as :meth:`stream_chat` runs it.
+
+        For a reply stopped before its end: a stream closed early, or a
+        checkpoint taken mid-reply and restored (the server parks and resumes
+        replies so). With the budget the reply had left, the text is token for
+        token what the uninterrupted reply would have been.
+        """
+        max_tokens = _count("max_tokens", max_tokens, minimum=1, what="for a chat reply")
+        if self._native.conversation is None:
+            raise GenerationError("this generation is not a conversation: it was started with a prompt, not chat()")
+        return self._stream(lambda: None, max_tokens, [], within=True)
+
+    def chat(
+        self, messages: Messages, *, max_tokens: int, template: str | None = None, stop: str | Sequence[str] = ()
+    ) -> str:
         """The assistant's reply to ``messages`` (see :meth:`stream_chat`)."""
-        return "".join(self.stream_chat(messages, max_tokens=max_tokens, template=template))
+        return "".join(self.stream_chat(messages, max_tokens=max_tokens, template=template, stop=stop))
 
     @property
     def messages(self) -> list[Message]:
