@@ -2,6 +2,9 @@
 //! a serialisable RNG, and speculative verification that keeps the target's
 //! distribution.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
 pub use crate::settings::SamplingParams;
 
 /// The id of the largest logit; the lowest id wins a tie (as llama.cpp's greedy sampler).
@@ -96,7 +99,7 @@ impl Rng {
 }
 
 /// How a generation chooses its tokens: the parameters and the RNG they draw from.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Sampler {
     /// Temperature, top-k, top-p and seed.
     pub params: SamplingParams,
@@ -108,8 +111,8 @@ impl Sampler {
     /// A sampler whose RNG starts from `params.seed`.
     pub fn new(params: SamplingParams) -> Self {
         Self {
-            params,
             rng: Rng::new(params.seed),
+            params,
         }
     }
 
@@ -123,76 +126,190 @@ impl Sampler {
         self.params.is_greedy()
     }
 
-    /// Choose a token from one row of logits.
-    pub fn choose(&mut self, logits: &[f32]) -> i32 {
+    /// Choose a token from one row of logits that follows `history`.
+    pub fn choose(&mut self, logits: &[f32], history: &[i32]) -> i32 {
         if self.is_greedy() {
-            argmax(logits)
+            argmax(&adjusted(logits, &self.params, history))
         } else {
-            sample(&distribution(logits, &self.params), &mut self.rng)
+            sample(&distribution(logits, &self.params, history), &mut self.rng)
         }
     }
 
-    /// Choose a draft token and the distribution it was drawn from (a point
-    /// mass when greedy): what rejection sampling needs of a drafter.
-    pub fn draw(&mut self, logits: &[f32]) -> (i32, Distribution) {
+    /// Choose a draft token after `history` and the distribution it was
+    /// drawn from (a point mass when greedy): what rejection sampling needs
+    /// of a drafter.
+    pub fn draw(&mut self, logits: &[f32], history: &[i32]) -> (i32, Distribution) {
         if self.is_greedy() {
-            let token = argmax(logits);
+            let token = argmax(&adjusted(logits, &self.params, history));
             return (token, vec![(token, 1.0)]);
         }
-        let dist = distribution(logits, &self.params);
+        let dist = distribution(logits, &self.params, history);
         (sample(&dist, &mut self.rng), dist)
     }
 
-    /// Verify `draft` against the target's rows: see [`verify`].
+    /// Verify `draft`, which follows `history`, against the target's rows: see [`verify`].
     pub fn verify<'a>(
         &mut self,
         rows: impl Fn(usize) -> &'a [f32],
+        history: &[i32],
         draft: &[i32],
         draft_dists: Option<&[Distribution]>,
     ) -> Verdict {
-        verify(rows, draft, draft_dists, &self.params, &mut self.rng)
+        let round = Round {
+            history,
+            draft,
+            draft_dists,
+        };
+        verify(rows, round, &self.params, &mut self.rng)
     }
 }
 
 /// A sparse probability distribution: `(token, probability)`, most likely first.
 pub type Distribution = Vec<(i32, f64)>;
 
-/// The distribution `params` samples from, after temperature, top-k and top-p.
-pub fn distribution(logits: &[f32], params: &SamplingParams) -> Distribution {
+/// The logits after the logit bias and the repetition penalties over the
+/// penalty window of `history` (borrowed unchanged when both are neutral).
+///
+/// Penalties as llama.cpp's `llama_sampler_penalties`: a token seen `c > 0`
+/// times in the window has its logit divided by `repeat_penalty` when
+/// positive, multiplied when not, then lowered by
+/// `c * frequency_penalty + presence_penalty`.
+pub fn adjusted<'a>(logits: &'a [f32], params: &SamplingParams, history: &[i32]) -> Cow<'a, [f32]> {
+    let window = params.penalty_window(history);
+    if params.logit_bias.is_empty() && window.is_empty() {
+        return Cow::Borrowed(logits);
+    }
+    let mut out = logits.to_vec();
+    for &(token, bias) in &params.logit_bias {
+        if let Some(logit) = usize::try_from(token).ok().and_then(|t| out.get_mut(t)) {
+            *logit += bias;
+        }
+    }
+    let mut counts: HashMap<i32, u32> = HashMap::new();
+    for &token in window {
+        *counts.entry(token).or_default() += 1;
+    }
+    for (token, count) in counts {
+        let Some(logit) = usize::try_from(token).ok().and_then(|t| out.get_mut(t)) else {
+            continue;
+        };
+        if *logit <= 0.0 {
+            *logit *= params.repeat_penalty;
+        } else {
+            *logit /= params.repeat_penalty;
+        }
+        *logit -= count as f32 * params.frequency_penalty + params.presence_penalty;
+    }
+    Cow::Owned(out)
+}
+
+/// `(token, probability)` at temperature 1 of candidates sorted by logit,
+/// largest first.
+fn softmax(candidates: &[(i32, f32)]) -> Vec<f64> {
+    let Some(&(_, best)) = candidates.first() else {
+        return Vec::new();
+    };
+    let weights: Vec<f64> = candidates
+        .iter()
+        .map(|&(_, logit)| (f64::from(logit) - f64::from(best)).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    weights.into_iter().map(|w| w / total).collect()
+}
+
+/// Locally typical sampling (llama.cpp's `typical`): keep the candidates
+/// whose surprise is closest to the entropy until their mass exceeds
+/// `typical_p`. Candidates come and go sorted by logit, largest first.
+fn typical(candidates: Vec<(i32, f32)>, typical_p: f32) -> Vec<(i32, f32)> {
+    if typical_p >= 1.0 || candidates.len() <= 1 {
+        return candidates;
+    }
+    let probs = softmax(&candidates);
+    let entropy: f64 = probs
+        .iter()
+        .filter(|p| **p > 0.0)
+        .map(|p| -p * p.ln())
+        .sum();
+    let score = |p: f64| (-p.ln() - entropy).abs();
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| score(probs[a]).total_cmp(&score(probs[b])).then(a.cmp(&b)));
+    let mut mass = 0.0;
+    let mut keep = order.len();
+    for (index, &candidate) in order.iter().enumerate() {
+        mass += probs[candidate];
+        if mass > f64::from(typical_p) {
+            keep = index + 1;
+            break;
+        }
+    }
+    order.truncate(keep);
+    order.sort_unstable();
+    order.into_iter().map(|index| candidates[index]).collect()
+}
+
+/// Nucleus sampling: the fewest most likely candidates whose mass (at
+/// temperature 1) reaches `top_p`.
+fn top_p_cut(mut candidates: Vec<(i32, f32)>, top_p: f32) -> Vec<(i32, f32)> {
+    if top_p >= 1.0 {
+        return candidates;
+    }
+    let mut mass = 0.0;
+    for (index, p) in softmax(&candidates).into_iter().enumerate() {
+        mass += p;
+        if mass >= f64::from(top_p) {
+            candidates.truncate(index + 1);
+            break;
+        }
+    }
+    candidates
+}
+
+/// Min-p: the candidates whose probability is at least `min_p` times the
+/// largest (llama.cpp compares logits with `max + ln(min_p)`).
+fn min_p_cut(mut candidates: Vec<(i32, f32)>, min_p: f32) -> Vec<(i32, f32)> {
+    let Some(&(_, best)) = candidates.first() else {
+        return candidates;
+    };
+    if min_p <= 0.0 {
+        return candidates;
+    }
+    let floor = best + min_p.ln();
+    let keep = candidates
+        .iter()
+        .skip(1)
+        .take_while(|(_, logit)| *logit >= floor)
+        .count();
+    candidates.truncate(keep + 1);
+    candidates
+}
+
+/// The distribution `params` samples from after `history`: logit bias and
+/// penalties ([`adjusted`]), then top-k, typical, top-p, min-p and
+/// temperature, in llama.cpp's order.
+pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[i32]) -> Distribution {
+    let logits = adjusted(logits, params, history);
     let keep = if params.top_k == 0 {
         logits.len()
     } else {
         (params.top_k as usize).min(logits.len())
     };
-    let candidates = top_k(logits, keep);
+    let candidates = top_k(&logits, keep);
+    let candidates = typical(candidates, params.typical_p);
+    let candidates = top_p_cut(candidates, params.top_p);
+    let candidates = min_p_cut(candidates, params.min_p);
     let Some(&(_, best)) = candidates.first() else {
         return Vec::new();
     };
     let temperature = f64::from(params.temperature);
-    let mut weights: Vec<(i32, f64)> = candidates
+    let mut weights: Distribution = candidates
         .into_iter()
         .map(|(token, logit)| {
-            (
-                token,
-                ((f64::from(logit) - f64::from(best)) / temperature).exp(),
-            )
+            let scaled = (f64::from(logit) - f64::from(best)) / temperature;
+            (token, scaled.exp())
         })
         .collect();
     let total: f64 = weights.iter().map(|(_, w)| w).sum();
-    let mut mass = 0.0;
-    let mut cut = None;
-    for (index, (_, weight)) in weights.iter_mut().enumerate() {
-        *weight /= total;
-        mass += *weight;
-        if cut.is_none() && mass >= f64::from(params.top_p) {
-            cut = Some(index + 1);
-        }
-    }
-    if let Some(cut) = cut {
-        weights.truncate(cut);
-    }
-    let kept: f64 = weights.iter().map(|(_, w)| w).sum();
-    weights.iter_mut().for_each(|(_, w)| *w /= kept);
+    weights.iter_mut().for_each(|(_, w)| *w /= total);
     weights
 }
 
@@ -240,36 +357,58 @@ pub struct Verdict {
     pub next: i32,
 }
 
-/// Verify `draft` against the target's logit rows (`rows(i)` is the row after
-/// the i-th verified token). Greedy: keep draft tokens while they equal the
-/// target's argmax. Sampling: standard speculative rejection sampling, with
+/// What one round verifies: the draft, the history it follows, and the
+/// distributions it was drawn from (`None`: point masses).
+#[derive(Clone, Copy, Debug)]
+pub struct Round<'a> {
+    /// Prompt and committed tokens before the draft.
+    pub history: &'a [i32],
+    /// The drafted tokens.
+    pub draft: &'a [i32],
+    /// The draft's distribution of each token, if the drafter sampled them.
+    pub draft_dists: Option<&'a [Distribution]>,
+}
+
+/// The target's choice from one row when greedy: the argmax after bias and
+/// penalties over `history`.
+fn greedy_choice(row: &[f32], params: &SamplingParams, history: &[i32]) -> i32 {
+    argmax(&adjusted(row, params, history))
+}
+
+/// Verify `round.draft` against the target's logit rows (`rows(i)` is the
+/// row after the i-th verified token). Row `i` follows the history and the
+/// draft tokens before it, so its penalties count them, as plain decoding's
+/// would. Greedy: keep draft tokens while they equal the target's choice.
+/// Sampling: standard speculative rejection sampling, with
 /// `draft_dists[i]` the draft's distribution for token i, or a point mass on
 /// the drafted token when the drafter gives none; the committed tokens then
 /// follow the target's own distribution exactly.
 pub fn verify<'a>(
     rows: impl Fn(usize) -> &'a [f32],
-    draft: &[i32],
-    draft_dists: Option<&[Distribution]>,
+    round: Round<'_>,
     params: &SamplingParams,
     rng: &mut Rng,
 ) -> Verdict {
-    for (index, &token) in draft.iter().enumerate() {
+    let mut seen = params.penalty_window(round.history).to_vec();
+    for (index, &token) in round.draft.iter().enumerate() {
         let row = rows(index);
         if params.is_greedy() {
-            let choice = argmax(row);
+            let choice = greedy_choice(row, params, &seen);
             if choice != token {
                 return Verdict {
                     accepted: index,
                     next: choice,
                 };
             }
+            seen.push(token);
             continue;
         }
-        let p = distribution(row, params);
+        let p = distribution(row, params, &seen);
         let point = vec![(token, 1.0)];
-        let q: &[(i32, f64)] = draft_dists.map_or(&point, |dists| &dists[index]);
+        let q: &[(i32, f64)] = round.draft_dists.map_or(&point, |dists| &dists[index]);
         let (pt, qt) = (probability(&p, token), probability(q, token));
         if qt > 0.0 && rng.uniform() < pt / qt {
+            seen.push(token);
             continue;
         }
         return Verdict {
@@ -277,14 +416,14 @@ pub fn verify<'a>(
             next: sample(&residual(&p, q), rng),
         };
     }
-    let row = rows(draft.len());
+    let row = rows(round.draft.len());
     let next = if params.is_greedy() {
-        argmax(row)
+        greedy_choice(row, params, &seen)
     } else {
-        sample(&distribution(row, params), rng)
+        sample(&distribution(row, params, &seen), rng)
     };
     Verdict {
-        accepted: draft.len(),
+        accepted: round.draft.len(),
         next,
     }
 }
@@ -292,6 +431,14 @@ pub fn verify<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plain(draft: &[i32]) -> Round<'_> {
+        Round {
+            history: &[],
+            draft,
+            draft_dists: None,
+        }
+    }
 
     #[test]
     fn argmax_prefers_the_lowest_id_on_ties() {
@@ -337,13 +484,20 @@ mod tests {
             temperature: 1.0,
             ..SamplingParams::default()
         };
-        let all = distribution(&logits, &params);
+        let all = distribution(&logits, &params, &[]);
         assert_eq!(
             all.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
             vec![3, 2, 1, 0]
         );
         assert!((all.iter().map(|(_, p)| p).sum::<f64>() - 1.0).abs() < 1e-12);
-        let two = distribution(&logits, &SamplingParams { top_k: 2, ..params });
+        let two = distribution(
+            &logits,
+            &SamplingParams {
+                top_k: 2,
+                ..params.clone()
+            },
+            &[],
+        );
         assert_eq!(two.len(), 2);
         let nucleus = distribution(
             &logits,
@@ -351,6 +505,7 @@ mod tests {
                 top_p: 0.5,
                 ..params
             },
+            &[],
         );
         assert_eq!(nucleus, vec![(3, 1.0)]);
     }
@@ -364,7 +519,7 @@ mod tests {
             temperature: 1.0,
             ..SamplingParams::default()
         };
-        let p = distribution(&logits, &params);
+        let p = distribution(&logits, &params, &[]);
         let q: Distribution = vec![(0, 0.7), (1, 0.2), (2, 0.1)];
         for dists in [None, Some(vec![q.clone()])] {
             let mut rng = Rng::new(42);
@@ -376,13 +531,12 @@ mod tests {
                 } else {
                     0
                 };
-                let verdict = verify(
-                    |_| &logits[..],
-                    &[drafted],
-                    dists.as_deref(),
-                    &params,
-                    &mut rng,
-                );
+                let round = Round {
+                    history: &[],
+                    draft: &[drafted],
+                    draft_dists: dists.as_deref(),
+                };
+                let verdict = verify(|_| &logits[..], round, &params, &mut rng);
                 let first = if verdict.accepted == 1 {
                     drafted
                 } else {
@@ -406,7 +560,7 @@ mod tests {
         let rows = [[0.0_f32, 1.0], [1.0, 0.0], [0.0, 1.0]];
         let mut rng = Rng::new(0);
         let params = SamplingParams::default();
-        let verdict = verify(|i| &rows[i][..], &[1, 1], None, &params, &mut rng);
+        let verdict = verify(|i| &rows[i][..], plain(&[1, 1]), &params, &mut rng);
         assert_eq!(
             verdict,
             Verdict {
@@ -414,13 +568,205 @@ mod tests {
                 next: 0
             }
         );
-        let verdict = verify(|i| &rows[i][..], &[1, 0], None, &params, &mut rng);
+        let verdict = verify(|i| &rows[i][..], plain(&[1, 0]), &params, &mut rng);
         assert_eq!(
             verdict,
             Verdict {
                 accepted: 2,
                 next: 1
             }
+        );
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    fn assert_dist(dist: &Distribution, expected: &[(i32, f64)]) {
+        assert_eq!(dist.len(), expected.len(), "{dist:?}");
+        for (&(t, p), &(et, ep)) in dist.iter().zip(expected) {
+            assert!(t == et && close(p, ep), "{dist:?} vs {expected:?}");
+        }
+    }
+
+    #[test]
+    fn bias_then_penalties_follow_llama_cpp() {
+        let logits = [2.0_f32, -1.0, 0.5, 3.0];
+        let params = SamplingParams {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_last_n: 3,
+            logit_bias: vec![(2, 1.0), (3, 1.0)],
+            ..SamplingParams::default()
+        };
+        // Window [1, 1, 3]: token 1 twice (negative: multiplied), token 3
+        // once (positive: divided, after its bias); token 0 is outside it.
+        let history = [0, 0, 1, 1, 3];
+        let out = adjusted(&logits, &params, &history);
+        assert_eq!(&out[..], &[2.0, -3.25, 1.5, 1.25]);
+        // Greedy takes the argmax after them (3 before).
+        let mut sampler = Sampler::new(params.clone());
+        assert_eq!(sampler.choose(&logits, &history), 0);
+        let whole = SamplingParams {
+            repeat_last_n: -1,
+            ..params.clone()
+        };
+        assert_eq!(
+            adjusted(&logits, &whole, &history)[0],
+            2.0 / 2.0 - 0.25 - 1.0
+        );
+        let off = SamplingParams {
+            repeat_last_n: 0,
+            logit_bias: Vec::new(),
+            ..params
+        };
+        assert!(matches!(
+            adjusted(&logits, &off, &history),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    fn ln_probs(probs: &[f64]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    fn sampled() -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_near_the_best() {
+        let logits = ln_probs(&[0.5, 0.3, 0.15, 0.05]);
+        let params = SamplingParams {
+            min_p: 0.2,
+            ..sampled()
+        };
+        let dist = distribution(&logits, &params, &[]);
+        assert_dist(&dist, &[(0, 0.5 / 0.95), (1, 0.3 / 0.95), (2, 0.15 / 0.95)]);
+    }
+
+    #[test]
+    fn typical_keeps_the_tokens_nearest_the_entropy() {
+        // Entropy 1.1421; surprises 0.693, 1.204, 1.897, 2.996: token 1 is
+        // nearest, then token 0, whose mass 0.8 passes 0.7.
+        let logits = ln_probs(&[0.5, 0.3, 0.15, 0.05]);
+        let params = SamplingParams {
+            typical_p: 0.7,
+            ..sampled()
+        };
+        let dist = distribution(&logits, &params, &[]);
+        assert_dist(&dist, &[(0, 0.625), (1, 0.375)]);
+    }
+
+    #[test]
+    fn top_p_cuts_before_the_temperature() {
+        let logits = ln_probs(&[0.5, 0.3, 0.2]);
+        let params = SamplingParams {
+            top_p: 0.75,
+            temperature: 2.0,
+            ..SamplingParams::default()
+        };
+        let dist = distribution(&logits, &params, &[]);
+        let (a, b) = (0.5_f64.sqrt(), 0.3_f64.sqrt());
+        assert_dist(&dist, &[(0, a / (a + b)), (1, b / (a + b))]);
+    }
+
+    #[test]
+    fn verification_penalizes_each_row_after_the_drafts_before_it() {
+        let row = [0.0_f32, 1.0, 0.5];
+        let params = SamplingParams {
+            repeat_penalty: 4.0,
+            ..SamplingParams::default()
+        };
+        // Plain decoding: 1, then 2 (token 1 penalized to 0.25), then 1 (0.25 > 0.125).
+        let mut sampler = Sampler::new(params.clone());
+        let mut history = vec![7];
+        for _ in 0..3 {
+            let next = sampler.choose(&row, &history);
+            history.push(next);
+        }
+        assert_eq!(history, [7, 1, 2, 1]);
+        let mut rng = Rng::new(0);
+        let round = Round {
+            history: &[7],
+            draft: &[1, 2],
+            draft_dists: None,
+        };
+        let verdict = verify(|_| &row[..], round, &params, &mut rng);
+        assert_eq!(
+            verdict,
+            Verdict {
+                accepted: 2,
+                next: 1
+            }
+        );
+    }
+
+    /// The full chain's distribution of each committed position, checked by
+    /// chi-square: speculative rounds (drafts from `q`) against `p(t0) p(t1 | t0)`.
+    #[test]
+    fn rejection_sampling_keeps_the_full_chain_distribution() {
+        let logits = [1.0_f32, 0.8, 0.5, 0.3, -0.2, -1.0];
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: 5,
+            top_p: 0.97,
+            min_p: 0.05,
+            typical_p: 0.99,
+            repeat_penalty: 1.5,
+            presence_penalty: 0.2,
+            frequency_penalty: 0.1,
+            repeat_last_n: 4,
+            logit_bias: vec![(3, 0.4)],
+            ..SamplingParams::default()
+        };
+        let history = [0, 2, 0];
+        let q: Distribution = vec![(0, 0.3), (1, 0.3), (2, 0.2), (3, 0.1), (4, 0.1)];
+        let dists = vec![q.clone(), q.clone()];
+        let mut rng = Rng::new(11);
+        let trials = 40_000;
+        let mut counts = [[0_u32; 6]; 6];
+        for _ in 0..trials {
+            let mut committed: Vec<i32> = Vec::new();
+            while committed.len() < 2 {
+                let draft = [sample(&q, &mut rng), sample(&q, &mut rng)];
+                let seen = [&history[..], &committed].concat();
+                let round = Round {
+                    history: &seen,
+                    draft: &draft,
+                    draft_dists: Some(&dists),
+                };
+                let verdict = verify(|_| &logits[..], round, &params, &mut rng);
+                committed.extend_from_slice(&draft[..verdict.accepted]);
+                committed.push(verdict.next);
+            }
+            counts[committed[0] as usize][committed[1] as usize] += 1;
+        }
+        let first = distribution(&logits, &params, &history);
+        let mut chi_square = 0.0;
+        let mut cells = 0;
+        for t0 in 0..6 {
+            let second = distribution(&logits, &params, &[&history[..], &[t0]].concat());
+            for t1 in 0..6 {
+                let expected =
+                    probability(&first, t0) * probability(&second, t1) * f64::from(trials);
+                let seen = f64::from(counts[t0 as usize][t1 as usize]);
+                if expected == 0.0 {
+                    assert_eq!(seen, 0.0, "({t0}, {t1}) is outside the chain");
+                    continue;
+                }
+                chi_square += (seen - expected).powi(2) / expected;
+                cells += 1;
+            }
+        }
+        // The 99.9th percentile of chi-square with `cells - 1` (< 36) degrees of freedom is below 67.
+        assert!(
+            cells > 10 && chi_square < 67.0,
+            "chi-square {chi_square} over {cells} cells"
         );
     }
 }

@@ -20,7 +20,12 @@ fn refuse(field: &'static str, reason: String) -> Result<(), SettingError> {
 }
 
 /// How tokens are chosen. `temperature == 0` is greedy decoding.
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// The chain, in llama.cpp's order (`crate::sampling`): logit bias,
+/// repetition penalties, then (sampling only) top-k, typical, top-p, min-p
+/// and temperature. Greedy decoding takes the argmax after bias and penalties.
+/// Each neutral default and each bound is written once, here.
+#[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 chooses greedily.
     pub temperature: f32,
@@ -28,42 +33,184 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// Keep the smallest set of most likely tokens whose mass reaches `top_p` (1: all).
     pub top_p: f32,
+    /// Keep the tokens at least `min_p` times as likely as the most likely one (0: all).
+    pub min_p: f32,
+    /// Locally typical sampling's mass (1: off).
+    pub typical_p: f32,
+    /// Repetition penalty over the last `repeat_last_n` tokens (1: off).
+    pub repeat_penalty: f32,
+    /// Tokens of the history the penalties count (0: none, -1: the whole history).
+    pub repeat_last_n: i32,
+    /// Subtracted from the logit of every token present in the window (0: off).
+    pub presence_penalty: f32,
+    /// Subtracted once per occurrence in the window (0: off).
+    pub frequency_penalty: f32,
+    /// `(token, bias)` added to the logits, by ascending distinct token.
+    pub logit_bias: Vec<(i32, f32)>,
     /// Seed of the RNG.
     pub seed: u64,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-        }
+        Self::DEFAULT
     }
 }
 
 impl SamplingParams {
+    /// The defaults: greedy, every other sampler neutral (llama.cpp's
+    /// `repeat_last_n` of 64, which counts nothing while the penalties are neutral).
+    pub const DEFAULT: Self = Self {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        typical_p: 1.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        logit_bias: Vec::new(),
+        seed: 0,
+    };
+}
+
+/// Check that `value` is finite and within `low..=high` (above `low` when
+/// `open_low`): the message names `field` and the range.
+fn check_range(
+    field: &'static str,
+    value: f32,
+    low: f32,
+    high: f32,
+    open_low: bool,
+) -> Result<(), SettingError> {
+    let above = if open_low { value > low } else { value >= low };
+    if value.is_finite() && above && value <= high {
+        return Ok(());
+    }
+    let open = if open_low { "(" } else { "[" };
+    refuse(
+        field,
+        format!("must be in {open}{low}, {high}], not {value}"),
+    )
+}
+
+impl SamplingParams {
+    /// The most entries a logit bias may have.
+    pub const MAX_LOGIT_BIAS: usize = 1 << 18;
+    /// The largest magnitude of a logit bias.
+    pub const MAX_ABS_LOGIT_BIAS: f32 = 1.0e4;
+    /// The largest repetition penalty.
+    pub const MAX_REPEAT_PENALTY: f32 = 100.0;
+    /// The largest magnitude of the presence and frequency penalties.
+    pub const MAX_ABS_PENALTY: f32 = 100.0;
+
     /// Whether tokens are chosen greedily.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
     }
 
+    /// Whether the repetition penalties change any logit.
+    pub fn penalizes(&self) -> bool {
+        self.repeat_last_n != 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+
+    /// The history's tokens the penalties count: its last `repeat_last_n`
+    /// (all for -1; none when the penalties are off).
+    pub fn penalty_window<'a>(&self, history: &'a [i32]) -> &'a [i32] {
+        if !self.penalizes() {
+            return &[];
+        }
+        match usize::try_from(self.repeat_last_n) {
+            Ok(n) => &history[history.len().saturating_sub(n)..],
+            Err(_) => history,
+        }
+    }
+
     /// Check the parameters; the message names the bad one.
     pub fn validate(&self) -> Result<(), SettingError> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(SettingError {
-                field: "temperature",
-                reason: format!("must be finite and >= 0, not {}", self.temperature),
-            });
+            return refuse(
+                "temperature",
+                format!("must be finite and >= 0, not {}", self.temperature),
+            );
         }
-        if !self.top_p.is_finite() || self.top_p <= 0.0 || self.top_p > 1.0 {
-            return Err(SettingError {
-                field: "top_p",
-                reason: format!("must be in (0, 1], not {}", self.top_p),
-            });
+        check_range("top_p", self.top_p, 0.0, 1.0, true)?;
+        check_range("min_p", self.min_p, 0.0, 1.0, false)?;
+        check_range("typical_p", self.typical_p, 0.0, 1.0, true)?;
+        let most = Self::MAX_REPEAT_PENALTY;
+        check_range("repeat_penalty", self.repeat_penalty, 0.0, most, true)?;
+        let most = Self::MAX_ABS_PENALTY;
+        check_range(
+            "presence_penalty",
+            self.presence_penalty,
+            -most,
+            most,
+            false,
+        )?;
+        check_range(
+            "frequency_penalty",
+            self.frequency_penalty,
+            -most,
+            most,
+            false,
+        )?;
+        if self.repeat_last_n < -1 {
+            return refuse(
+                "repeat_last_n",
+                format!(
+                    "must be -1 (the whole history), 0 (off) or positive, not {}",
+                    self.repeat_last_n
+                ),
+            );
+        }
+        self.validate_logit_bias()
+    }
+
+    fn validate_logit_bias(&self) -> Result<(), SettingError> {
+        let bias = &self.logit_bias;
+        if bias.len() > Self::MAX_LOGIT_BIAS {
+            return refuse(
+                "logit_bias",
+                format!(
+                    "has {} entries, more than {}",
+                    bias.len(),
+                    Self::MAX_LOGIT_BIAS
+                ),
+            );
+        }
+        let most = Self::MAX_ABS_LOGIT_BIAS;
+        for (index, &(token, value)) in bias.iter().enumerate() {
+            if token < 0 || (index > 0 && bias[index - 1].0 >= token) {
+                return refuse(
+                    "logit_bias",
+                    format!(
+                        "tokens must be distinct, ascending and >= 0; not {token} at entry {index}"
+                    ),
+                );
+            }
+            if !value.is_finite() || value.abs() > most {
+                return refuse(
+                    "logit_bias",
+                    format!("the bias of token {token} must be in [-{most}, {most}], not {value}"),
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Check the logit bias's tokens against a vocabulary of `n_vocab` tokens.
+    pub fn check_vocabulary(&self, n_vocab: usize) -> Result<(), SettingError> {
+        match self.logit_bias.last() {
+            Some(&(token, _)) if token as usize >= n_vocab => refuse(
+                "logit_bias",
+                format!("token {token} is not in the model's vocabulary of {n_vocab} tokens"),
+            ),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -166,7 +313,7 @@ impl Mode {
 }
 
 /// Everything that decides what a generation computes.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GeneratorConfig {
     /// How drafts are made.
     pub mode: Mode,
@@ -399,5 +546,98 @@ mod tests {
         }
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn each_sampler_names_itself_when_refused() {
+        let base = SamplingParams::default();
+        assert!(base.validate().is_ok() && !base.penalizes());
+        let cases: [(SamplingParams, &str); 9] = [
+            (
+                SamplingParams {
+                    min_p: -0.1,
+                    ..base.clone()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: f32::NAN,
+                    ..base.clone()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    typical_p: 0.0,
+                    ..base.clone()
+                },
+                "typical_p",
+            ),
+            (
+                SamplingParams {
+                    repeat_penalty: 0.0,
+                    ..base.clone()
+                },
+                "repeat_penalty",
+            ),
+            (
+                SamplingParams {
+                    repeat_last_n: -2,
+                    ..base.clone()
+                },
+                "repeat_last_n",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: f32::INFINITY,
+                    ..base.clone()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: -1000.0,
+                    ..base.clone()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(2, 1.0), (1, 1.0)],
+                    ..base.clone()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, f32::NAN)],
+                    ..base.clone()
+                },
+                "logit_bias",
+            ),
+        ];
+        for (params, field) in cases {
+            let error = params.validate().unwrap_err();
+            assert_eq!(error.field, field, "{params:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_sampler_says_its_range_and_the_vocabulary_bounds_the_bias() {
+        let base = SamplingParams::default();
+        let error = SamplingParams {
+            min_p: 2.0,
+            ..base.clone()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(error.to_string(), "min_p must be in [0, 1], not 2");
+        let biased = SamplingParams {
+            logit_bias: vec![(0, 1.0), (9, -1.0)],
+            ..base
+        };
+        assert!(biased.check_vocabulary(10).is_ok());
+        assert_eq!(biased.check_vocabulary(9).unwrap_err().field, "logit_bias");
     }
 }

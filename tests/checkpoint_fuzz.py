@@ -143,9 +143,32 @@ META_KEYS = (
     "draft_model",
     "n_threads",
 )
-#: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3) and
-#: adaptive draft policy state (format 4).
-META_FIELDS = (*META_KEYS, "conversation", "adaptive")
+#: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3),
+#: adaptive draft policy state (format 4) and sampler chain (format 5).
+META_FIELDS = (*META_KEYS, "conversation", "adaptive", "sampler")
+#: The keys a label compares: META_KEYS and the sampler chain.
+LABEL_KEYS = (*META_KEYS, "sampler")
+#: The fields of meta's ``sampler`` (format 5), in order, and their bounds (src/settings.rs, SamplingParams).
+SAMPLER_FIELDS = (
+    "min_p",
+    "typical_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+)
+#: ``(low, high, low_open)`` of each real-valued sampler field.
+SAMPLER_RANGES = {
+    "min_p": (0.0, 1.0, False),
+    "typical_p": (0.0, 1.0, True),
+    "repeat_penalty": (0.0, 100.0, True),
+    "presence_penalty": (-100.0, 100.0, False),
+    "frequency_penalty": (-100.0, 100.0, False),
+}
+MAX_LOGIT_BIAS = 1 << 18
+MAX_ABS_LOGIT_BIAS = 1.0e4
+I32 = (-(1 << 31), (1 << 31) - 1)
 ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle")
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
@@ -377,6 +400,71 @@ def adaptive_problem(value: Any, version: int) -> str | None:
     return None
 
 
+def _sampler_real_problem(name: str, value: Any) -> str | None:
+    if not _is_number(value):
+        return f"sampler {name} is not a number"
+    low, high, low_open = SAMPLER_RANGES[name]
+    number = _f32(value)
+    if not math.isfinite(number) or number > high or number < low or (low_open and number == low):
+        return f"sampler {name} out of range"
+    return None
+
+
+def _logit_bias_problem(value: list[list[Any]], n_vocab: int) -> str | None:
+    """Why a readable ``logit_bias`` must be refused (values, order, vocabulary), or None."""
+    previous = -1
+    for token, bias in value:
+        if not math.isfinite(_f32(bias)) or abs(_f32(bias)) > MAX_ABS_LOGIT_BIAS:
+            return "a logit bias out of range"
+        if token <= previous:
+            return "logit_bias tokens not distinct, ascending and >= 0"
+        previous = token
+    if value and value[-1][0] >= n_vocab:
+        return "a logit_bias token outside the vocabulary"
+    return None
+
+
+def sampler_problem(value: Any, version: int, n_vocab: int) -> str | None:
+    """Why a meta ``sampler`` entry must be refused, or None (as serde and ``SamplingParams::validate``)."""
+    if value is None:
+        return None
+    if version < 5:
+        return "a sampler before version 5"
+    sampler = _as_struct(value, SAMPLER_FIELDS)
+    if sampler is None or set(sampler) != set(SAMPLER_FIELDS):
+        return "sampler is not an object of exactly its fields"
+    for name in SAMPLER_RANGES:
+        if not _is_number(sampler[name]):
+            return f"sampler {name} is not a number"
+    last_n = sampler["repeat_last_n"]
+    if not (_is_int(last_n) and I32[0] <= last_n <= I32[1]):
+        return "repeat_last_n is not an i32"
+    problem = _logit_bias_shape_problem(sampler["logit_bias"])
+    if problem is not None:
+        return problem
+    for name in SAMPLER_RANGES:
+        problem = _sampler_real_problem(name, sampler[name])
+        if problem is not None:
+            return problem
+    if last_n < -1:
+        return "repeat_last_n below -1"
+    return _logit_bias_problem(sampler["logit_bias"], n_vocab)
+
+
+def _logit_bias_shape_problem(value: Any) -> str | None:
+    """Why serde cannot read ``logit_bias`` at all, or None."""
+    if not isinstance(value, list):
+        return "logit_bias is not a list"
+    if len(value) > MAX_LOGIT_BIAS:
+        return "logit_bias has too many entries"
+    for entry in value:
+        if not (isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0]) and _is_number(entry[1])):
+            return "a logit_bias entry is not [token, bias]"
+        if not I32[0] <= entry[0] <= I32[1]:
+            return "a logit_bias token is not an i32"
+    return None
+
+
 def adaptive_fit_problem(adaptive: dict[str, Any], n_draft: int) -> str | None:
     """Why a well-formed ``adaptive`` entry does not fit ``n_draft`` (``AdaptiveState::validate``), or None."""
     costs = adaptive["cost_us"]
@@ -410,7 +498,7 @@ def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) 
     return None
 
 
-def meta_problem(value: Any, base: Base, history: int, version: int = 4, threads: int | None = 1) -> str | None:
+def meta_problem(value: Any, base: Base, history: int, version: int = 5, threads: int | None = 1) -> str | None:
     """Why ``value`` (the parsed meta) must be refused for ``base``'s models, or None.
 
     ``threads`` is the restore's ``n_threads`` (None: the recorded count).
@@ -420,7 +508,11 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 4, threads
         return "meta is not an object"
     if set(meta) - set(META_FIELDS):
         return f"unknown meta key {sorted(set(meta) - set(META_FIELDS))[0]!r}"
-    problem = conversation_problem(meta.get("conversation"), version) or adaptive_problem(meta.get("adaptive"), version)
+    problem = (
+        conversation_problem(meta.get("conversation"), version)
+        or adaptive_problem(meta.get("adaptive"), version)
+        or sampler_problem(meta.get("sampler"), version, base.n_vocab)
+    )
     if problem is not None:
         return problem
     n_threads = meta.get("n_threads")
@@ -568,7 +660,7 @@ def predict(data: bytes, base: Base, threads: int | None = 1) -> str | None:
         meta = strict_json(payloads["meta"])
     except ValueError as error:
         return f"meta JSON: {error}"
-    if len(payloads["state"]) != {1: STATE_V1, 2: STATE_V2, 3: STATE_V2, 4: STATE_V2}.get(version):
+    if len(payloads["state"]) != {1: STATE_V1, 2: STATE_V2, 3: STATE_V2, 4: STATE_V2, 5: STATE_V2}.get(version):
         return f"a state of {len(payloads['state'])} bytes in version {version}"
     tokens = payloads["tokens"]
     if len(tokens) % 4:
@@ -860,20 +952,24 @@ def _meta_label(original: dict[str, Any], meta: Any) -> Expect:
     new = _as_meta(meta)
     if new is None:
         return "any"
-    full = {key: new.get(key) for key in META_KEYS}
+    keys = set(original)
+    full = {key: new.get(key) for key in LABEL_KEYS}
+    original = {key: original.get(key) for key in LABEL_KEYS}
     for role in ("target_model", "draft_model"):
         if isinstance(full[role], list):
             full[role] = _as_struct(full[role], FINGERPRINT_KEYS)
-    if full == original and all(type(full[k]) is type(original[k]) for k in META_KEYS if k != "temperature"):
+    if isinstance(full["sampler"], list):
+        full["sampler"] = _as_struct(full["sampler"], SAMPLER_FIELDS)
+    if full == original and all(type(full[k]) is type(original[k]) for k in LABEL_KEYS if k != "temperature"):
         # Same values; a key left out or an array for an object is lenient, refusing it is fine too.
         complete = (
             isinstance(meta, dict)
-            and set(meta) == set(META_KEYS)
+            and set(meta) == keys
             and all(isinstance(v, dict) for v in (meta["target_model"], meta["draft_model"]) if v is not None)
         )
         return "noop" if complete else "exact"
     informational = set(VERSION_KEYS) | {"n_threads"}  # the harness restores with n_threads=1
-    for key in META_KEYS:
+    for key in LABEL_KEYS:
         if key in informational or full[key] == original[key]:
             continue
         mine, theirs = full[key], original[key]
@@ -1099,6 +1195,65 @@ def mutate_meta_keys(ctx: Context) -> Mutation:
     else:
         # Same meaning, other bytes.
         return "meta re-serialised", _with_meta(ctx, _meta_bytes(meta, ctx.rng)), "noop"
+    return detail, _with_meta(ctx, _meta_bytes(meta, ctx.rng)), _meta_label(ctx.base.meta, meta)
+
+
+def _sampler_values(ctx: Context, key: str) -> list[Any]:
+    n_vocab = ctx.base.n_vocab
+    values: dict[str, list[Any]] = {
+        "min_p": [-0.1, 0, 0.0, 0.05, 1, 1.0000001, 2, 1e39, "0"],
+        "typical_p": [0, 0.0, 1e-46, 0.5, 1, 1.5, -1, True],
+        "repeat_penalty": [0, -1, 1e-30, 1.0, 1.3, 100, 100.001, 1e39],
+        "repeat_last_n": [-2, -1, 0, 1, 64, 2**31 - 1, 2**31, 1.0, None],
+        "presence_penalty": [-100, -100.5, 0, 0.5, 100, 101, 1e39],
+        "frequency_penalty": [-101, -0.5, 0.0, 99.9, 1e40, "x"],
+        "logit_bias": [
+            [],
+            [[0, 1.0]],
+            [[n_vocab - 1, -5.0]],
+            [[n_vocab, 1.0]],
+            [[-1, 1.0]],
+            [[3, 1.0], [3, 2.0]],
+            [[4, 1.0], [3, 2.0]],
+            [[1, 10000]],
+            [[1, 10001]],
+            [[1, 1e39]],
+            [[1]],
+            [[1, 2, 3]],
+            [{"token": 1, "bias": 1.0}],
+            [[2**31, 1.0]],
+            [[t, 0.5] for t in range(min(n_vocab, 300))],
+            [[t, 0.5] for t in range(MAX_LOGIT_BIAS + 1)],
+            {"1": 1.0},
+        ],
+    }
+    return values[key]
+
+
+def mutate_meta_sampler(ctx: Context) -> Mutation:
+    """The sampler chain's entry (format 5): a bound value, a missing or extra field, or no entry at all."""
+    meta: dict[str, Any] = dict(ctx.base.meta)
+    sampler = dict(meta.get("sampler") or {})
+    choice = ctx.rng.randrange(6)
+    if choice == 0 or not sampler:
+        meta.pop("sampler", None)
+        detail = "meta without sampler"
+    elif choice == 1:
+        key = ctx.pick(SAMPLER_FIELDS)
+        del sampler[key]
+        meta["sampler"] = sampler
+        detail = f"meta sampler without {key}"
+    elif choice == 2:
+        meta["sampler"] = dict(sampler, **{ctx.pick(["extra", "top_k", "min_p "]): 1})
+        detail = "meta sampler with an extra key"
+    elif choice == 3:
+        meta["sampler"] = [sampler[key] for key in SAMPLER_FIELDS]
+        detail = "meta sampler as an array"
+    else:
+        key = ctx.pick(SAMPLER_FIELDS)
+        value = ctx.pick(_sampler_values(ctx, key))
+        meta["sampler"] = dict(sampler, **{key: value})
+        detail = f"meta sampler {key}={_short(value)}"
     return detail, _with_meta(ctx, _meta_bytes(meta, ctx.rng)), _meta_label(ctx.base.meta, meta)
 
 
@@ -1370,7 +1525,7 @@ def mutate_layout(ctx: Context) -> Mutation:
         size = ctx.pick([0, 31, 33, 64, 0xFFFF])
         return f"header size {size}", assemble(Layout(layout.version, sections, size)), "any"
     elif choice == 7:
-        version = ctx.pick([0, 1, 2, 3, 4, 5, 0xFFFF])
+        version = ctx.pick([0, 1, 2, 3, 4, 5, 6, 0xFFFF])
         if version == 1 and layout.version >= 2 and ctx.rng.random() < 0.5:
             # A true version-1 file of the same content: a reader of both versions may accept it.
             state = _state_payload(ctx)[:STATE_V1]
@@ -1435,6 +1590,7 @@ CLASSES: dict[str, tuple[int, Callable[[Context], Mutation]]] = {
     "meta-bound": (10, mutate_meta_bound),
     "meta-type": (7, mutate_meta_type),
     "meta-keys": (5, mutate_meta_keys),
+    "meta-sampler": (4, mutate_meta_sampler),
     "meta-stale-binding": (2, mutate_meta_stale),
     "state-field": (10, mutate_state),
     "state-counters": (3, mutate_counters),

@@ -58,6 +58,7 @@ fn config(mode: Mode, temperature: f32, n_ctx: u32) -> GeneratorConfig {
             top_k: 40,
             top_p: 0.95,
             seed: 7,
+            ..SamplingParams::default()
         },
         n_ctx,
         n_batch: 32,

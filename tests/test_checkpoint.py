@@ -63,7 +63,7 @@ def test_a_checkpoint_has_every_section(checkpoint: bytes, tiny_map: dict[str, P
     names = [name for name, _ in info["sections"]]
     assert names == ["meta", "state", "tokens", "target_state", "draft_state", "speculative_state"]
     assert checkpoint[:8] == b"SPECSTAT"
-    assert info["format_version"] == 4 and info["size"] == len(checkpoint)
+    assert info["format_version"] == 5 and info["size"] == len(checkpoint)
     assert info["config"]["mode"] == "mtp"
     assert info["llama_cpp_sys_version"] == specstate.native_info()["llama_cpp_sys_version"]
     target = info["target_model"]
@@ -118,10 +118,10 @@ def test_other_files_are_not_checkpoints(mtp_generator: Generator) -> None:
 
 def test_an_unsupported_version_is_named(mtp_generator: Generator, checkpoint: bytes) -> None:
     data = bytearray(checkpoint[:-4])
-    data[8:10] = struct.pack("<H", 5)
+    data[8:10] = struct.pack("<H", 6)
     error = assert_refused_and_unchanged(mtp_generator, reseal(bytes(data)))
     assert isinstance(error, UnsupportedVersionError)
-    assert (error.found, error.supported) == (5, 4)  # type: ignore[attr-defined]
+    assert (error.found, error.supported) == (6, 5)  # type: ignore[attr-defined]
 
 
 def test_a_section_too_large_is_refused_before_anything_is_read(mtp_generator: Generator, checkpoint: bytes) -> None:
@@ -160,17 +160,17 @@ def test_a_different_draft_model_is_refused(tiny_map: dict[str, Path]) -> None:
         Generator.restore(generator.checkpoint(), Model(tiny_map["qwen35"]))  # no draft model given
 
 
-@pytest.mark.parametrize("other", ["ngram", "mtp-n_draft-2", "mtp-greedy"])
+@pytest.mark.parametrize("other", ["ngram", "mtp-n_draft-2"])
 def test_another_mode_or_configuration_is_refused(tiny_map: dict[str, Path], checkpoint: bytes, other: str) -> None:
+    """(Sampling parameters may change between calls: a load takes the checkpoint's; see test_sampler_chain.py.)"""
     generator = {
         "ngram": lambda: tiny_generator("ngram", tiny_map, sampled=True),
         "mtp-n_draft-2": lambda: tiny_generator("mtp", tiny_map, sampled=True, n_draft=2),
-        "mtp-greedy": lambda: tiny_generator("mtp", tiny_map),
     }[other]()
     generator.generate("other", max_tokens=5)
     error = assert_refused_and_unchanged(generator, checkpoint)
     assert isinstance(error, ConfigMismatchError)
-    assert error.field in ("mode", "n_draft", "sampling")
+    assert error.field in ("mode", "n_draft")
 
 
 def test_a_good_load_replaces_the_generation(tiny_map: dict[str, Path], checkpoint: bytes) -> None:

@@ -276,7 +276,12 @@ BAD_ARGUMENTS: list[tuple[dict[str, Any], type[Exception]]] = [
     ({"stream": 1}, TypeError),
     ({"model": 3}, TypeError),
     ({"n_ctx": 3}, TypeError),
-    ({"min_p": 0.05}, UnsupportedParameterError),
+    ({"min_p": 2.0}, ValueError),
+    ({"min_p": True}, TypeError),
+    ({"repeat_penalty": 0.0}, ValueError),
+    ({"logit_bias": {10**9: 1.0}}, ValueError),
+    ({"logit_bias": [1]}, TypeError),
+    ({"tfs_z": 0.5}, UnsupportedParameterError),
 ]
 
 
@@ -300,14 +305,8 @@ def test_bad_arguments_change_nothing(llm: Llama, arguments: dict[str, Any], err
 
 
 UNSUPPORTED: list[tuple[str, object, object]] = [
-    ("min_p", 0.05, 0.0),
-    ("typical_p", 0.9, 1.0),
-    ("repeat_penalty", 1.1, 1.0),
-    ("presence_penalty", 0.5, 0.0),
-    ("frequency_penalty", 0.5, 0.0),
     ("tfs_z", 0.5, 1.0),
     ("mirostat_mode", 2, 0),
-    ("logit_bias", {5: 1.0}, None),
     ("grammar", "root ::= 'a'", None),
 ]
 
@@ -322,8 +321,22 @@ def test_unsupported_parameters_only_at_neutral_values(llm: Llama, name: str, va
             call(max_tokens=2, **{name: value})
         assert isinstance(raised.value, NotImplementedError)
         assert call(max_tokens=2, **{name: neutral})["choices"][0]["finish_reason"] == "length"
-    with pytest.raises(UnsupportedParameterError, match="min_p"):
-        llm(PROMPT, min_p=False)  # a bool does not stand for 0.0
+    with pytest.raises(UnsupportedParameterError, match="mirostat_mode"):
+        llm(PROMPT, mirostat_mode=False)  # a bool does not stand for 0
+
+
+def test_the_sampler_chain_parameters_reach_the_generator(tiny_chat: Path) -> None:
+    """Penalties and a logit bias apply to greedy calls as in llama.cpp: the same text as a generator given them."""
+    llm = tiny_llama(tiny_chat)
+    plain = Generator(Model(tiny_chat), n_ctx=N_CTX, n_batch=64, n_threads=1)
+    plain.generate(PROMPT, max_tokens=12)
+    banned = {plain.tokens[0]: -100.0}
+    chain: dict[str, Any] = {"repeat_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.25}
+    generator = Generator(Model(tiny_chat), n_ctx=N_CTX, n_batch=64, n_threads=1, logit_bias=banned, **chain)
+    expected = generator.generate(PROMPT, max_tokens=12)
+    assert generator.tokens[0] != plain.tokens[0]
+    result = llm(PROMPT, max_tokens=12, temperature=0, logit_bias=banned, **chain)
+    assert text_of(result) == expected
 
 
 def test_chat_only_and_completion_only_parameters(llm: Llama) -> None:

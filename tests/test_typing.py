@@ -51,6 +51,11 @@ def assert_conforms(value: object, hint: object, where: str) -> None:
         raise AssertionError(f"{where}: {value!r} is none of {args}: {failures}")
     elif origin is Literal:
         assert value in args, f"{where}: {value!r} not in {args}"
+    elif origin is dict:
+        assert isinstance(value, dict), f"{where}: {value!r} is not a dict"
+        for key, item in value.items():
+            assert_conforms(key, args[0], f"{where} key")
+            assert_conforms(item, args[1], f"{where}[{key!r}]")
     elif origin is list:
         assert isinstance(value, list), f"{where}: {value!r} is not a list"
         for index, item in enumerate(value):
@@ -123,6 +128,13 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
         "top_k": 0,
         "top_p": 1.0,
         "seed": 0,
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "repeat_penalty": 1.0,
+        "repeat_last_n": 64,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logit_bias": None,
         "ngram_max": 4,
         "ngram_min": 3,
         "n_threads": 0,

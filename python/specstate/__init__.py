@@ -7,7 +7,8 @@ bounds (``MAX_SPECULATIVE_*``), its validators (:func:`validate_config`,
 (see :mod:`specstate.errors`). :func:`native_info` describes the native build.
 The dictionaries the package takes and returns are typed (``TypedDict``):
 :class:`NativeInfo`, :class:`GeneratorSettings` (the keyword arguments of
-:class:`Generator`), :class:`GeneratorConfig` (``Generator.config``),
+:class:`Generator`), :class:`SamplingSettings` (its sampling ones, which
+:meth:`Generator.set_sampling` changes), :class:`GeneratorConfig` (``Generator.config``),
 :class:`CheckpointInfo` (:func:`inspect_checkpoint`) and the
 :class:`ModelFingerprint` entries in it.
 """
@@ -49,6 +50,7 @@ from specstate._typing import (  # noqa: E402
     Message,
     ModelFingerprint,
     NativeInfo,
+    SamplingSettings,
 )
 from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
@@ -91,6 +93,7 @@ __all__ = [
     "ModelFingerprint",
     "MtpSession",
     "NativeInfo",
+    "SamplingSettings",
     "chat_template",
     "encode_prompt",
     "inspect_checkpoint",

@@ -11,7 +11,7 @@ from typing import Final, Literal, Self, SupportsIndex, final
 
 from typing_extensions import Unpack, disjoint_base
 
-from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo
+from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo, SamplingSettings
 
 __all__ = [
     "MAX_CHECKPOINT_BYTES",
@@ -460,6 +460,9 @@ class Generator:
     # Keyword arguments: GeneratorSettings, which documents the defaults (stubtest checks its keys against the
     # runtime signature).
     def __new__(cls, target: Model, **settings: Unpack[GeneratorSettings]) -> Generator: ...
+    def set_sampling(self, **params: Unpack[SamplingSettings]) -> None:
+        """Change the sampling parameters given (the others stay), all checked before anything changes;
+        the RNG restarts from ``seed`` only when it changes. Checkpoints record the parameters in force."""
     def prefill(self, prompt: Sequence[int], conversation: tuple[Sequence[tuple[str, str]], str] | None = None) -> None:
         """Decode the prompt and commit the first generated token; ``conversation``
         (messages, template SHA-256) records the chat the prompt renders."""

@@ -6,7 +6,7 @@ Every key of these dictionaries is a string literal; at runtime they are plain
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, TypedDict
 
 from specstate._native import Model
@@ -21,6 +21,7 @@ __all__ = [
     "Mode",
     "ModelFingerprint",
     "NativeInfo",
+    "SamplingSettings",
 ]
 
 #: The five generation modes.
@@ -85,7 +86,46 @@ class _NgramLengths(TypedDict, total=False):
     ngram_min: int
 
 
-class GeneratorSettings(_NgramLengths, total=False):
+class SamplingSettings(TypedDict, total=False):
+    """How tokens are chosen: the sampling keyword arguments of :class:`specstate.Generator` and of
+    :meth:`specstate.Generator.set_sampling`, every one optional.
+
+    One chain, in llama.cpp's order, for greedy and sampled decoding and every
+    mode: ``logit_bias``, the penalties over the last ``repeat_last_n`` tokens
+    of the history (prompt and committed tokens), then, when sampling,
+    ``top_k``, ``typical_p``, ``top_p``, ``min_p`` and ``temperature``.
+    Greedy decoding takes the most likely token after bias and penalties.
+    The defaults (the native constructor's) leave every sampler but the
+    temperature neutral.
+    """
+
+    #: Softmax temperature (default 0.0: greedy).
+    temperature: float
+    #: Keep the k most likely tokens (default 0: all).
+    top_k: int
+    #: Nucleus mass, in (0, 1] (default 1.0: all).
+    top_p: float
+    #: RNG seed (default 0); :meth:`~specstate.Generator.set_sampling` restarts the RNG only when it changes.
+    seed: int
+    #: Keep the tokens at least ``min_p`` times as likely as the most likely one, in [0, 1] (default 0.0: all).
+    min_p: float
+    #: Locally typical sampling's mass, in (0, 1] (default 1.0: off).
+    typical_p: float
+    #: Repetition penalty, in (0, 100]: a repeated token's logit is divided by it when positive,
+    #: multiplied when not (default 1.0: off).
+    repeat_penalty: float
+    #: Tokens of the history the penalties count (default 64; 0: none, -1: the whole history).
+    repeat_last_n: int
+    #: Subtracted from a repeated token's logit, in [-100, 100] (default 0.0: off).
+    presence_penalty: float
+    #: Subtracted once per repetition, in [-100, 100] (default 0.0: off).
+    frequency_penalty: float
+    #: Added to the logits of these tokens, each in [-10000, 10000] (default None: no bias);
+    #: token ids must be in the model's vocabulary.
+    logit_bias: Mapping[int, float] | None
+
+
+class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     """The keyword arguments of :class:`specstate.Generator`, every one optional.
 
     The one statement of them in Python: the wrapper and the command line take
@@ -103,14 +143,6 @@ class GeneratorSettings(_NgramLengths, total=False):
     n_ctx: int
     #: Rows per decode (default 512).
     n_batch: int
-    #: Softmax temperature (default 0.0: greedy).
-    temperature: float
-    #: Keep the k most likely tokens (default 0: all).
-    top_k: int
-    #: Nucleus mass (default 1.0: all).
-    top_p: float
-    #: RNG seed (default 0).
-    seed: int
     #: Threads per context (default 0: the CPUs available).
     n_threads: int
     #: ``fixed`` (the default: every round drafts up to ``n_draft``) or ``adaptive`` (speculative modes only).
@@ -124,9 +156,9 @@ class GeneratorConfig(_NgramLengths):
     """What :attr:`specstate.Generator.config` returns and a checkpoint records.
 
     The settings a generation runs with: ``mode``, ``n_draft``, ``n_ctx``,
-    ``n_batch``, ``draft_policy``, the sampling parameters ``temperature``,
-    ``top_k``, ``top_p`` and ``seed``, and only in ``ngram`` mode
-    ``ngram_max`` and ``ngram_min``.
+    ``n_batch``, ``draft_policy``, the sampling parameters in force
+    (:class:`SamplingSettings`; ``logit_bias`` a dict, empty for none), and
+    only in ``ngram`` mode ``ngram_max`` and ``ngram_min``.
     """
 
     mode: Mode
@@ -138,6 +170,13 @@ class GeneratorConfig(_NgramLengths):
     top_k: int
     top_p: float
     seed: int
+    min_p: float
+    typical_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: dict[int, float]
 
 
 class ModelFingerprint(TypedDict):

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from specstate import _files, _native
 from specstate._native import Model
-from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode
+from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode, SamplingSettings
 from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
 from specstate.errors import ChatTemplateError, GenerationError
 
@@ -432,6 +432,16 @@ class Generator:
     def config(self) -> GeneratorConfig:
         """Mode, draft length, context, batch and sampling parameters."""
         return self._native.config
+
+    def set_sampling(self, **params: Unpack[SamplingSettings]) -> None:
+        """Choose the following tokens with these sampling parameters (the others stay as they are).
+
+        Everything is checked before anything changes (``ValueError`` naming
+        the parameter). The RNG goes on where it is, or restarts from ``seed``
+        when it changes; checkpoints record the parameters in force, so a
+        restore continues with them.
+        """
+        self._native.set_sampling(**params)
 
     @property
     def model(self) -> Model:

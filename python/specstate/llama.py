@@ -44,7 +44,9 @@ __all__ = [
     "CHAT_TEMPERATURE",
     "COMPLETION_MAX_TOKENS",
     "COMPLETION_TEMPERATURE",
+    "LAST_N_TOKENS_SIZE",
     "LLAMA_DEFAULT_SEED",
+    "MIN_P",
     "NEUTRAL",
     "N_BATCH",
     "N_CTX",
@@ -82,6 +84,10 @@ CHAT_TEMPERATURE = 0.2
 TOP_P = 0.95
 #: Most likely tokens kept by both (llama-cpp-python's default).
 TOP_K = 40
+#: Min-p cut of both (llama-cpp-python's default).
+MIN_P = 0.05
+#: Tokens of the history the repetition penalties count (llama-cpp-python's ``last_n_tokens_size`` default).
+LAST_N_TOKENS_SIZE = 64
 #: Context length in tokens (specstate's default; llama-cpp-python's is 512).
 N_CTX = 2048
 #: Rows per decode (the same default as llama-cpp-python's).
@@ -93,14 +99,8 @@ N_DRAFT = 8
 #: output unchanged: the only values accepted (anything else raises :class:`UnsupportedParameterError`).
 #: ``mirostat_tau`` and ``mirostat_eta`` are accepted as any number: they do nothing while ``mirostat_mode`` is 0.
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "min_p": (0.0,),
-    "typical_p": (1.0,),
-    "repeat_penalty": (1.0,),
-    "presence_penalty": (0.0,),
-    "frequency_penalty": (0.0,),
     "tfs_z": (1.0,),
     "mirostat_mode": (0,),
-    "logit_bias": (None, {}),
     "grammar": (None,),
     "logits_processor": (None,),
     "stopping_criteria": (None,),
@@ -218,16 +218,6 @@ class ChatCompletionChunk(TypedDict):
 class _Unsupported(TypedDict, total=False):
     """llama-cpp-python's sampling parameters specstate does not implement yet: neutral values only."""
 
-    #: Minimum-p cut: 0.0 only (llama-cpp-python's default is 0.05).
-    min_p: float
-    #: Locally typical sampling: 1.0 only.
-    typical_p: float
-    #: Repetition penalty: 1.0 only.
-    repeat_penalty: float
-    #: Presence penalty: 0.0 only.
-    presence_penalty: float
-    #: Frequency penalty: 0.0 only.
-    frequency_penalty: float
     #: Tail-free sampling: 1.0 only.
     tfs_z: float
     #: Mirostat: 0 (off) only.
@@ -236,8 +226,6 @@ class _Unsupported(TypedDict, total=False):
     mirostat_tau: float
     #: Mirostat's learning rate (any number: unused while ``mirostat_mode`` is 0).
     mirostat_eta: float
-    #: Per-token logit offsets: None or empty only.
-    logit_bias: Mapping[int, float] | None
     #: A GBNF grammar: None only.
     grammar: object
     #: Logits processors: None only.
@@ -255,6 +243,18 @@ class _Common(_Unsupported, total=False):
     top_p: float
     #: Keep the k most likely tokens (at most 0: all).
     top_k: int
+    #: Keep the tokens at least this many times as likely as the most likely one, in [0, 1].
+    min_p: float
+    #: Locally typical sampling's mass, in (0, 1] (1.0: off).
+    typical_p: float
+    #: Repetition penalty over the last ``last_n_tokens_size`` tokens, in (0, 100] (1.0: off).
+    repeat_penalty: float
+    #: Subtracted from the logit of a token in that window, in [-100, 100] (0.0: off).
+    presence_penalty: float
+    #: Subtracted once per occurrence in that window, in [-100, 100] (0.0: off).
+    frequency_penalty: float
+    #: Added to these tokens' logits, each in [-10000, 10000] (None: no bias).
+    logit_bias: Mapping[int, float] | None
     #: A stop string or several: the text ends before the first one (which is not included).
     stop: str | Sequence[str] | None
     #: This call's seed (default: the constructor's; ``LLAMA_DEFAULT_SEED`` or -1: random).
@@ -268,7 +268,9 @@ class CompletionOptions(_Common, total=False):
 
     Defaults: ``max_tokens`` :data:`COMPLETION_MAX_TOKENS`, ``temperature``
     :data:`COMPLETION_TEMPERATURE`, ``top_p`` :data:`TOP_P`, ``top_k``
-    :data:`TOP_K`, no ``stop``, ``echo`` False; the rest at :data:`NEUTRAL`.
+    :data:`TOP_K`, ``min_p`` :data:`MIN_P`, ``typical_p`` and
+    ``repeat_penalty`` 1.0, the other penalties 0.0, no ``logit_bias``, no
+    ``stop``, ``echo`` False; the rest at :data:`NEUTRAL`.
     """
 
     #: Put the prompt's text in front of the generated text.
@@ -286,7 +288,8 @@ class ChatCompletionOptions(_Common, total=False):
 
     Defaults: ``max_tokens`` None (until the context is full), ``temperature``
     :data:`CHAT_TEMPERATURE`, ``top_p`` :data:`TOP_P`, ``top_k`` :data:`TOP_K`,
-    no ``stop``; the rest at :data:`NEUTRAL`.
+    ``min_p`` :data:`MIN_P`, ``typical_p`` and ``repeat_penalty`` 1.0, the
+    other penalties 0.0, no ``logit_bias``, no ``stop``; the rest at :data:`NEUTRAL`.
     """
 
     #: Log-probabilities: None or False only.
@@ -325,11 +328,31 @@ class _Sampling:
     top_k: int
     top_p: float
     seed: int | None
+    min_p: float = MIN_P
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = LAST_N_TOKENS_SIZE
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: ``(token, bias)`` pairs by token.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def settings(self) -> GeneratorSettings:
         """The generator settings of these parameters (a random seed drawn now when ``seed`` is None)."""
         seed = secrets.randbits(64) if self.seed is None else self.seed
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": seed}
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "seed": seed,
+            "min_p": self.min_p,
+            "typical_p": self.typical_p,
+            "repeat_penalty": self.repeat_penalty,
+            "repeat_last_n": self.repeat_last_n,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": dict(self.logit_bias),
+        }
 
 
 @dataclass
@@ -380,23 +403,31 @@ class Llama:
         mode: specstate's speculative mode: ``none`` (default), ``ngram``, ``draft``, ``mtp``, ``eagle3``.
         draft_model_path: the draft model of the ``draft`` and ``eagle3`` modes.
         n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
+        last_n_tokens_size: tokens of the history the repetition penalties count
+            (default :data:`LAST_N_TOKENS_SIZE`; 0: none, -1: the whole history).
         chat_format: None (the model's own template) or ``"chatml"``; llama-cpp-python's other
             format names are not available (give the template's Jinja source as ``chat_template``).
         chat_template: a Jinja chat template used instead of the model's own.
         verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
 
-    Defaults that differ from llama-cpp-python's, and why: ``min_p`` is 0.0 in
-    both calls (llama-cpp-python: 0.05) because specstate's sampler has
-    temperature, top-k and top-p only; ``min_p`` and the other parameters it
-    lacks (:data:`NEUTRAL`) are accepted at their neutral values and raise
-    :class:`UnsupportedParameterError` otherwise, until the sampler chain
-    has them. ``top_k`` at most 0 keeps every token, as in llama.cpp. Every
-    argument after the prompt or the messages is keyword-only. The other
-    sampling defaults are llama-cpp-python's: ``temperature``
+    Sampling: specstate's sampler chain (llama.cpp's order: logit bias,
+    repetition penalties over the last ``last_n_tokens_size`` tokens of the
+    history, top-k, typical-p, top-p, min-p, temperature) takes
+    ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
+    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty`` and
+    ``logit_bias``, with llama-cpp-python's defaults: ``temperature``
     :data:`COMPLETION_TEMPERATURE` (0.8) for completions and
     :data:`CHAT_TEMPERATURE` (0.2) for chats, ``top_p`` :data:`TOP_P`,
-    ``top_k`` :data:`TOP_K`, ``max_tokens`` :data:`COMPLETION_MAX_TOKENS`
-    (16) for completions and None (until the context is full) for chats.
+    ``top_k`` :data:`TOP_K`, ``min_p`` :data:`MIN_P`, ``typical_p`` and
+    ``repeat_penalty`` 1.0, the other penalties 0.0; ``max_tokens``
+    :data:`COMPLETION_MAX_TOKENS` (16) for completions and None (until the
+    context is full) for chats. Greedy calls (``temperature`` 0) apply the
+    bias and penalties too, as llama.cpp does. The parameters the chain lacks
+    (:data:`NEUTRAL`: tail-free sampling, mirostat, grammars, ...) are
+    accepted at their neutral values and raise
+    :class:`UnsupportedParameterError` otherwise. ``top_k`` at most 0 keeps
+    every token, as in llama.cpp. Every argument after the prompt or the
+    messages is keyword-only.
 
     Chat: llama-cpp-python callers send the whole history each turn. When the
     messages extend the conversation held from the last chat call (the same
@@ -422,6 +453,7 @@ class Llama:
         mode: Mode = "none",
         draft_model_path: str | os.PathLike[str] | None = None,
         n_draft: int = N_DRAFT,
+        last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
         chat_template: str | None = None,
         verbose: bool = False,
@@ -432,6 +464,7 @@ class Llama:
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_draft", n_draft), ("n_threads", threads)):
             _integer(name, value)  # the ranges are the generator's to check
         self._seed = _seed(seed)
+        self._last_n = _integer("last_n_tokens_size", last_n_tokens_size)
         self._template = _template_source(chat_format, chat_template)
         #: Accepted for compatibility; nothing reads it.
         self.verbose = verbose
@@ -614,6 +647,9 @@ class Llama:
             top_k=max(0, _integer("top_k", options.get("top_k", TOP_K))),
             top_p=_real("top_p", options.get("top_p", TOP_P), 0.0, 1.0, open_low=True),
             seed=0 if temperature == 0 else seed,  # greedy: any seed chooses alike (and continues a conversation)
+            repeat_last_n=self._last_n,
+            logit_bias=_logit_bias(options.get("logit_bias")),
+            **_chain_reals(options),
         )
         limit = options.get("max_tokens", max_tokens)
         limit = None if limit is None else _integer("max_tokens", limit)
@@ -783,6 +819,36 @@ def _real(name: str, value: object, low: float, high: float, *, open_low: bool =
         bounds = f"{'(' if open_low else '['}{low}, {high}]"
         raise ValueError(f"{name} must be in {bounds}, not {value!r}")
     return number
+
+
+#: The sampler chain's real-valued parameters and llama-cpp-python's defaults (the generator checks their ranges).
+_CHAIN_REALS = {
+    "min_p": MIN_P,
+    "typical_p": 1.0,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+def _chain_reals(options: Mapping[str, object]) -> dict[str, float]:
+    """The chain's real-valued parameters of a call's options (numbers, not bools), defaults filled in."""
+    return {
+        name: _real(name, options.get(name, default), -math.inf, math.inf) for name, default in _CHAIN_REALS.items()
+    }
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """``{token: bias}`` (or None) as pairs by token; the generator checks the tokens and the values."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"logit_bias must be a mapping of token ids to numbers, not {type(value).__name__}")
+    pairs = (
+        (_integer("a logit_bias token", token), _real("logit_bias", bias, -math.inf, math.inf))
+        for token, bias in value.items()
+    )
+    return tuple(sorted(pairs))
 
 
 def _seed(value: object) -> int | None:

@@ -1,5 +1,6 @@
 //! `specstate._native.Generator`: the five-mode generator and its checkpoints.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::thread::ThreadId;
 
@@ -15,7 +16,7 @@ use crate::chat::Conversation;
 use crate::checkpoint;
 use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptions};
 use crate::sampling::SamplingParams;
-use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig};
+use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig, SettingError};
 
 /// A generation over a target model in one of five modes (see `specstate.Generator`).
 ///
@@ -74,6 +75,33 @@ fn checked_conversation(conversation: Option<(Pairs, String)>) -> PyResult<Optio
     Ok(Some(conversation))
 }
 
+/// A logit bias from Python (`{token: bias}`) as ascending entries; the
+/// generator checks the values and the tokens against the vocabulary.
+fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
+    let bias = bias.unwrap_or_default();
+    if bias.len() > SamplingParams::MAX_LOGIT_BIAS {
+        return Err(SettingError {
+            field: "logit_bias",
+            reason: format!(
+                "has {} entries, more than {}",
+                bias.len(),
+                SamplingParams::MAX_LOGIT_BIAS
+            ),
+        }
+        .into());
+    }
+    bias.into_iter()
+        .map(|(token, value)| match i32::try_from(token) {
+            Ok(token) if token >= 0 => Ok((token, value)),
+            _ => Err(SettingError {
+                field: "logit_bias",
+                reason: format!("token {token} is not a token id"),
+            }
+            .into()),
+        })
+        .collect()
+}
+
 fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
     model.as_ref().map(|m| Arc::clone(&m.get().inner))
 }
@@ -82,11 +110,20 @@ fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
 impl PyGenerator {
     #[new]
     #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = WideInt(8), n_ctx = WideInt(2048),
-                        n_batch = WideInt(512), temperature = 0.0, top_k = WideInt(0), top_p = 1.0,
-                        seed = WideInt(0), ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0),
+                        n_batch = WideInt(512), temperature = SamplingParams::DEFAULT.temperature,
+                        top_k = WideInt(SamplingParams::DEFAULT.top_k.into()), top_p = SamplingParams::DEFAULT.top_p,
+                        seed = WideInt(SamplingParams::DEFAULT.seed.into()), min_p = SamplingParams::DEFAULT.min_p,
+                        typical_p = SamplingParams::DEFAULT.typical_p,
+                        repeat_penalty = SamplingParams::DEFAULT.repeat_penalty,
+                        repeat_last_n = WideInt(SamplingParams::DEFAULT.repeat_last_n.into()),
+                        presence_penalty = SamplingParams::DEFAULT.presence_penalty,
+                        frequency_penalty = SamplingParams::DEFAULT.frequency_penalty, logit_bias = None,
+                        ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0),
                         draft_policy = "fixed", cost_curve = None),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
-                             temperature=0.0, top_k=0, top_p=1.0, seed=0, ngram_max=4, ngram_min=3, n_threads=0, \
+                             temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
+                             repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
+                             logit_bias=None, ngram_max=4, ngram_min=3, n_threads=0, \
                              draft_policy='fixed', cost_curve=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -101,6 +138,13 @@ impl PyGenerator {
         top_k: WideInt,
         top_p: f32,
         seed: WideInt,
+        min_p: f32,
+        typical_p: f32,
+        repeat_penalty: f32,
+        repeat_last_n: WideInt,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        logit_bias: Option<BTreeMap<i64, f32>>,
         ngram_max: WideInt,
         ngram_min: WideInt,
         n_threads: WideInt,
@@ -120,6 +164,13 @@ impl PyGenerator {
                 top_k: top_k.narrow("top_k")?,
                 top_p,
                 seed: seed.narrow("seed")?,
+                min_p,
+                typical_p,
+                repeat_penalty,
+                repeat_last_n: repeat_last_n.narrow("repeat_last_n")?,
+                presence_penalty,
+                frequency_penalty,
+                logit_bias: bias_entries(logit_bias)?,
             },
             n_ctx,
             n_batch: n_batch.narrow::<u32>("n_batch")?.min(n_ctx),
@@ -143,6 +194,55 @@ impl PyGenerator {
             inner.pin_cost_curve(cost_us)?;
         }
         Ok(Self::wrap(inner, target, draft_model))
+    }
+
+    /// Change the sampling parameters given (the others stay; `None` is not
+    /// given), checked before anything changes; the RNG starts again from
+    /// `seed` only when it changes.
+    #[pyo3(signature = (*, temperature = None, top_k = None, top_p = None, seed = None, min_p = None,
+                        typical_p = None, repeat_penalty = None, repeat_last_n = None, presence_penalty = None,
+                        frequency_penalty = None, logit_bias = None),
+           text_signature = "(self, /, *, temperature=..., top_k=..., top_p=..., seed=..., min_p=..., \
+                             typical_p=..., repeat_penalty=..., repeat_last_n=..., presence_penalty=..., \
+                             frequency_penalty=..., logit_bias=...)")]
+    #[allow(clippy::too_many_arguments)]
+    fn set_sampling(
+        &self,
+        py: Python<'_>,
+        temperature: Option<f32>,
+        top_k: Option<WideInt>,
+        top_p: Option<f32>,
+        seed: Option<WideInt>,
+        min_p: Option<f32>,
+        typical_p: Option<f32>,
+        repeat_penalty: Option<f32>,
+        repeat_last_n: Option<WideInt>,
+        presence_penalty: Option<f32>,
+        frequency_penalty: Option<f32>,
+        logit_bias: Option<BTreeMap<i64, f32>>,
+    ) -> PyResult<()> {
+        self.check_thread()?;
+        let mut params = self.read(py, |generator| generator.config().sampling.clone());
+        params.temperature = temperature.unwrap_or(params.temperature);
+        params.top_p = top_p.unwrap_or(params.top_p);
+        params.min_p = min_p.unwrap_or(params.min_p);
+        params.typical_p = typical_p.unwrap_or(params.typical_p);
+        params.repeat_penalty = repeat_penalty.unwrap_or(params.repeat_penalty);
+        params.presence_penalty = presence_penalty.unwrap_or(params.presence_penalty);
+        params.frequency_penalty = frequency_penalty.unwrap_or(params.frequency_penalty);
+        if let Some(top_k) = top_k {
+            params.top_k = top_k.narrow("top_k")?;
+        }
+        if let Some(seed) = seed {
+            params.seed = seed.narrow("seed")?;
+        }
+        if let Some(last_n) = repeat_last_n {
+            params.repeat_last_n = last_n.narrow("repeat_last_n")?;
+        }
+        if logit_bias.is_some() {
+            params.logit_bias = bias_entries(logit_bias)?;
+        }
+        Ok(self.run(py, |generator| generator.set_sampling(params))??)
     }
 
     /// Decode the prompt and commit the first generated token; `conversation`
@@ -407,6 +507,18 @@ fn config_dict<'py>(py: Python<'py>, config: &GeneratorConfig) -> PyResult<Bound
     dict.set_item("top_k", config.sampling.top_k)?;
     dict.set_item("top_p", config.sampling.top_p)?;
     dict.set_item("seed", config.sampling.seed)?;
+    let sampling = &config.sampling;
+    dict.set_item("min_p", sampling.min_p)?;
+    dict.set_item("typical_p", sampling.typical_p)?;
+    dict.set_item("repeat_penalty", sampling.repeat_penalty)?;
+    dict.set_item("repeat_last_n", sampling.repeat_last_n)?;
+    dict.set_item("presence_penalty", sampling.presence_penalty)?;
+    dict.set_item("frequency_penalty", sampling.frequency_penalty)?;
+    let bias = PyDict::new(py);
+    for &(token, value) in &sampling.logit_bias {
+        bias.set_item(token, value)?;
+    }
+    dict.set_item("logit_bias", bias)?;
     Ok(dict)
 }
 

@@ -31,6 +31,7 @@ fn config(mode: Mode) -> GeneratorConfig {
             top_k: 40,
             top_p: 0.9,
             seed: 7,
+            ..SamplingParams::default()
         },
         n_ctx: 256,
         n_batch: 32,
@@ -72,12 +73,16 @@ struct Synthetic {
     speculative: Option<Vec<u8>>,
 }
 
+/// A checkpoint of `mode` whose meta every format version reads (no
+/// `sampler` entry: the version-5 samplers neutral).
 fn synthetic(mode: Mode) -> Synthetic {
     let draft_model = mode.needs_draft_model().then(|| model("draft.gguf"));
     let has_draft_state = matches!(mode, Mode::Draft | Mode::Mtp | Mode::Eagle3);
     let has_speculative = matches!(mode, Mode::Mtp | Mode::Eagle3);
+    let mut meta = Meta::new(&config(mode), model("target.gguf"), draft_model);
+    meta.sampler = None;
     Synthetic {
-        meta: Meta::new(&config(mode), model("target.gguf"), draft_model),
+        meta,
         state: generator_state(mode),
         target: (0..300u32).map(|i| (i * 7) as u8).collect(),
         draft: has_draft_state.then(|| (0..120u32).map(|i| (i * 13) as u8).collect()),
@@ -417,13 +422,13 @@ fn bytes_without_the_magic_are_not_a_checkpoint() {
 #[test]
 fn unknown_versions_are_refused() {
     let bytes = valid(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
-    for version in [0u16, 5, 0xffff] {
+    for version in [0u16, 6, 0xffff] {
         let mut changed = bytes.clone();
         changed[8..10].copy_from_slice(&version.to_le_bytes());
         let error = decode(&changed).unwrap_err();
         let expected = CheckpointError::UnsupportedVersion {
             found: version,
-            supported: 4,
+            supported: 5,
         };
         assert_eq!(error, expected);
         // Reported before the length: a short file of a new version says so.
@@ -437,12 +442,12 @@ fn unknown_versions_are_refused() {
         }
     );
     let error = CheckpointError::UnsupportedVersion {
-        found: 5,
-        supported: 4,
+        found: 6,
+        supported: 5,
     };
     assert_eq!(
         error.to_string(),
-        "unsupported checkpoint format version 5 (this build reads version 4)"
+        "unsupported checkpoint format version 6 (this build reads version 5)"
     );
 }
 
@@ -744,7 +749,7 @@ fn the_state_invariants_are_checked() {
     let long = rebuilt(&draft, |s| payload_of(s, SectionKind::State).push(0));
     assert_eq!(
         corrupt_message(&long),
-        "the state section is 118 bytes, not the 117 of format version 4"
+        "the state section is 118 bytes, not the 117 of format version 5"
     );
     // A finished generation and every token delivered are fine.
     let finished = rebuilt(&draft, |s| payload_of(s, SectionKind::State)[64] = 1);
@@ -890,6 +895,123 @@ fn the_adaptive_policy_travels_in_meta_from_version_4() {
     let plain_bytes = valid(Mode::Draft);
     let plain = decode(&plain_bytes).unwrap();
     assert!(!plain.meta.config().unwrap().adaptive && plain.state.adaptive.is_none());
+}
+
+fn full_sampling() -> SamplingParams {
+    SamplingParams {
+        min_p: 0.05,
+        typical_p: 0.9,
+        repeat_penalty: 1.3,
+        repeat_last_n: -1,
+        presence_penalty: 0.5,
+        frequency_penalty: -0.25,
+        logit_bias: vec![(3, -2.5), (17, 1.0)],
+        ..config(Mode::None).sampling
+    }
+}
+
+#[test]
+fn the_sampler_travels_in_meta_from_version_5() {
+    let mut s = synthetic(Mode::Mtp);
+    let mut config = config(Mode::Mtp);
+    config.sampling = full_sampling();
+    s.meta = Meta::new(&config, model("target.gguf"), None);
+    let bytes = encode(&s);
+    let decoded = decode(&bytes).unwrap();
+    assert_eq!(decoded.meta.config().unwrap(), config);
+    let meta: Value = serde_json::from_slice(&parts(&bytes)[0].1).unwrap();
+    assert_eq!(meta["sampler"]["logit_bias"], json!([[3, -2.5], [17, 1.0]]));
+    let version_4 = patched(&bytes, 8, &4u16.to_le_bytes());
+    assert_eq!(
+        corrupt_message(&version_4),
+        "meta.sampler: not part of format version 4"
+    );
+    // An older file's samplers are the neutral ones.
+    let old_bytes = patched(&valid(Mode::Mtp), 8, &4u16.to_le_bytes());
+    let old = decode(&old_bytes).unwrap();
+    let sampling = old.meta.config().unwrap().sampling;
+    assert_eq!(
+        sampling,
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 7,
+            ..SamplingParams::default()
+        }
+    );
+}
+
+#[test]
+fn a_bad_sampler_is_corrupt() {
+    let mut s = synthetic(Mode::None);
+    let mut config = config(Mode::None);
+    config.sampling = full_sampling();
+    s.meta = Meta::new(&config, model("target.gguf"), None);
+    let bytes = encode(&s);
+    type Change = fn(&mut Value);
+    let too_many = SamplingParams::MAX_LOGIT_BIAS + 1;
+    let cases: [(Change, &str); 12] = [
+        (
+            |m| m["sampler"]["min_p"] = json!(1.5),
+            "meta.min_p must be in [0, 1]",
+        ),
+        (
+            |m| m["sampler"]["min_p"] = json!(1e39),
+            "meta.min_p must be in",
+        ),
+        (
+            |m| m["sampler"]["typical_p"] = json!(0),
+            "meta.typical_p must be in (0, 1]",
+        ),
+        (
+            |m| m["sampler"]["repeat_penalty"] = json!(0),
+            "meta.repeat_penalty",
+        ),
+        (
+            |m| m["sampler"]["repeat_penalty"] = json!(1000),
+            "meta.repeat_penalty",
+        ),
+        (
+            |m| m["sampler"]["repeat_last_n"] = json!(-2),
+            "meta.repeat_last_n",
+        ),
+        (
+            |m| m["sampler"]["presence_penalty"] = json!(-101),
+            "meta.presence_penalty",
+        ),
+        (
+            |m| m["sampler"]["frequency_penalty"] = json!(101),
+            "meta.frequency_penalty",
+        ),
+        (
+            |m| m["sampler"]["logit_bias"] = json!([[5, 1.0], [5, 2.0]]),
+            "meta.logit_bias",
+        ),
+        (
+            |m| m["sampler"]["logit_bias"] = json!([[-1, 1.0]]),
+            "meta.logit_bias",
+        ),
+        (
+            |m| m["sampler"]["logit_bias"] = json!([[1, 1e5]]),
+            "meta.logit_bias",
+        ),
+        (|m| m["sampler"]["extra"] = json!(1), "unknown field"),
+    ];
+    for (change, expected) in cases {
+        let message = corrupt_message(&with_meta(&bytes, change));
+        assert!(message.contains(expected), "{message}");
+    }
+    let long = with_meta(&bytes, |m| {
+        m["sampler"]["logit_bias"] =
+            json!((0..too_many).map(|t| json!([t, 0.5])).collect::<Vec<_>>())
+    });
+    let message = corrupt_message(&long);
+    assert!(message.contains("at most"), "{message}");
+    let missing = with_meta(&bytes, |m| {
+        m["sampler"].as_object_mut().unwrap().remove("min_p");
+    });
+    assert!(corrupt_message(&missing).contains("missing field"));
 }
 
 #[test]
@@ -1080,16 +1202,11 @@ fn models_and_configurations_are_compared() {
         error,
         CheckpointError::ConfigMismatch { field: "mode", .. }
     ));
+    // Sampling may change between calls: a load takes the checkpoint's.
     changed = config(Mode::Draft);
     changed.sampling.seed = 8;
-    let error = meta.check_config(&changed).unwrap_err();
-    assert!(matches!(
-        error,
-        CheckpointError::ConfigMismatch {
-            field: "sampling",
-            ..
-        }
-    ));
+    changed.sampling.min_p = 0.1;
+    assert_eq!(meta.check_config(&changed), Ok(()));
 
     assert_eq!(check_n_ctx_cap(256, 256), Ok(()));
     assert_eq!(

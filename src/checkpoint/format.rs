@@ -6,9 +6,10 @@ use crate::speculative::MAX_SPECULATIVE_STATE_BYTES;
 /// First eight bytes of every checkpoint.
 pub const MAGIC: &[u8; 8] = b"SPECSTAT";
 /// The format version this build writes. Versions 1 (no section bindings),
-/// 2 (no conversation in `meta`) and 3 (no adaptive draft policy in `meta`)
-/// are still read.
-pub const FORMAT_VERSION: u16 = 4;
+/// 2 (no conversation in `meta`), 3 (no adaptive draft policy in `meta`)
+/// and 4 (no `meta.sampler`: neutral min-p, typical-p, penalties and logit
+/// bias) are still read.
+pub const FORMAT_VERSION: u16 = 5;
 /// The oldest format version this build reads.
 pub(super) const OLDEST_READABLE_VERSION: u16 = 1;
 pub(super) const HEADER_SIZE: usize = 32;

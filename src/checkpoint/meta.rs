@@ -84,6 +84,98 @@ pub struct Meta {
     /// when the generation's draft policy is `adaptive`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveState>,
+    /// The sampler chain's other parameters, in force at the boundary
+    /// (format version 5; an older file's are the neutral defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<SamplerMeta>,
+}
+
+/// The `meta.sampler` entry (format version 5): the sampling parameters
+/// besides temperature, top-k, top-p and seed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplerMeta {
+    /// Min-p (0: off).
+    pub min_p: f32,
+    /// Typical-p (1: off).
+    pub typical_p: f32,
+    /// Repetition penalty (1: off).
+    pub repeat_penalty: f32,
+    /// Tokens the penalties count (0: none, -1: the whole history).
+    pub repeat_last_n: i32,
+    /// Presence penalty (0: off).
+    pub presence_penalty: f32,
+    /// Frequency penalty (0: off).
+    pub frequency_penalty: f32,
+    /// `[token, bias]` pairs, by ascending distinct token.
+    pub logit_bias: LogitBias,
+}
+
+/// A logit bias as a file holds it: at most
+/// [`SamplingParams::MAX_LOGIT_BIAS`] entries, refused while being read
+/// beyond that, so a file cannot make a reader allocate more.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct LogitBias(pub Vec<(i32, f32)>);
+
+impl<'de> Deserialize<'de> for LogitBias {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bounded;
+        impl<'de> serde::de::Visitor<'de> for Bounded {
+            type Value = LogitBias;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(
+                    f,
+                    "at most {} [token, bias] pairs",
+                    SamplingParams::MAX_LOGIT_BIAS
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<LogitBias, A::Error> {
+                let most = SamplingParams::MAX_LOGIT_BIAS;
+                let mut entries = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(entry) = seq.next_element::<(i32, f32)>()? {
+                    if entries.len() == most {
+                        return Err(serde::de::Error::invalid_length(most + 1, &self));
+                    }
+                    entries.push(entry);
+                }
+                Ok(LogitBias(entries))
+            }
+        }
+        deserializer.deserialize_seq(Bounded)
+    }
+}
+
+impl SamplerMeta {
+    /// The entry recording `params`.
+    pub fn new(params: &SamplingParams) -> Self {
+        Self {
+            min_p: params.min_p,
+            typical_p: params.typical_p,
+            repeat_penalty: params.repeat_penalty,
+            repeat_last_n: params.repeat_last_n,
+            presence_penalty: params.presence_penalty,
+            frequency_penalty: params.frequency_penalty,
+            logit_bias: LogitBias(params.logit_bias.clone()),
+        }
+    }
+
+    /// `base` (temperature, top-k, top-p, seed) with these parameters.
+    fn apply(&self, base: SamplingParams) -> SamplingParams {
+        SamplingParams {
+            min_p: self.min_p,
+            typical_p: self.typical_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.0.clone(),
+            ..base
+        }
+    }
 }
 
 impl Meta {
@@ -114,11 +206,12 @@ impl Meta {
             n_threads: None,
             conversation: None,
             adaptive: None,
+            sampler: Some(SamplerMeta::new(&config.sampling)),
         }
     }
 
-    /// Check the entries of format versions 3 (`n_threads`, `conversation`)
-    /// and 4 (`adaptive`): well formed, and only in a file of a version that
+    /// Check the entries of format versions 3 (`n_threads`, `conversation`),
+    /// 4 (`adaptive`) and 5 (`sampler`): well formed, and only in a file of a version that
     /// has them. (`adaptive` is checked against the configuration by
     /// [`Meta::adaptive_state`].)
     pub fn check_versioned_entries(&self, version: u16) -> Result<(), CheckpointError> {
@@ -132,6 +225,7 @@ impl Meta {
         absent_before(3, "n_threads", self.n_threads.is_some())?;
         absent_before(3, "conversation", self.conversation.is_some())?;
         absent_before(4, "adaptive", self.adaptive.is_some())?;
+        absent_before(5, "sampler", self.sampler.is_some())?;
         let most = crate::native::MAX_THREADS as u32;
         if let Some(n) = self.n_threads.filter(|n| !(1..=most).contains(n)) {
             return Err(corrupt(format!(
@@ -174,12 +268,7 @@ impl Meta {
         let config = GeneratorConfig {
             mode: self.mode()?,
             n_draft: self.n_draft,
-            sampling: SamplingParams {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                seed: self.seed,
-            },
+            sampling: self.sampling(),
             n_ctx: self.n_ctx,
             n_batch: self.n_batch,
             adaptive: self.adaptive.is_some(),
@@ -188,6 +277,22 @@ impl Meta {
             .validate()
             .map_err(|e| corrupt(format!("meta.{e}")))?;
         Ok(config)
+    }
+
+    /// The sampling parameters recorded (an older file's: neutral but for
+    /// temperature, top-k, top-p and seed).
+    fn sampling(&self) -> SamplingParams {
+        let base = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+            ..SamplingParams::default()
+        };
+        match &self.sampler {
+            Some(sampler) => sampler.apply(base),
+            None => base,
+        }
     }
 
     /// The adaptive policy's state (`None` for the fixed policy), checked
@@ -222,10 +327,12 @@ impl Meta {
         Ok(mode)
     }
 
-    /// Check that the checkpoint has the same mode and configuration as `config`.
+    /// Check that the checkpoint has the same mode and configuration as
+    /// `config`, sampling aside (it may change between calls; a load takes
+    /// the checkpoint's).
     pub fn check_config(&self, config: &GeneratorConfig) -> Result<(), CheckpointError> {
         let theirs = self.config()?;
-        let fields: [(&'static str, String, String); 6] = [
+        let fields: [(&'static str, String, String); 5] = [
             (
                 "mode",
                 format!("{:?}", theirs.mode),
@@ -241,11 +348,6 @@ impl Meta {
                 "n_batch",
                 theirs.n_batch.to_string(),
                 config.n_batch.to_string(),
-            ),
-            (
-                "sampling",
-                format!("{:?}", theirs.sampling),
-                format!("{:?}", config.sampling),
             ),
             (
                 "draft_policy",

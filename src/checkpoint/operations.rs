@@ -275,7 +275,7 @@ pub fn restore(
 /// Restore `checkpoint` into `generator` in place, reusing its contexts.
 ///
 /// The checkpoint must have the generator's mode, configuration and models
-/// (checked first). The generator's current boundary is kept aside; if
+/// (checked first); the generator takes its sampling parameters. The generator's current boundary is kept aside; if
 /// llama.cpp refuses any of the three states, or the positions they hold do
 /// not match the checkpoint's state, it is put back, so a refused checkpoint
 /// leaves the generator exactly as it was.
@@ -290,6 +290,10 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
         generator.target_model(),
         generator.draft_model().map(|m| m.as_ref()),
     )?;
+    let sampling = checkpoint.meta.config()?.sampling;
+    generator
+        .check_sampling(&sampling)
+        .map_err(|e| CheckpointError::Corrupt(format!("meta.{e}")))?;
     let kept = generator.boundary()?;
     let applied = generator.restore(
         checkpoint.state.clone(),
@@ -298,6 +302,7 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
         checkpoint.speculative_state,
     );
     let Err(error) = applied else {
+        generator.put_sampling(sampling);
         return set_conversation(generator, checkpoint);
     };
     generator

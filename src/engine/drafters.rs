@@ -88,6 +88,8 @@ impl Drafter for DraftModelDrafter<'_> {
         self.catch_up(request.history)?;
         let mut tokens = Vec::with_capacity(request.limit);
         let mut dists = Vec::with_capacity(request.limit);
+        // The draft chooses as the target would after the same history.
+        let mut seen = sampler.params.penalty_window(request.history).to_vec();
         loop {
             let logits = self.context.logits(-1)?;
             // Stop where the draft model is unsure of its next token: such
@@ -97,7 +99,8 @@ impl Drafter for DraftModelDrafter<'_> {
             if sampling::top_probability(logits) < DRAFT_CONFIDENCE {
                 break;
             }
-            let (token, dist) = sampler.draw(logits);
+            let (token, dist) = sampler.draw(logits, &seen);
+            seen.push(token);
             tokens.push(token);
             dists.push(dist);
             if tokens.len() == request.limit {

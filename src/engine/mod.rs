@@ -201,7 +201,7 @@ impl Engine<'_> {
         self.check_prompt(prompt)?;
         self.decode_prompt(prompt, 0)?;
         self.drafter.begin(prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?))
+        Ok(self.sampler.choose(self.target.logits(-1)?, prompt))
     }
 
     /// Continue the generation at `at` with a new turn: decode the last
@@ -216,7 +216,7 @@ impl Engine<'_> {
         self.check_prompt(&prompt)?;
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
         self.drafter.begin(&prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?))
+        Ok(self.sampler.choose(self.target.logits(-1)?, &prompt))
     }
 
     /// Decode `rows` at positions `start..` in batch-sized chunks, the drafter observing each.
@@ -362,6 +362,7 @@ impl Engine<'_> {
             .collect::<std::result::Result<_, _>>()?;
         let verdict = self.sampler.verify(
             |row| rows[row],
+            at.history,
             &draft.tokens,
             draft.distributions.as_deref(),
         );

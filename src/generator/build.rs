@@ -47,6 +47,7 @@ fn context_params(
 /// are checked by `Context::new` before it allocates.)
 fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig) -> Result<()> {
     config.validate()?;
+    config.sampling.check_vocabulary(target.n_vocab())?;
     let mode = config.mode.name();
     match (config.mode.needs_draft_model(), draft) {
         (true, None) => Err(GeneratorError::Invalid(format!(
@@ -158,7 +159,7 @@ impl Generator {
             Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
             _ => None,
         };
-        let sampler = Sampler::new(config.sampling);
+        let sampler = Sampler::new(config.sampling.clone());
         Ok(Self {
             session,
             draft,

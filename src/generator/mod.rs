@@ -27,7 +27,7 @@ use crate::engine::{
     SessionDrafter,
 };
 use crate::native::{Batch, Context, Model};
-use crate::sampling::Sampler;
+use crate::sampling::{Rng, Sampler, SamplingParams};
 use crate::session::DraftSession;
 
 /// Where a generation stands at a round boundary (everything but the contexts).
@@ -109,6 +109,33 @@ impl Generator {
     /// The configuration.
     pub fn config(&self) -> &GeneratorConfig {
         &self.config
+    }
+
+    /// Change how the following tokens are chosen, checked (against the
+    /// target's vocabulary too) before anything changes. The RNG goes on
+    /// where it is, or starts again from the new seed when the seed changes.
+    pub fn set_sampling(&mut self, params: SamplingParams) -> Result<()> {
+        self.check_sampling(&params)?;
+        if params.seed != self.sampler.params.seed {
+            self.sampler.rng = Rng::new(params.seed);
+            self.state.rng = self.sampler.rng.state();
+        }
+        self.put_sampling(params);
+        Ok(())
+    }
+
+    /// Check sampling parameters for this generator: their ranges, and the
+    /// logit bias's tokens against the target's vocabulary.
+    pub fn check_sampling(&self, params: &SamplingParams) -> std::result::Result<(), SettingError> {
+        params.validate()?;
+        params.check_vocabulary(self.target.model().n_vocab())
+    }
+
+    /// Use checked `params` from now on, the RNG going on where it is (a
+    /// restored boundary brings its own).
+    pub(crate) fn put_sampling(&mut self, params: SamplingParams) {
+        self.sampler.params = params.clone();
+        self.config.sampling = params;
     }
 
     /// The state at the current boundary.
