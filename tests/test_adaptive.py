@@ -135,7 +135,7 @@ def test_the_policy_travels_in_checkpoints(smollm2: Model, smollm2_file: Path, t
     reference.generate(REPEATING, max_tokens=64)
     data = generator.checkpoint()
     info = inspect_checkpoint(data)
-    assert (info["format_version"], info["config"]["draft_policy"], info["cost_curve"]) == (4, "adaptive", curve)
+    assert (info["format_version"], info["config"]["draft_policy"], info["cost_curve"]) == (5, "adaptive", curve)
     restored = Generator.restore(data, smollm2, n_threads=1)
     assert (restored.cost_curve, restored.draft_acceptance) == (curve, generator.draft_acceptance)
     assert restored.config["draft_policy"] == "adaptive"
