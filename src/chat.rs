@@ -128,14 +128,48 @@ pub fn render_text(
         .collect())
 }
 
-/// Tokens of rendered parts: template text with special tokens parsed,
-/// message text literally.
+/// Tokens of rendered parts: the whole text tokenized at once, with special
+/// tokens parsed, as llama.cpp's server reads a rendered prompt (so merges
+/// across a part's edge are kept: `"  hi"` is not split where the message
+/// begins) -- unless a special token would come from message text, which
+/// would let a message forge a role: then template text is tokenized with
+/// special tokens parsed and message text literally, part by part.
 fn tokenize_parts(model: &Model, parts: &[PromptPart]) -> Result<Vec<i32>> {
+    let whole: String = parts.iter().map(|part| part.text.as_str()).collect();
+    let tokens = model.tokenize(&whole, false, true)?;
+    if specials_only_in_template(model, parts, &tokens)? {
+        return Ok(tokens);
+    }
     let mut tokens = Vec::new();
     for part in parts.iter().filter(|part| !part.text.is_empty()) {
         tokens.extend(model.tokenize(&part.text, false, !part.is_input)?);
     }
     Ok(tokens)
+}
+
+/// Whether `tokens` spell the parts' text exactly and every special token
+/// among them lies within template text.
+fn specials_only_in_template(model: &Model, parts: &[PromptPart], tokens: &[i32]) -> Result<bool> {
+    let mut input = Vec::new(); // for each byte of the text: whether a message wrote it
+    let mut text = Vec::new();
+    for part in parts {
+        input.extend(std::iter::repeat_n(part.is_input, part.text.len()));
+        text.extend_from_slice(part.text.as_bytes());
+    }
+    let mut at = 0;
+    for &token in tokens {
+        let piece = model.token_to_piece(token, true)?;
+        let end = at + piece.len();
+        if end > text.len() || text[at..end] != piece[..] {
+            return Ok(false);
+        }
+        let special = model.token_to_piece(token, false)? != piece;
+        if special && input[at..end].iter().any(|&from_message| from_message) {
+            return Ok(false);
+        }
+        at = end;
+    }
+    Ok(at == input.len())
 }
 
 /// The first turn's prompt: the conversation rendered with the assistant's

@@ -108,6 +108,16 @@ def test_message_text_cannot_forge_a_role(smollm2: Model) -> None:
     assert smollm2.detokenize(tokens, special=True) == render_chat(smollm2, forged)
 
 
+@pytest.mark.parametrize("content", ["  hi", "\n\nhi", "hi  ", "tabs\tand  spaces\n", "Hello!"])
+def test_a_prompt_is_tokenized_as_its_whole_rendering_where_that_is_safe(smollm2: Model, content: str) -> None:
+    """Merges across a message's edges are kept: the tokens are llama.cpp's own tokenization of the rendered
+    text (as its server reads a prompt), not template and message text tokenized apart."""
+    pairs = [("system", "Be brief."), ("user", content)]
+    text = render_chat(smollm2, [{"role": r, "content": c} for r, c in pairs])
+    expected = smollm2.tokenize(text, add_special=True, parse_special=True)
+    assert ChatTemplate(smollm2).prompt_tokens(pairs) == expected
+
+
 # --- conversations -------------------------------------------------------------------------------
 
 
