@@ -15,11 +15,12 @@ disconnects stops its generation after the piece being made. The GIL is released
 in native compute, so slots run side by side.
 
 Preemption without loss: a request that finds every slot busy, one of them with
-a streamed chat of lower priority, has that reply parked -- checkpointed between
+a chat of lower priority, has that reply parked -- checkpointed between
 two chunks, its contexts freed, the checkpoint kept in memory up to
 ``parked_bytes`` and then in ``spill_dir`` -- and resumed in the next free slot,
-its stream going on token for token with no gap and no duplicate. A whole
-(non-streamed) answer and a completion run to their end.
+its stream going on token for token with no gap and no duplicate (a whole answer
+runs as a stream inside the server, so it parks too). A completion runs to its
+end.
 
 Conversations that come back: a finished chat turn's checkpoint is kept in a
 bounded cache (memory, then ``cache_dir``, least recently used evicted; a
@@ -55,7 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specstate import _files
+from specstate import Generator, _files
 from specstate._typing import Mode
 from specstate.llama import ChatStream, Llama, ParkedChat, UnsupportedParameterError
 
@@ -223,7 +224,7 @@ class Job:
     body: dict[str, Any]
     stream: bool
     deliver: Callable[[object], None]  # called from the slot thread with each chunk, an exception, or DONE
-    #: Higher runs first; a streamed chat of lower priority is parked to make room for a higher one.
+    #: Higher runs first; a chat of lower priority is parked to make room for a higher one.
     priority: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: Set by the scheduler: park at the next chunk boundary.
@@ -234,10 +235,12 @@ class Job:
     parked_since: float = 0.0
     #: When it was submitted (oldest first among equal priorities).
     order: int = 0
+    #: The chunks of a whole (non-streamed) chat answer so far: a chat always runs as a stream, so it can park.
+    collected: list[Any] = field(default_factory=list)
 
     def preemptible(self) -> bool:
-        """Only a streamed chat is parked (a whole answer or a completion runs to its end)."""
-        return self.kind == "chat" and self.stream
+        """Only a chat is parked, streamed or not (a completion runs to its end)."""
+        return self.kind == "chat"
 
     def messages(self) -> list[Any]:
         return list(self.body.get("messages", [])) if self.kind == "chat" else []
@@ -277,7 +280,7 @@ class Metrics:
 
 class Scheduler:
     """The bounded queue the slots take jobs from: the highest priority first, then a chat that extends the
-    slot's conversation, then the oldest. A job that finds every slot busy with a streamed chat of lower
+    slot's conversation, then the oldest. A job that finds every slot busy with a chat of lower
     priority has the lowest of them parked (checkpointed between two chunks); a parked job waits in the queue
     with its checkpoint (up to ``parked_bytes`` of them) and resumes token for token in the next free slot."""
 
@@ -403,11 +406,12 @@ class Slot(threading.Thread):
         if job.kind == "chat" and job.parked is None and not self._holds(job):
             self._restore_cached(job)
         try:
-            if not job.stream:
-                call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
-                job.deliver(call(stream=False, **job.body))
+            if job.kind == "completion" and not job.stream:
+                job.deliver(self.llama.create_completion(stream=False, **job.body))
             elif self._stream(job, self._chunks(job)):
                 return
+            elif not job.stream:
+                job.deliver(_whole_chat(job.collected, self.llama.chat_generator))
             self._count(job)
             job.deliver(DONE)
         except (TypeError, ValueError, UnsupportedParameterError) as error:
@@ -429,7 +433,10 @@ class Slot(threading.Thread):
     def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
         """Deliver the chunks; True if the job stopped early (its client left, or it was parked)."""
         for chunk in chunks:
-            job.deliver(chunk)
+            if job.stream:
+                job.deliver(chunk)
+            else:
+                job.collected.append(chunk)
             if job.cancelled.is_set():
                 chunks.close()  # type: ignore[attr-defined]
                 self.metrics.add("cancelled_requests")
@@ -461,6 +468,28 @@ class Slot(threading.Thread):
         except Exception:  # a checkpoint of another build or model: the turn is decoded from its messages
             return
         self.metrics.add("conversations_restored")
+
+
+def _whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any]:
+    """The ``chat.completion`` that a whole answer's chunks make (usage from the generation that made them)."""
+    last = chunks[-1]
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+    prompt, reply = (len(generator.prompt_tokens), len(generator.tokens)) if generator is not None else (0, 0)
+    return {
+        "id": last["id"],
+        "object": "chat.completion",
+        "created": last["created"],
+        "model": last["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": last["choices"][0]["finish_reason"],
+            }
+        ],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply},
+    }
 
 
 def _unspilled(job: Job) -> ParkedChat:
