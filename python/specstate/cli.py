@@ -629,21 +629,23 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_demo_serve(args: argparse.Namespace) -> None:
-    try:
-        from specstate.serve_demo import run_serve_demo
-    except ImportError as error:
-        raise UsageError(f"demo-serve needs the server extra: pip install 'specstate[server]' ({error})") from error
-    if not run_serve_demo():
-        raise UsageError("the resumed stream differed from the uninterrupted reply")
+    _run_optional_demo(args.command, "specstate.serve_demo", "run_serve_demo", "the server extra (specstate[server])")
 
 
 def cmd_demo_cluster(args: argparse.Namespace) -> None:
+    _run_optional_demo(args.command, "specstate.cluster_demo", "run_cluster_demo", "Ray: pip install 'specstate[ray]'")
+
+
+def _run_optional_demo(command: str, module: str, function: str, needs: str) -> None:
+    """Run a demo that needs an extra (named in the error if it is missing); it returns whether the texts matched."""
+    import importlib
+
     try:
-        from specstate.cluster_demo import run_cluster_demo
+        demo = getattr(importlib.import_module(module), function)
     except ImportError as error:
-        raise UsageError(f"demo-cluster needs Ray: pip install 'specstate[ray]' ({error})") from error
-    if not run_cluster_demo():
-        raise UsageError("the text differed from the uninterrupted run")
+        raise UsageError(f"{command} needs {needs} ({error})") from error
+    if not demo():
+        raise UsageError("the resumed text differed from the uninterrupted run")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

@@ -475,21 +475,37 @@ def _whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any
     last = chunks[-1]
     text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
     prompt, reply = (len(generator.prompt_tokens), len(generator.tokens)) if generator is not None else (0, 0)
-    return {
-        "id": last["id"],
-        "object": "chat.completion",
-        "created": last["created"],
-        "model": last["model"],
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": last["choices"][0]["finish_reason"],
-            }
-        ],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply},
-    }
+    labels = (last["id"], last["created"], last["model"])
+    return openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=(prompt, reply))
+
+
+def openai_result(
+    chat: bool,
+    labels: tuple[str, int, str],
+    text: str,
+    finish: str | None,
+    *,
+    usage: tuple[int, int] | None = None,
+    first: bool = False,
+) -> dict[str, Any]:
+    """An OpenAI result: with ``usage`` (prompt and reply tokens) a whole one (``chat.completion`` or
+    ``text_completion``), else a streamed chunk (``first``: a chat's, carrying the role). ``labels``: its
+    ``id``, ``created`` and ``model``."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if not chat:
+        kind = "text_completion"
+        choice["text"] = text
+    elif usage is not None:
+        kind = "chat.completion"
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        kind = "chat.completion.chunk"
+        choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    result: dict[str, Any] = {"id": labels[0], "object": kind, "created": labels[1], "model": labels[2]}
+    result["choices"] = [choice]
+    if usage is not None:
+        result["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+    return result
 
 
 def _unspilled(job: Job) -> ParkedChat:

@@ -26,7 +26,7 @@ from typing import Any
 
 from specstate import Model
 from specstate.chat import as_pairs, chat_template
-from specstate.server import DONE, Job, Metrics, RequestError, ServerConfig
+from specstate.server import DONE, Job, Metrics, RequestError, ServerConfig, openai_result
 
 __all__ = ["PoolDriver"]
 
@@ -171,42 +171,15 @@ class PoolDriver(threading.Thread):
         tokens = self.pool.tokens(active.handle)
         return "stop" if tokens and self.model.is_eog(tokens[-1]) else "length"
 
+    def _labels(self, active: _Active) -> tuple[str, int, str]:
+        return active.id, active.created, self.config.name()
+
     def _chunk(self, active: _Active, text: str, finish: str | None) -> dict[str, Any]:
-        if active.chat:
-            delta = {"content": text} if active.started else {"role": "assistant", "content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            kind = "chat.completion.chunk"
-        else:
-            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-            kind = "text_completion"
-        return {
-            "id": active.id,
-            "object": kind,
-            "created": active.created,
-            "model": self.config.name(),
-            "choices": [choice],
-        }
+        return openai_result(active.chat, self._labels(active), text, finish, first=not active.started)
 
     def _whole(self, active: _Active, text: str) -> dict[str, Any]:
-        finish = self._finish(active)
-        tokens = len(self.pool.tokens(active.handle))
-        prompt = active.prompt_tokens
-        usage = {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
-        if active.chat:
-            message = {"role": "assistant", "content": text}
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            kind = "chat.completion"
-        else:
-            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-            kind = "text_completion"
-        return {
-            "id": active.id,
-            "object": kind,
-            "created": active.created,
-            "model": self.config.name(),
-            "choices": [choice],
-            "usage": usage,
-        }
+        usage = (active.prompt_tokens, len(self.pool.tokens(active.handle)))
+        return openai_result(active.chat, self._labels(active), text, self._finish(active), usage=usage)
 
 
 #: Where each sampling setting must lie here (checked before a worker sees it): low, high, integer.
