@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -391,3 +392,26 @@ def test_smollm2_chat_in_llama_cpp_python_style(smollm2_file: Path) -> None:
         generators.append(generator)
     assert "Paris" in replies[0] and "Berlin" in replies[1]
     assert generators[0] is generators[1]  # the second turn decoded only the new message
+
+
+@pytest.mark.parametrize("mode", ["none", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_parked_chat_stream_resumes_elsewhere_token_for_token(tiny_chat: Path, mode: str, temperature: float) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Tell me a long story."}]
+    options: dict[str, Any] = {"max_tokens": 60, "temperature": temperature, "seed": 11, "stop": ["zz~"]}
+    whole = tiny_llama(tiny_chat, mode=mode).create_chat_completion(messages, **options)
+    stream = tiny_llama(tiny_chat, mode=mode).create_chat_completion(messages, stream=True, **options)
+    first = [next(stream) for _ in range(12)]
+    parked = stream.park()
+    assert parked is not None and parked.remaining > 0
+    pickle.loads(pickle.dumps(parked))  # it travels between processes
+    other = tiny_llama(tiny_chat, mode=mode)
+    rest = list(other.resume_chat(parked))
+    chunks = first + rest
+    assert sum(1 for c in chunks if c["choices"][0]["delta"].get("role")) == 1
+    assert {c["id"] for c in chunks} == {first[0]["id"]}  # one reply
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == content_of(whole)
+    assert rest[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    held = other.chat_generator
+    assert held is not None and held.messages[-1]["content"].startswith(text)

@@ -26,14 +26,16 @@ import math
 import os
 import re
 import secrets
+import struct
 import time
 import uuid
+from collections.abc import Generator as PyGenerator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args, overload
 
 from specstate._native import ChatTemplate, Model
-from specstate._typing import GeneratorSettings, Mode
+from specstate._typing import GeneratorConfig, GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template
 from specstate.generator import Generator, TextStream
 
@@ -60,6 +62,7 @@ __all__ = [
     "ChatCompletionDelta",
     "ChatCompletionMessage",
     "ChatCompletionOptions",
+    "ChatStream",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
@@ -67,6 +70,7 @@ __all__ = [
     "CompletionUsage",
     "FinishReason",
     "Llama",
+    "ParkedChat",
     "UnsupportedParameterError",
 ]
 
@@ -337,6 +341,22 @@ class _Sampling:
     #: ``(token, bias)`` pairs by token.
     logit_bias: tuple[tuple[int, float], ...] = ()
 
+    def __post_init__(self) -> None:
+        # The generator keeps its real parameters in single precision: so do these, so that the sampling of
+        # a call and the one a checkpoint records compare equal.
+        for name in _REAL_FIELDS:
+            object.__setattr__(self, name, _single(getattr(self, name)))
+        object.__setattr__(self, "logit_bias", tuple((t, _single(b)) for t, b in self.logit_bias))
+
+    @classmethod
+    def of(cls, config: GeneratorConfig) -> _Sampling:
+        """The sampling a generator runs with (what its checkpoint records)."""
+        fields = {name: config[name] for name in _REAL_FIELDS}  # type: ignore[literal-required]
+        bias = tuple(sorted(config["logit_bias"].items()))
+        return cls(
+            top_k=config["top_k"], seed=config["seed"], repeat_last_n=config["repeat_last_n"], logit_bias=bias, **fields
+        )
+
     def settings(self) -> GeneratorSettings:
         """The generator settings of these parameters (a random seed drawn now when ``seed`` is None)."""
         seed = secrets.randbits(64) if self.seed is None else self.seed
@@ -353,6 +373,25 @@ class _Sampling:
             "frequency_penalty": self.frequency_penalty,
             "logit_bias": dict(self.logit_bias),
         }
+
+
+_REAL_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+def _single(value: float) -> float:
+    """``value`` rounded to single precision, as the generator stores it (beyond its range: infinite)."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 @dataclass
@@ -373,6 +412,8 @@ class _Run:
     id: str
     scanner: _StopScanner | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    #: The reply's token budget (a chat's).
+    limit: int = 0
 
     def finish_reason(self) -> FinishReason:
         """``stop`` or ``length``, once the pieces are all read."""
@@ -501,6 +542,11 @@ class Llama:
         """Forget the held conversation: the next chat call starts a new generation."""
         self._conversation = None
 
+    def release(self, generator: Generator) -> None:
+        """Forget the held conversation if it is ``generator``'s (a parked reply's, say)."""
+        if self._conversation is not None and self._conversation.generator is generator:
+            self._conversation = None
+
     @property
     def chat_generator(self) -> Generator | None:
         """The generator of the conversation the next chat call can continue (None before a chat call)."""
@@ -516,9 +562,7 @@ class Llama:
         )
         if not generator.messages:
             raise ValueError("the checkpoint holds a generation started with a prompt, not a chat")
-        config = generator.config
-        sampling = _Sampling(config["temperature"], config["top_k"], config["top_p"], config["seed"])
-        self._conversation = _Conversation(generator, sampling)
+        self._conversation = _Conversation(generator, _Sampling.of(generator.config))
         return generator
 
     # --- completions -----------------------------------------------------------------------------
@@ -583,14 +627,14 @@ class Llama:
     @overload
     def create_chat_completion(
         self, messages: Sequence[ChatMessage], *, stream: Literal[True], **options: Unpack[ChatCompletionOptions]
-    ) -> Iterator[ChatCompletionChunk]: ...
+    ) -> ChatStream: ...
     @overload
     def create_chat_completion(
         self, messages: Sequence[ChatMessage], *, stream: bool, **options: Unpack[ChatCompletionOptions]
-    ) -> ChatCompletion | Iterator[ChatCompletionChunk]: ...
+    ) -> ChatCompletion | ChatStream: ...
     def create_chat_completion(
         self, messages: Sequence[ChatMessage], *, stream: bool = False, **options: Unpack[ChatCompletionOptions]
-    ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+    ) -> ChatCompletion | ChatStream:
         """The assistant's reply to ``messages``, the whole conversation so far (see the class docstring).
 
         Messages are ``{"role", "content"}`` mappings; ``content`` may be a
@@ -610,8 +654,19 @@ class Llama:
         text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
         self._conversation = _Conversation(generator, sampling)
         scanner = _StopScanner(text, stops)
-        run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner)
-        return _chat_chunks(run) if streaming else _chat_completion(run)
+        run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
+        return ChatStream(self, run) if streaming else _chat_completion(run)
+
+    def resume_chat(self, parked: ParkedChat) -> ChatStream:
+        """The rest of a streamed chat reply that :meth:`ChatStream.park` paused: restored from its checkpoint
+        with this object's models (any :class:`Llama` over the same files), the chunks go on token for token
+        where the paused stream left them, without a second role chunk."""
+        generator = self.restore_chat(parked.checkpoint)
+        text = generator.continue_reply(max_tokens=parked.remaining)
+        scanner = _StopScanner(text, parked.stops, parked.held)
+        run = _Run(generator, self._watch(iter(scanner)), parked.model, parked.id, scanner, parked.created)
+        run.limit = parked.remaining + len(generator.tokens)
+        return ChatStream(self, run, started=True)
 
     def _pick(self, pairs: list[tuple[str, str]], sampling: _Sampling) -> tuple[Generator, list[tuple[str, str]]]:
         """The held generator and the new messages, when ``pairs`` extend its conversation; else a new one and all."""
@@ -722,39 +777,98 @@ def _chat_chunk(run: _Run, delta: ChatCompletionDelta, finish_reason: FinishReas
     }
 
 
-def _chat_chunks(run: _Run) -> Iterator[ChatCompletionChunk]:
-    """The chunks of a streamed chat completion: the role, each piece of text, then the finish reason."""
-    yield _chat_chunk(run, {"role": "assistant"}, None)
+def _chat_chunks(run: _Run, role: bool = True) -> PyGenerator[ChatCompletionChunk, None, None]:
+    """The chunks of a streamed chat completion: the role (unless ``role`` is False: a resumed stream), each
+    piece of text, then the finish reason."""
+    if role:
+        yield _chat_chunk(run, {"role": "assistant"}, None)
     for piece in run.pieces:
         yield _chat_chunk(run, {"content": piece}, None)
     yield _chat_chunk(run, {}, run.finish_reason())
 
 
+@dataclass(frozen=True)
+class ParkedChat:
+    """A streamed chat reply paused between two chunks (:meth:`ChatStream.park`): the generation's checkpoint
+    and what the rest of its chunks need. :meth:`Llama.resume_chat` continues it, in any thread or process."""
+
+    #: The generation's checkpoint (its conversation, tokens, sampling and RNG).
+    checkpoint: bytes
+    #: Tokens the reply may still generate.
+    remaining: int
+    #: The call's stop strings.
+    stops: list[str]
+    #: Text generated and not yet sent (it could begin a stop string).
+    held: str
+    #: The chunks' ``id``, ``created`` and ``model``.
+    id: str
+    created: int
+    model: str
+
+
+class ChatStream(Iterator[ChatCompletionChunk]):
+    """The chunks of a streamed chat completion (the role, each piece of text, then the finish reason); between
+    two chunks a running reply can be paused with :meth:`park` and continued later by :meth:`Llama.resume_chat`."""
+
+    def __init__(self, llama: Llama, run: _Run, *, started: bool = False) -> None:
+        self._llama, self._run, self._started = llama, run, started
+        self._chunks = _chat_chunks(run, role=not started)
+
+    def __next__(self) -> ChatCompletionChunk:
+        chunk = next(self._chunks)
+        self._started = True
+        return chunk
+
+    def close(self) -> None:
+        """Stop the stream (the generation keeps what it committed)."""
+        self._chunks.close()
+
+    def park(self) -> ParkedChat | None:
+        """Pause the reply: its checkpoint and state, the stream closed and the generation let go (its contexts
+        freed once nothing else holds it). None, and nothing changes, if the reply is complete but for its last
+        chunks (it ended, or a stop string cut it) or no chunk was taken yet."""
+        run, generator = self._run, self._run.generator
+        scanner = run.scanner
+        if not self._started or scanner is None or scanner.stopped or generator.finished:
+            return None
+        remaining = run.limit - len(generator.tokens)
+        if remaining <= 0:
+            return None
+        parked = ParkedChat(
+            generator.checkpoint(), remaining, scanner.stops, scanner.held, run.id, run.created, run.model
+        )
+        self._chunks.close()
+        self._llama.release(generator)
+        return parked
+
+
 class _StopScanner:
     """A reply's text pieces cut before the first stop string; text that could begin one is held back."""
 
-    def __init__(self, pieces: TextStream, stops: list[str]) -> None:
+    def __init__(self, pieces: TextStream, stops: list[str], held: str = "") -> None:
         self._pieces = pieces
-        self._stops = stops
+        self.stops = stops
         #: Whether a stop string ended the text.
         self.stopped = False
+        #: Text read and not yet yielded: it could begin a stop string.
+        self.held = held
 
     def __iter__(self) -> Iterator[str]:
-        held = ""
         try:
             for piece in self._pieces:
-                held += piece
-                cut = _first_stop(held, self._stops)
+                self.held += piece
+                cut = _first_stop(self.held, self.stops)
                 if cut is not None:
                     self.stopped = True
-                    held = held[:cut]
+                    self.held = self.held[:cut]
                     break
-                ready = len(held) - _partial_stop(held, self._stops)
+                ready = len(self.held) - _partial_stop(self.held, self.stops)
                 if ready > 0:
-                    yield held[:ready]
-                    held = held[ready:]
-            if held:
-                yield held
+                    piece, self.held = self.held[:ready], self.held[ready:]
+                    yield piece
+            if self.held:
+                piece, self.held = self.held, ""
+                yield piece
         finally:
             self._pieces.close()
 
