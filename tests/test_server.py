@@ -312,6 +312,8 @@ def test_served_from_ray_workers_a_stream_survives_its_workers_death(tiny_chat: 
                 os.kill(driver.pool.worker_pid(driver.pool.worker_of(active.handle)), signal.SIGKILL)
         with pytest.raises(openai.BadRequestError, match="stop"):
             client.chat.completions.create(model=MODEL, messages=story, max_tokens=4, stop=["x"])
+        with pytest.raises(openai.BadRequestError, match="min_p"):  # the worker's own check
+            client.chat.completions.create(model=MODEL, messages=story, max_tokens=4, extra_body={"min_p": 2.0})
         stats = driver.pool.stats(active.handle)
     finally:
         server.stop()

@@ -9,10 +9,11 @@ with those already sent (``specstate.cluster``). A client that disconnects has
 its generation preempted (stopped, its worker freed).
 
 A request here is a prompt: a chat's messages are rendered with the model's chat
-template and the reply generated after them; ``temperature``, ``top_k``,
-``top_p``, ``seed`` and ``max_tokens`` are honoured, other parameters refused
-with 400 (the slot server, without ``--ray``, has the rest: stop strings, the
-whole sampler chain, priorities and conversations continued from checkpoints).
+template and the reply generated after them; ``max_tokens`` and the sampler
+chain's parameters (:class:`specstate.SamplingSettings`, checked by the worker:
+a bad value is a 400) are honoured, other parameters refused with 400 (the slot
+server, without ``--ray``, has the rest: stop strings, llama-cpp-python's
+defaults, priorities and conversations continued from checkpoints).
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specstate import Model
+from specstate._typing import SamplingSettings
 from specstate.chat import as_pairs, chat_template
 from specstate.server import DONE, Job, Metrics, RequestError, ServerConfig, openai_result
 
 __all__ = ["PoolDriver"]
 
 #: What a request may carry in this mode (after the server removed ``model``, ``n``, ``stream``, ``priority``).
-ALLOWED = {"prompt", "messages", "max_tokens", "temperature", "top_k", "top_p", "seed"}
+SAMPLING = frozenset(SamplingSettings.__optional_keys__)
+ALLOWED = {"prompt", "messages", "max_tokens", *SAMPLING}
 #: Tokens a worker checkpoints after, so that a killed worker's generations recover.
 CHECKPOINT_EVERY = 16
 
@@ -105,10 +108,13 @@ class PoolDriver(threading.Thread):
             return
         try:
             self.pool.pump(timeout=0.05)
-        except Exception as error:  # a worker refused a generation: it is over, and its client hears why
+        except Exception as error:  # a worker refused a generation (bad sampling, say): its client hears why
+            status, kind = (
+                (400, "invalid_request_error") if isinstance(error, (TypeError, ValueError)) else (500, "server_error")
+            )
             for active in [a for a in self._active if self.pool.done(a.handle)]:
                 self._active.remove(active)
-                active.job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+                active.job.deliver(RequestError(status, f"{type(error).__name__}: {error}", kind))
         for active in list(self._active):
             self._hand_out(active)
 
@@ -116,7 +122,7 @@ class PoolDriver(threading.Thread):
         chat = job.kind == "chat"
         try:
             prompt = self._prompt(job.body, chat)
-            settings = _sampling(job.body)
+            settings = {name: value for name, value in job.body.items() if name in SAMPLING}
             max_tokens = int(job.body.get("max_tokens") or self.config.max_tokens)
             handle = self.pool.submit(
                 prompt,
@@ -180,27 +186,3 @@ class PoolDriver(threading.Thread):
     def _whole(self, active: _Active, text: str) -> dict[str, Any]:
         usage = (active.prompt_tokens, len(self.pool.tokens(active.handle)))
         return openai_result(active.chat, self._labels(active), text, self._finish(active), usage=usage)
-
-
-#: Where each sampling setting must lie here (checked before a worker sees it): low, high, integer.
-RANGES = {
-    "temperature": (0.0, 1e6, False),
-    "top_p": (1e-9, 1.0, False),
-    "top_k": (0, 2**32 - 1, True),
-    "seed": (0, 2**64 - 1, True),
-}
-
-
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    """The request's sampling settings, as the generator takes them, each checked."""
-    settings: dict[str, Any] = {}
-    for name, (low, high, integer) in RANGES.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-            raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}")
-        if not low <= value <= high:
-            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
-        settings[name] = value
-    return settings
