@@ -169,7 +169,9 @@ SAMPLER_RANGES = {
 MAX_LOGIT_BIAS = 1 << 18
 MAX_ABS_LOGIT_BIAS = 1.0e4
 I32 = (-(1 << 31), (1 << 31) - 1)
-ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle")
+ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle", "live")
+#: ``live`` (whether the curve follows the rounds' timings) may be left out: serde's default, false.
+ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:-1]
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
 MAX_TRIALS = (4096 + 2) * 8 * 256
@@ -376,15 +378,22 @@ def conversation_problem(value: Any, version: int) -> str | None:
     return None
 
 
+def _adaptive_struct(value: Any) -> dict[str, Any] | None:
+    """The adaptive struct, from an object or an array of its fields (``live`` may be left out)."""
+    return _as_struct(value, ADAPTIVE_FIELDS) or _as_struct(value, ADAPTIVE_REQUIRED)
+
+
 def adaptive_problem(value: Any, version: int) -> str | None:
     """Why a meta ``adaptive`` entry is malformed, or None (its fit to ``n_draft`` and the mode is checked later)."""
     if value is None:
         return None
     if version < 4:
         return "an adaptive policy before version 4"
-    adaptive = _as_struct(value, ADAPTIVE_FIELDS)
-    if adaptive is None or set(adaptive) != set(ADAPTIVE_FIELDS):
-        return "adaptive is not an object of cost_us, hits, trials, streak and idle"
+    adaptive = _adaptive_struct(value)
+    if adaptive is None or not set(ADAPTIVE_REQUIRED) <= set(adaptive) <= set(ADAPTIVE_FIELDS):
+        return "adaptive is not an object of cost_us, hits, trials, streak, idle and (optional) live"
+    if not isinstance(adaptive.get("live", False), bool):
+        return "live is not a boolean"
 
     def u32s(value: Any, length: int | None = None) -> bool:
         if not isinstance(value, list) or (length is not None and len(value) != length):
@@ -573,7 +582,7 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 5, threads
     problem = allocation_problem(base, mode, n_draft, n_batch, n_ctx)
     if problem is not None:
         return problem
-    adaptive = _as_struct(meta.get("adaptive"), ADAPTIVE_FIELDS)
+    adaptive = _adaptive_struct(meta.get("adaptive"))
     if adaptive is not None and mode == "none":
         return "an adaptive policy in mode none"
     return None if adaptive is None else adaptive_fit_problem(adaptive, n_draft)

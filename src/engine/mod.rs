@@ -269,13 +269,16 @@ impl Engine<'_> {
                 .truncated(request.limit),
         };
         let shadow = self.shadow_proposal(&request, limit)?;
+        let started = std::time::Instant::now();
         self.decode_verify_batch(request, &draft.tokens)?;
+        let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let round = self.judge(&at, &draft)?;
         self.drafter.settle(round.n_past, round.accepted)?;
         if round.accepted < draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
         }
         self.learn(&round, limit, request.limit, shadow);
+        self.learn_cost(draft.tokens.len() + 1, verify_micros);
         Ok(round)
     }
 
@@ -321,6 +324,18 @@ impl Engine<'_> {
             _ => Evidence::Verified,
         };
         policy.observe(round, evidence);
+    }
+
+    /// Move the live cost curve's entry for a verify batch of `rows` rows toward its time.
+    fn learn_cost(&mut self, rows: usize, micros: u64) {
+        let greedy = self.sampler.is_greedy();
+        if let Some(policy) = self
+            .policy
+            .as_deref_mut()
+            .filter(|p| p.follows_timings(greedy))
+        {
+            policy.observe_cost(rows, micros);
+        }
     }
 
     /// How many tokens this round may draft, or `None` when it can commit nothing.

@@ -25,11 +25,17 @@
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve in microseconds, the counts in fixed point), and the choice is a
-//! pure function of it: a restored generation makes the same choices as the
-//! uninterrupted one, token for token. The curve is never re-measured during a
-//! generation (a re-measurement after a restore could not reproduce the
-//! uninterrupted run's), and a caller can pin one (`cost_curve=`) so that two
-//! fresh runs choose alike.
+//! pure function of it. A sampled generation's text depends on its draft
+//! lengths (they decide how the RNG is drawn), so its curve never changes
+//! after it is measured: a restored generation makes the same choices as the
+//! uninterrupted one, token for token. A greedy generation's text does not
+//! (verification gives each token its single decode's logits, on the CPU), so
+//! a measured curve is **live** there: each round's own verify time moves the
+//! entry for its row count an eighth of the way ([`AdaptiveState::observe_cost`]),
+//! keeping the policy current on a machine whose load changes. A curve a caller
+//! pins (`cost_curve=`) never moves, so that two fresh runs choose alike; nor
+//! does any curve in a GPU build, where verification is exact only up to
+//! near-ties.
 
 use std::time::Instant;
 
@@ -75,6 +81,9 @@ pub struct AdaptiveState {
     pub streak: bool,
     /// Plain rounds in a row that gave no evidence.
     pub idle: u32,
+    /// Whether the curve follows the rounds' own timings (a measured curve; see the module notes).
+    #[serde(default)]
+    pub live: bool,
 }
 
 /// What a round drafted, for the policy to learn from.
@@ -99,7 +108,31 @@ impl AdaptiveState {
             trials: PRIOR.map(|(_, trials)| trials),
             streak: false,
             idle: 0,
+            live: false,
         }
+    }
+
+    /// A measured curve, which follows the rounds' timings in greedy generations.
+    pub fn measured(cost_us: Vec<u32>) -> Self {
+        Self {
+            live: true,
+            ..Self::new(cost_us)
+        }
+    }
+
+    /// Whether a round of a generation choosing greedily (`greedy`) moves the curve.
+    pub fn follows_timings(&self, greedy: bool) -> bool {
+        self.live && greedy && !cfg!(any(feature = "cuda", feature = "metal"))
+    }
+
+    /// A round verified `rows` rows in `micros`: that entry moves an eighth of the way to it.
+    pub fn observe_cost(&mut self, rows: usize, micros: u64) {
+        let Some(cost) = self.cost_us.get_mut(rows.wrapping_sub(1)) else {
+            return;
+        };
+        let sample = micros.clamp(1, u64::from(MAX_COST_MICROS)) as i64;
+        let moved = i64::from(*cost) + (sample - i64::from(*cost)) / 8;
+        *cost = moved.clamp(1, i64::from(MAX_COST_MICROS)) as u32;
     }
 
     /// Check a state from a caller or a file against the generation's draft
@@ -420,6 +453,23 @@ mod tests {
         for state in cases {
             assert!(state.validate(4).is_err(), "{state:?}");
         }
+    }
+
+    #[test]
+    fn a_live_curve_moves_an_eighth_of_the_way_to_each_verify_time() {
+        let mut measured = AdaptiveState::measured(vec![800, 1600, 2400]);
+        assert!(measured.follows_timings(true) && !measured.follows_timings(false));
+        measured.observe_cost(2, 800);
+        assert_eq!(measured.cost_us, vec![800, 1500, 2400]);
+        measured.observe_cost(1, u64::MAX); // bounded by the largest cost
+        assert_eq!(measured.cost_us[0], 800 + (MAX_COST_MICROS - 800) / 8);
+        measured.observe_cost(4, 1); // no such entry: nothing changes
+        measured.observe_cost(0, 1);
+        assert_eq!(measured.cost_us.len(), 3);
+        assert!(
+            !AdaptiveState::new(vec![1, 2]).follows_timings(true),
+            "a pinned curve never moves"
+        );
     }
 
     #[test]

@@ -261,7 +261,7 @@ impl Generator {
             token,
             rows,
         )?;
-        self.state.adaptive = Some(AdaptiveState::new(curve));
+        self.state.adaptive = Some(AdaptiveState::measured(curve));
         Ok(())
     }
 
