@@ -15,7 +15,8 @@ lines read::
     llm = Llama(model_path=model_path, n_ctx=2048, n_threads=..., seed=..., verbose=False)
 
 Everything else -- the message list resent whole each turn, ``stream=True``,
-``stop``, the chunks' ``delta`` -- is llama-cpp-python's API. specstate
+``stop``, ``min_p``, ``repeat_penalty``, the chunks' ``delta`` -- is
+llama-cpp-python's API (``response_format`` waits for grammars). specstate
 continues the conversation it holds when the history sent extends it, so each
 turn decodes only the new message.
 """
@@ -70,7 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         messages.append({"role": "user", "content": question})
         reply = ""
         for chunk in llm.create_chat_completion(
-            messages=messages, stream=True, stop=["\nuser:"], max_tokens=args.max_tokens, temperature=0.2
+            messages=messages,
+            stream=True,
+            stop=["\nuser:"],
+            max_tokens=args.max_tokens,
+            temperature=0.2,
+            min_p=0.05,
+            repeat_penalty=1.1,
         ):
             delta = chunk["choices"][0]["delta"]
             if "content" in delta:
