@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster bench-serve \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -194,6 +194,11 @@ bench-cpu: develop
 # The next turn of a 2,000-token conversation: restored from its checkpoint against re-prefilled.
 bench-chat: develop
 	$(BIN)/python benchmarks/chat_turn.py --threads 2 --json benchmarks/results/chat_turn.json
+
+# llama-cpp-python's full default chat chain (temperature 0.2, top-p 0.95, top-k 40, min-p 0.05), specstate none and
+# ngram against llama-cpp-python's create_completion, interleaved (the peer from the benchmark venv).
+bench-chain: develop
+	$(BIN)/python benchmarks/chain_bench.py --json benchmarks/results/chain.json
 
 # specstate serve against llama-cpp-python's server: the same streamed load, interleaved rounds (the peer from the
 # benchmark venv, SPECSTATE_BENCH_VENV, with llama-cpp-python[server]).

@@ -1,0 +1,92 @@
+"""``make bench-chain``: generation with llama-cpp-python's full default chat chain, specstate against it.
+
+Both sample 160 tokens on the code prompt of ``make bench`` (SmolLM2-135M-Instruct
+Q4_1) with llama-cpp-python's chat defaults -- temperature 0.2, top-p 0.95,
+top-k 40, min-p 0.05, the same seed -- at the same thread count, in interleaved
+rounds (every contender once per round, the order rotating): specstate in mode
+``none`` and ``ngram``, llama-cpp-python's ``create_completion`` (in the
+benchmark venv, ``SPECSTATE_BENCH_VENV``). Printed: tokens per second after the
+first token (prefill excluded) and the ratios to llama-cpp-python, medians over
+rounds with their ranges; ``--json`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from specstate import Model
+from specstate.bench import CODE_PROMPT, interleave, pair_ratio, timed_generation
+from specstate.smollm2 import smollm2_path
+
+PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
+PEER = Path(__file__).resolve().parent / "peer_llama_cpp_python.py"
+#: llama-cpp-python's chat defaults (as benchmarks/peer_llama_cpp_python.py's CHAIN).
+CHAIN: dict[str, Any] = dict(temperature=0.2, top_p=0.95, top_k=40, min_p=0.05, typical_p=1.0, repeat_penalty=1.0)
+SEED = 1234
+
+
+class Peer:
+    """llama-cpp-python in its own venv, answering one measurement per request line."""
+
+    def __init__(self, model: Path, threads: int) -> None:
+        python = PEER_VENV / "bin" / "python"
+        command = [str(python), str(PEER), "--serve", str(model), str(threads)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def measure(self, tokens: int) -> float:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        request = {"llm": "chain", "prompt": CODE_PROMPT, "tokens": tokens, "seed": SEED}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return float(json.loads(self.process.stdout.readline())["tokens_per_s"])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=160)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    path = smollm2_path()
+    model = Model(path)
+
+    def ours(mode: str) -> Any:
+        settings: Any = dict(mode=mode, n_threads=args.threads, seed=SEED, **CHAIN)
+        return lambda: timed_generation(model, CODE_PROMPT, args.tokens, **settings)[0]
+
+    contenders = {"specstate none": ours("none"), "specstate ngram": ours("ngram")}
+    peer = Peer(path, args.threads) if (PEER_VENV / "bin" / "python").exists() else None
+    if peer is not None:
+        contenders["llama-cpp-python"] = lambda: peer.measure(args.tokens)
+    try:
+        figures = interleave(contenders, args.rounds)
+    finally:
+        if peer is not None:
+            peer.close()
+    result: dict[str, Any] = {"tokens": args.tokens, "threads": args.threads, "chain": CHAIN, "figures": figures}
+    for name, values in figures.items():
+        print(f"{name:20s} {sorted(values)[len(values) // 2]:7.1f} tok/s")
+    if peer is not None:
+        for name in ("specstate none", "specstate ngram"):
+            ratio = pair_ratio(figures[name], figures["llama-cpp-python"])
+            result[f"{name} / llama-cpp-python"] = {"median": ratio.median, "low": ratio.low, "high": ratio.high}
+            print(f"{name} / llama-cpp-python: x{ratio.median:.2f} ({ratio.low:.2f}-{ratio.high:.2f})")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
