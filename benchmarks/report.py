@@ -7,6 +7,7 @@ from typing import Any
 
 from speculation import ADAPTIVE, contenders_table, ratio_text
 from speculation import targets as speculation_targets
+from verify_cost import table as verify_cost_table
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -118,6 +119,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", "| decode, 128 tokens | tokens/s (median) |", "| --- | ---: |"]
     lines += [f"| {name} | {value:.1f} |" for name, value in results["decode"].items()]
     lines += ["", *contenders_table(results["speculation"])]
+    if "verify_cost" in results:
+        lines += ["", *verify_cost_table(results["verify_cost"])]
     lines += [
         "",
         "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "

@@ -7,12 +7,14 @@ x86-64-v3 kernel flags as specstate) and llama.cpp's own ``llama-bench``
 llama-cpp-sys-4 crate), llama.cpp's own n-gram speculation (our driver of its
 ``common_speculative``, ``benchmarks/llama_spec``), plus specstate's native
 Rust loop with no Python in it (``benchmarks/native_decode.rs``). Model:
-SmolLM2-135M-Instruct Q4_1; 2 threads. Everything is built first; then every
+SmolLM2-135M-Instruct Q4_1; 2 threads; the cost of verifying batches of 1 to
+16 rows (``benchmarks/verify_cost.py``) also on Q4_0, Q8_0 and Q4_K copies.
+Everything is built first; then every
 speed comparison is measured in interleaved rounds (each contender once per
 round, back to back: ``specstate.bench.interleave``) and reported as the
 median of the per-round ratios with their range.
 
-Writes benchmarks/results/latest.json, latest.md and PNG charts.
+Writes benchmarks/results/latest.json, latest.md, verify_cost.json and PNG charts.
 Usage: python benchmarks/run.py [--runs 5] [--threads 2] [--skip-peers]
 """
 
@@ -50,6 +52,7 @@ from specstate.bench import (  # noqa: E402
 )
 from specstate.smollm2 import cache_dir, smollm2_path  # noqa: E402
 from speculation import PROMPTS, build_peers, prompt_figures  # noqa: E402
+from verify_cost import measure as verify_cost  # noqa: E402
 
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -281,6 +284,8 @@ def main() -> None:
     if checkpoint_peer:
         results["llama_cpp_python_version"] = checkpoint_peer["version"]
 
+    log("verify cost: batches of 1-16 rows, interleaved")
+    results["verify_cost"] = verify_cost(threads=args.threads)
     log("checkpoints")
     checkpoints: dict[str, Any] = {}
     for tokens in (512, 2048):
@@ -305,6 +310,7 @@ def main() -> None:
         for row in rows.values():
             row.pop("tokens", None)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / "verify_cost.json").write_text(json.dumps(results["verify_cost"], indent=2) + "\n")
     from report import write_report
 
     write_report(results, RESULTS)

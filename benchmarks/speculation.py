@@ -8,7 +8,9 @@ per-round pairs measured in the same stretch of time, printed with its range. Co
 (at most 16); llama-cpp-python's prompt lookup (``num_pred_tokens=10``, a persistent process of the
 benchmark's peer venv); llama.cpp's own n-gram speculation (``common_speculative``, ngram-simple
 with 4-token n-grams and drafts of up to 16, through the driver in ``benchmarks/llama_spec``).
-Everything is built before the first measurement.
+Everything is built before the first measurement. The column "equal to none" counts a contender's tokens
+equal to plain greedy's from the first on (the last round's run of each): every specstate mode's should be all of
+them, since specstate's llama.cpp patch gives each verified row exactly its single decode's logits.
 
 The bound printed for the adaptive policy is what its own cost curve and the run's acceptance allow:
 ``max_k (1 + a + ... + a^k) / cost(k + 1)`` with ``a`` = accepted / drafted, the best rate a policy
@@ -184,6 +186,7 @@ def prompt_figures(
         last = contenders.last.get(name, {})
         row["acceptance"] = last.get("acceptance")
         row["tokens_equal_to_none"] = agreement(last.get("tokens", []), plain_tokens)
+        row["tokens_of_none"] = len(plain_tokens)
         rows[name] = row
     best = max(FIXED_LENGTHS, key=lambda k: rows[f"ngram k={k}"]["tokens_per_s"])
     adaptive = speeds[ADAPTIVE]
@@ -217,6 +220,20 @@ def ratio_text(entry: dict[str, float] | None) -> str:
     return "" if entry is None else f"x{entry['median']:.2f} ({entry['low']:.2f}-{entry['high']:.2f})"
 
 
+def equal_to_none(row: dict[str, Any]) -> str:
+    """How many of a contender's tokens equal plain greedy's (``none``), from the first, as ``n/total``."""
+    total = row.get("tokens_of_none")
+    return f"{row['tokens_equal_to_none']}" + ("" if total is None else f"/{total}")
+
+
+def exactness(spec: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(measure, value, target, verdict): every specstate contender's tokens equal plain greedy's, on every prompt."""
+    rows = [row for prompt in spec.values() for name, row in prompt.items() if name not in (LOOKUP, LLAMA_CPP)]
+    exact = [row for row in rows if row["tokens_equal_to_none"] == row.get("tokens_of_none")]
+    verdict = "met" if len(exact) == len(rows) else "**missed**"
+    return ("specstate runs: every token equal to none", f"{len(exact)} of {len(rows)}", "all", verdict)
+
+
 def targets(spec: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(measure, value, target, verdict) for speculation's targets, from each prompt's figures."""
     rows = []
@@ -236,6 +253,7 @@ def targets(spec: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     for peer, target in ((LOOKUP, 1.2), (LLAMA_CPP, 1.0)):
         for name in spec:
             add(f"{name}: ngram adaptive / {peer}", spec[name][ADAPTIVE].get(f"x_{peer}"), target)
+    rows.append(exactness(spec))
     return rows
 
 
@@ -260,7 +278,7 @@ def contenders_table(prompts: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {name} | {contender} | {row['tokens_per_s']:.1f} | {acceptance} | {ratio_text(row['x_none'])} "
                 f"| {ratio_text(row.get(f'x_{LOOKUP}'))} | {ratio_text(row.get(f'x_{LLAMA_CPP}'))} "
-                f"| {row['tokens_equal_to_none']} |"
+                f"| {equal_to_none(row)} |"
             )
         adaptive = rows[ADAPTIVE]
         if "bound_tokens_per_s" in adaptive:

@@ -54,6 +54,23 @@ def test_interleaved_rounds_measure_every_contender_once_per_round() -> None:
     assert str(ratio) == "x3.00 (2.00-4.00)"
 
 
+def test_verify_cost_times_every_batch_size_against_one_row(tiny_map: dict[str, Path]) -> None:
+    from verify_cost import batch_costs, copy_bandwidth, figures, table, tensor_bytes
+
+    model = Model(tiny_map["llama"])
+    costs = batch_costs(model, rounds=2, threads=1, rows=(1, 2, 4), prompt_tokens=8)
+    assert list(costs["seconds"]) == ["1", "2", "4"] and all(value > 0 for value in costs["seconds"].values())
+    assert costs["x_one_row"]["1"] == {"median": 1.0, "low": 1.0, "high": 1.0}
+    bandwidth = copy_bandwidth(2**20, repeats=1)
+    assert bandwidth > 0 and 0 < tensor_bytes(tiny_map["llama"]) < tiny_map["llama"].stat().st_size
+    models = figures({"tiny": tiny_map["llama"]}, 1, 1, bandwidth, rows=(1, 2), prompt_tokens=8)
+    assert models["tiny"]["one_row_of_bound"] > 0
+    results = {"prompt_tokens": 8, "threads": 1, "rounds": 1, "bandwidth_bytes_per_s": bandwidth, "models": models}
+    lines = table(results)
+    assert lines[2].startswith("| type | tensors | bound | 1 row | of the bound | 2 rows |")
+    assert lines[4].startswith("| tiny |") and lines[4].count("|") == lines[3].count("|")
+
+
 def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Path]) -> None:
     from report import markdown, targets, write_report
     from speculation import ADAPTIVE, PROMPTS, prompt_figures
@@ -61,6 +78,7 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     model = Model(tiny_map["llama"])
     settings = argparse.Namespace(rounds=1, threads=1, tokens=12)
     speculation = {name: prompt_figures(model, prompt, settings, {}) for name, prompt in PROMPTS.items()}
+    ratio = {"median": 1.7, "low": 1.6, "high": 1.8}
     assert speculation["quotes"][ADAPTIVE]["cost_curve_us"] is not None
     results = {
         "threads": 2,
@@ -106,6 +124,21 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
             "capture_extra_ratio": 1.01,
         },
         "validators": {"validate_config": 6e6},
+        "verify_cost": {
+            "prompt_tokens": 300,
+            "threads": 2,
+            "rounds": 20,
+            "bandwidth_bytes_per_s": 25e9,
+            "models": {
+                "Q4_1": {
+                    "weight_bytes": 96_600_000,
+                    "bound_seconds": 0.0039,
+                    "one_row_of_bound": 0.39,
+                    "seconds": {"1": 0.01, "2": 0.017},
+                    "x_one_row": {"1": {"median": 1.0, "low": 1.0, "high": 1.0}, "2": ratio},
+                }
+            },
+        },
     }
     rows = targets(results)
     measures = [measure for measure, *_ in rows]
@@ -118,6 +151,10 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     text = markdown(results)
     assert "| decode: specstate / native Rust loop | 0.99 (0.95-1.02) | >= 0.97 | met |" in text
     assert "| quotes | ngram adaptive |" in text
+    # On the tiny model too, every specstate mode's tokens equal plain greedy's.
+    assert ("specstate runs: every token equal to none", "15 of 15", "all", "met") in rows
+    assert "| 12/12 |" in text
+    assert "| Q4_1 | 96.6 MB | 3.90 ms | 10.00 ms | 39% | x1.70 (1.60-1.80) |" in text
     write_report(results, tmp_path)
     assert (tmp_path / "latest.md").read_text() == text
     assert (tmp_path / "speculation.png").stat().st_size > 0

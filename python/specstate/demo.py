@@ -5,7 +5,8 @@ notice to be copied word for word -- output that repeats its input, where
 prompt lookup (``ngram`` mode) drafts well -- and then:
 
 1. generates it with plain decoding (``none``) and with ``ngram`` speculation,
-   and prints the speed-up, the acceptance rate and how many tokens agree;
+   and prints the speed-up, the acceptance rate and how many tokens agree
+   (all of them: verification gives each token its single decode's logits);
 2. generates the first half again with ``ngram``, saves a checkpoint file,
    resumes it in a new process (``specstate resume``), and shows that the
    text and the final checkpoint are identical to the uninterrupted run's.
@@ -100,13 +101,14 @@ def _compare_speculation(out: Console, model: Model, prompt: list[int], threads:
         f"prompt lookup (ngram): {len(fast.tokens)} tokens in {fast_time:.2f} s = {fast_speed:.1f} tok/s, "
         f"[bold]x{fast_speed / plain_speed:.2f}[/bold]; acceptance {fast.accepted}/{fast.drafted} "
         f"= {fast.acceptance_rate:.0%}; {agree}/{len(plain.tokens)} tokens equal to plain greedy"
+        + (" (exact: verification gives each token its single decode's logits)" if agree == len(plain.tokens) else "")
     )
     if agree < len(plain.tokens):
         gap = _top_two_gap(model, prompt + plain.tokens[:agree], threads)
         out.print(
-            f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: verification "
-            "is bit-exact on the CPU, where specstate's llama.cpp patch gives a verified row its single decode's "
-            "logits; a GPU's batched kernels can break a near-tie differently)"
+            f"  (they part at token {agree}, where plain decoding's top two logits are {gap:.3f} apart: on the CPU "
+            "that is a bug, since specstate's llama.cpp patch gives a verified row its single decode's logits; "
+            "a GPU's batched kernels can break a near-tie differently)"
         )
     return fast, fast_text
 
