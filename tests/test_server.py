@@ -99,6 +99,7 @@ def test_chat_completions_streamed_and_not_equal_plain_greedy(live: Live, tiny_c
     text = whole.choices[0].message.content
     assert text == plain_reply(tiny_chat, messages, 24)  # speculation (ngram) changes nothing
     assert whole.usage is not None and whole.usage.completion_tokens > 0
+    assert "specstate_generated_tokens_total" in live.get("/metrics")[1]
     chunks = list(
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0, stream=True)
     )

@@ -452,6 +452,7 @@ class Slot(threading.Thread):
         """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""
         generator = self.llama.chat_generator if self.llama is not None and job.kind == "chat" else None
         if generator is not None:
+            self.metrics.add("generated_tokens", len(generator.tokens))
             self.metrics.add("drafted_tokens", generator.drafted)
             self.metrics.add("accepted_tokens", generator.accepted)
             self.cache.put(_plain(generator.messages), generator.checkpoint())
