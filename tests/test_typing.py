@@ -20,7 +20,7 @@ from specstate import (
     inspect_checkpoint,
     native_info,
 )
-from specstate.cli import _generator_settings, build_parser
+from specstate.cli import NATIVE_DEFAULTS, _generator_settings, build_parser
 
 
 def assert_keys(value: dict[str, object], shape: type) -> None:
@@ -180,13 +180,9 @@ def test_the_command_line_passes_the_settings_it_has_options_for() -> None:
         "seed": 11,
         "n_threads": 3,
     }
-    defaults = _generator_settings(build_parser().parse_args(["generate", "hi", "--model", "m.gguf"]))
-    assert defaults == {
-        "mode": "none",
-        "n_draft": 8,
-        "n_ctx": 2048,
-        "temperature": 0.0,
-        "top_k": 0,
-        "top_p": 1.0,
-        "seed": 0,
-    }  # no --threads: the generator's own default (all CPUs), or a checkpoint's recorded count
+    # An option left out is left to the native generator: its default is written once, in Rust (and shown in
+    # --help from the native signature); without --threads, all CPUs, or a checkpoint's recorded count.
+    assert _generator_settings(build_parser().parse_args(["generate", "hi", "--model", "m.gguf"])) == {}
+    native = inspect.signature(specstate._native.Generator).parameters
+    assert all(NATIVE_DEFAULTS[name] == native[name].default for name in NATIVE_DEFAULTS)
+    assert {"mode", "n_draft", "n_ctx", "temperature", "min_p", "repeat_penalty"} <= set(NATIVE_DEFAULTS)
