@@ -155,6 +155,10 @@ def peer_command(model: Path, port: int, threads: int) -> list[str] | None:
         "4096",
         "--verbose",
         "False",
+        # By default its server stops the request in progress when another arrives (each client would get a
+        # cut reply); here they wait their turn, as specstate's queue makes them.
+        "--interrupt_requests",
+        "False",
     ]
 
 
@@ -183,6 +187,7 @@ def _one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int, load: 
         return
     with lock:
         load.tokens += len(times)
+        load.errors += not times  # a reply without text counts as failed
         if times:
             load.first_token.append(times[0] - started)
             load.per_token.extend(b - a for a, b in zip(times, times[1:]))
