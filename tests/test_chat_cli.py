@@ -110,19 +110,30 @@ class Terminal:
             os.execv(sys.executable, [sys.executable, "-m", "specstate", "chat", *args])
         self.seen = ""
 
-    def read_until(self, text: str, timeout: float = 120.0) -> str:
-        """Everything the terminal shows until ``text`` appears (after what was already read)."""
+    def read_until(self, *texts: str, timeout: float = 120.0) -> str:
+        """Everything the terminal shows until ``texts`` have appeared, in this order, after what was already
+        read (one read may bring several: a status line and the next prompt)."""
         start, deadline = len(self.seen), time.monotonic() + timeout
-        while text not in self.seen[start:]:
+
+        def shown() -> bool:
+            at = start
+            for text in texts:
+                at = self.seen.find(text, at)
+                if at < 0:
+                    return False
+                at += len(text)
+            return True
+
+        while not shown():
             remaining = deadline - time.monotonic()
-            assert remaining > 0, f"timed out waiting for {text!r}; the terminal shows {self.seen[start:]!r}"
+            assert remaining > 0, f"timed out waiting for {texts!r}; the terminal shows {self.seen[start:]!r}"
             ready, _, _ = select.select([self.fd], [], [], remaining)
             if ready:
                 try:
                     chunk = os.read(self.fd, 4096)
                 except OSError:  # the child closed the terminal
                     chunk = b""
-                assert chunk, f"the terminal closed before {text!r}; it shows {self.seen[start:]!r}"
+                assert chunk, f"the terminal closed before {texts!r}; it shows {self.seen[start:]!r}"
                 self.seen += chunk.decode(errors="replace")
         return self.seen[start:]
 
@@ -152,14 +163,13 @@ def test_interactive_ctrl_c_stops_a_reply_and_keeps_the_conversation(chat_model:
     terminal = Terminal([*args, "--max-tokens", str(LONG_REPLY), "--save", str(saved)])
     terminal.read_until("> ")
     terminal.type("Tell me a story.\n")
-    terminal.read_until("Tell me a story.\r\n")  # the echo
-    terminal.read_until("<")  # the reply is streaming (the tiny model's text cycles through printable ASCII)
+    # The echo, then the reply streaming (the tiny model's text cycles through printable ASCII).
+    terminal.read_until("Tell me a story.\r\n", "<")
     terminal.type("\x03")
     stopped = terminal.read_until("> ")
     assert "interrupted" in stopped and "tok/s" in stopped
     terminal.type("Go on.\n")
-    terminal.read_until("Go on.\r\n")
-    terminal.read_until("<")
+    terminal.read_until("Go on.\r\n", "<")
     terminal.type("\x03")
     assert "interrupted" in terminal.read_until("> ")
     terminal.type("/quit\n")
@@ -202,8 +212,7 @@ def test_interactive_commands_and_a_resumed_conversations_last_exchange(chat_mod
     terminal.type("/bogus\n")
     assert "unknown command /bogus" in terminal.read_until("> ")
     terminal.type("Hello there\n")
-    terminal.read_until("tok/s")
-    terminal.read_until("> ")
+    terminal.read_until("tok/s", "> ")
     saved = tmp_path / "now.ckpt"
     terminal.type(f"/save {saved}\n")
     assert "saved to" in terminal.read_until("> ")
