@@ -253,7 +253,7 @@ def _ratios(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=4, help="requests per client")
+    parser.add_argument("--requests", type=int, default=6, help="requests per client")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
