@@ -321,3 +321,44 @@ def test_served_from_ray_workers_a_stream_survives_its_workers_death(tiny_chat: 
     assert stats.recoveries == 1 and stats.divergences == 0
     generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
     assert "".join(pieces) == generator.chat("Tell me a long story.", max_tokens=1500)
+
+
+def test_ray_workers_rebalance_when_generations_end_unevenly(tiny_chat: Path) -> None:
+    """Two long streams on one worker and a short one on the other: when the short one ends, the newest long one
+    migrates to the idle worker, and both texts are still the uninterrupted replies."""
+    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, max_tokens=3000))
+    client = server.client()
+    texts: dict[str, list[str]] = {}
+
+    def stream(name: str, prompt: str, tokens: int) -> threading.Thread:
+        texts[name] = []
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
+
+        def read() -> None:
+            chunks = client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=tokens, temperature=0, stream=True
+            )
+            texts[name].extend(c.choices[0].delta.content or "" for c in chunks)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not texts[name] and thread.is_alive():  # placed before the next one is sent
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return thread
+
+    try:
+        threads = [
+            stream("first", "Tell me a long story.", 1200),  # worker 0
+            stream("short", "Hi", 200),  # worker 1 (the least loaded); it ends well before the long ones
+            stream("second", "Tell me another long story.", 1200),  # worker 0 (a tie goes to the lower id)
+        ]
+        for thread in threads:
+            thread.join(timeout=120)
+        assert "specstate_migrations_total 1" in server.get("/metrics")[1]
+    finally:
+        server.stop()
+    for name, prompt in (("first", "Tell me a long story."), ("second", "Tell me another long story.")):
+        generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
+        assert "".join(texts[name]) == generator.chat(prompt, max_tokens=1200), name

@@ -2,7 +2,8 @@
 
 One driver thread owns the pool (a pool is driven from one thread): it submits
 each request as a generation, pumps the pool, and hands each generation's new
-text to its request as OpenAI chunks. The pool places generations by load and,
+text to its request as OpenAI chunks. The pool places generations by load (and the
+driver migrates one when generations end unevenly) and,
 with ``checkpoint_every``, recovers a killed worker's generations from their
 last checkpoints: their streams go on exactly, the regenerated tokens compared
 with those already sent (``specstate.cluster``). A client that disconnects has
@@ -117,6 +118,27 @@ class PoolDriver(threading.Thread):
                 active.job.deliver(RequestError(status, f"{type(error).__name__}: {error}", kind))
         for active in list(self._active):
             self._hand_out(active)
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        """Move the newest generation of the busiest worker to the least busy one when they differ by two or
+        more (generations end unevenly); the move is exact (a checkpoint, restored there)."""
+        load: dict[int, list[_Active]] = {worker: [] for worker in self.pool.workers()}
+        for active in self._active:
+            worker = self.pool.worker_of(active.handle)
+            if worker in load and not self.pool.done(active.handle):
+                load[worker].append(active)
+        if len(load) < 2:
+            return
+        busiest = max(load, key=lambda w: len(load[w]))
+        idlest = min(load, key=lambda w: len(load[w]))
+        if len(load[busiest]) - len(load[idlest]) < 2:
+            return
+        try:
+            self.pool.migrate(load[busiest][-1].handle, idlest)
+        except Exception:  # the target died or refused: the generation goes on where it was (the pool's rule)
+            return
+        self.metrics.add("migrations")
 
     def _start(self, job: Job) -> None:
         chat = job.kind == "chat"
