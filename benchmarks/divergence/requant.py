@@ -1,94 +1,24 @@
-"""Requantize SmolLM2-135M-Instruct (Q4_1 GGUF) into a copy of another weight type.
+"""Requantize SmolLM2-135M-Instruct (Q4_1 GGUF) into a copy of another weight type: the command line over
+``tests/requantize.py`` (one requantizer for the exactness tests and this study).
 
-Every 2-D weight is dequantized and quantized to the target with the `gguf` package (0.19.0);
-1-D tensors (norms) stay F32. The `gguf` package cannot quantize K-quants, so Q4_K blocks are
-made here (a plain min/max fit per 32-value sub-block; any valid Q4_K bits exercise the same
-kernels). A row whose length is not a multiple of 256 cannot be Q4_K: such tensors take Q5_0,
-llama.cpp's own fallback for Q4_K (llama-quant.cpp). Usage: requant.py SRC DST TYPE
+Usage: requant.py SRC DST TYPE  (TYPE: a ``gguf.GGMLQuantizationType`` name, such as Q4_0, Q8_0 or Q4_K)
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-import gguf
-import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import quants
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-def fp16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).view(np.uint8).reshape(*x.shape, 2)
-
-
-def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
-    """Blocks of 256: d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles."""
-    blocks = rows.reshape(-1, 8, 32).astype(np.float32)
-    nb = blocks.shape[0]
-    lo = np.minimum(blocks.min(axis=-1), 0.0)  # per sub-block minimum (<= 0)
-    hi = blocks.max(axis=-1)
-    scale = (hi - lo) / 15.0
-    d = (scale.max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
-    dmin = ((-lo).max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
-        m = np.where(dmin[:, None] > 0, np.rint(-lo / dmin[:, None]), 0).clip(0, 63).astype(np.uint8)
-        step = (d[:, None] * sc)[..., None]
-        off = (dmin[:, None] * m)[..., None]
-        q = np.where(step > 0, np.rint((blocks + off) / step), 0).clip(0, 15).astype(np.uint8)
-    scales = np.zeros((nb, 12), dtype=np.uint8)
-    scales[:, 0:4] = (sc[:, 0:4] & 0x3F) | ((sc[:, 4:8] >> 4) << 6)
-    scales[:, 4:8] = (m[:, 0:4] & 0x3F) | ((m[:, 4:8] >> 4) << 6)
-    scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
-    q = q.reshape(nb, 4, 2, 32)
-    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(nb, 128)
-    out = np.concatenate([fp16(d), fp16(dmin), scales, qs], axis=-1)
-    return out.reshape(rows.shape[0], -1)
-
-
-def target_type(kind: T, shape: tuple[int, ...]) -> T:
-    if kind == T.Q4_K and shape[-1] % 256 != 0:
-        return T.Q5_0
-    return kind
+from requantize import requantize
 
 
 def main() -> None:
     src, dst, kind = sys.argv[1], sys.argv[2], T[sys.argv[3]]
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    writer = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        val_type = field.types[0]
-        sub_type = field.types[-1] if val_type == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if field.name == gguf.Keys.General.FILE_TYPE:
-            continue
-        writer.add_key_value(field.name, value, val_type, sub_type=sub_type)
-    counts: dict[str, int] = {}
-    for tensor in reader.tensors:
-        shape = tuple(int(n) for n in reversed(tensor.shape))  # numpy order: rows, columns
-        data = tensor.data
-        if len(shape) == 2:
-            weights = quants.dequantize(data, tensor.tensor_type).reshape(shape)
-            qtype = target_type(kind, shape)
-            if qtype == T.Q4_K:
-                packed = quantize_q4_k(weights)
-                back = quants.dequantize(packed, T.Q4_K).reshape(shape)
-                assert np.abs(back - weights).max() < 0.5, tensor.name
-            else:
-                packed = quants.quantize(weights, qtype)
-            writer.add_tensor(tensor.name, packed, raw_shape=packed.shape, raw_dtype=qtype)
-        else:
-            qtype = tensor.tensor_type
-            writer.add_tensor(tensor.name, data, raw_dtype=qtype)
-        counts[qtype.name] = counts.get(qtype.name, 0) + 1
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    print(dst, counts)
+    requantize(Path(src), Path(dst), kind)
 
 
 if __name__ == "__main__":
