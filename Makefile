@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -182,11 +182,18 @@ gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
 
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/report.py
+
+# docs/benchmarks.md from benchmarks/results/*.json and the text of benchmarks/benchmarks.md.template, measuring
+# nothing (`make bench` and `make bench-speculation` rebuild it after their runs; tests/test_bench.py checks it).
+bench-report: develop
+	$(BIN)/python benchmarks/report.py
 
 # Speculation on three prompts in interleaved rounds: none, fixed draft lengths, the adaptive policy,
 # llama-cpp-python's prompt lookup and llama.cpp's own n-gram speculation (also part of `make bench`).
 bench-speculation: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/speculation.py
+	$(BIN)/python benchmarks/report.py
 
 bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py

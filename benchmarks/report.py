@@ -1,13 +1,37 @@
-"""Markdown table and PNG charts of benchmark results (used by run.py)."""
+"""The benchmark report: a ``make bench`` run's tables and charts, and the benchmarks page, docs/benchmarks.md.
+
+``write_report`` writes a run's ``latest.md`` and PNG charts (run.py calls it). ``page`` fills the text of
+``benchmarks/benchmarks.md.template`` with the figures of ``benchmarks/results/*.json``: every measured figure on
+the page comes from those files, so that text and figures cannot drift apart. ``make bench-report`` writes the page
+from the results in the tree without measuring anything (``make bench`` and ``make bench-speculation`` do it after
+their runs); tests/test_bench.py checks that the page in the tree is what they give.
+
+Usage: python benchmarks/report.py [--results DIR] [--out PATH] [--check]
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+from collections.abc import Iterable
 from pathlib import Path
+from string import Template
 from typing import Any
 
-from speculation import ADAPTIVE, contenders_table, ratio_text
+from speculation import ADAPTIVE, LLAMA_CPP, LLAMA_CPP_SIZES, LOOKUP, NONE, contenders_table, ratio_text
 from speculation import targets as speculation_targets
+from speculation import targets_table as speculation_targets_table
 from verify_cost import table as verify_cost_table
+
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS = BENCHMARKS / "results"
+TEMPLATE = BENCHMARKS / "benchmarks.md.template"
+PAGE = BENCHMARKS.parent / "docs" / "benchmarks.md"
+#: The results files the page reads, by the name its fields use.
+PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp")
+
+Row = tuple[str, str, str, str]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -25,85 +49,101 @@ def _verdict(value: float | None, target: float, at_least: bool = True) -> str:
     return "met" if met else "**missed**"
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(measure, value, target, verdict) rows."""
-    rows: list[tuple[str, str, str, str]] = []
-    ratios = results["decode_ratios"]
+# --- the table of targets of a `make bench` run -------------------------------------------------------------------
 
-    def decode_row(peer: str, label: str, target: float | None) -> None:
+
+def _decode_rows(ratios: dict[str, Any]) -> list[Row]:
+    """specstate's decode speed over each peer's, against its target (llama-bench's is a reference)."""
+    rows = []
+    for peer, label, target in (
+        ("native_loop", "decode: specstate / native Rust loop", 0.97),
+        ("llama_cpp_python", "decode: specstate / llama-cpp-python", 1.05),
+        ("llama_bench", "decode: specstate / llama-bench tg128", None),
+    ):
         entry = ratios.get(peer)
-        value = None if entry is None else entry["median"]
         shown = "n/a" if entry is None else f"{entry['median']:.2f} ({entry['low']:.2f}-{entry['high']:.2f})"
-        rows.append(
-            (
-                label,
-                shown,
-                "(reference)" if target is None else f">= {target}",
-                _verdict(value, target) if target else "",
-            )
-        )
+        if target is None:
+            rows.append((label, shown, "(reference)", ""))
+        else:
+            rows.append((label, shown, f">= {target}", _verdict(None if entry is None else entry["median"], target)))
+    return rows
 
-    decode_row("native_loop", "decode: specstate / native Rust loop", 0.97)
-    decode_row("llama_cpp_python", "decode: specstate / llama-cpp-python", 1.05)
-    decode_row("llama_bench", "decode: specstate / llama-bench tg128", None)
+
+def _checkpoint_rows(tokens: str, figures: dict[str, Any]) -> list[Row]:
+    """A checkpoint's size against the state it holds and llama-cpp-python's, and its speed against theirs."""
+    peer = figures.get("llama_cpp_python") or {}
+    smaller = _ratio(peer.get("size"), figures["size"])
+    need = 9.0 if tokens == "512" else 3.0
+    faster = _ratio(peer.get("save_load_seconds"), figures["capture_seconds"] + figures["restore_seconds"])
+    size_ratio = figures["size_ratio"]
+    rows = [
+        (
+            f"checkpoint {tokens}: size / state in use",
+            _fmt(size_ratio, ".4f"),
+            "<= 1.05",
+            _verdict(size_ratio, 1.05, False),
+        ),
+        (
+            f"checkpoint {tokens}: llama-cpp-python size / ours",
+            _fmt(smaller, ".1f"),
+            f">= {need:g}",
+            _verdict(smaller, need),
+        ),
+        (
+            f"checkpoint {tokens}: their save+load / our capture+restore",
+            _fmt(faster, ".1f"),
+            ">= 3",
+            _verdict(faster, 3.0),
+        ),
+    ]
+    if tokens == "2048":
+        prefill = _ratio(figures["prefill_seconds"], figures["restore_seconds"])
+        rows.append(
+            ("restore at 2048 vs prefill (times faster)", _fmt(prefill, ".0f"), ">= 200", _verdict(prefill, 200.0))
+        )
+    return rows
+
+
+def _memory_rows(memory: dict[str, Any]) -> list[Row]:
+    over = memory["over_model_and_kv"] / 2**20
+    extra = memory["capture_extra_ratio"]
+    return [
+        ("peak RSS over model file + KV cache", _fmt(over, ".1f", " MiB"), "<= 64 MiB", _verdict(over, 64.0, False)),
+        ("extra peak during capture / checkpoint size", _fmt(extra), "<= 1.1", _verdict(extra, 1.1, False)),
+    ]
+
+
+def targets(results: dict[str, Any]) -> list[Row]:
+    """(measure, value, target, verdict) rows."""
+    rows = _decode_rows(results["decode_ratios"])
     for name in ("code", "quotes"):
         entry = results["speculation"][name][ADAPTIVE]["x_none"]
         rows.append((f"{name}: ngram adaptive / none", ratio_text(entry), ">= 2.0", _verdict(entry["median"], 2.0)))
     rows += speculation_targets(results["speculation"])
     for tokens, figures in results["checkpoints"].items():
-        rows.append(
-            (
-                f"checkpoint {tokens}: size / state in use",
-                _fmt(figures["size_ratio"], ".4f"),
-                "<= 1.05",
-                _verdict(figures["size_ratio"], 1.05, at_least=False),
-            )
+        rows += _checkpoint_rows(tokens, figures)
+    return rows + _memory_rows(results["memory"])
+
+
+# --- a `make bench` run's latest.md and charts --------------------------------------------------------------------
+
+
+def _checkpoint_table(checkpoints: dict[str, Any]) -> list[str]:
+    lines = [
+        "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "
+        "llama-cpp-python size | their save+load |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for tokens, f in checkpoints.items():
+        peer = f.get("llama_cpp_python") or {}
+        lines.append(
+            f"| {tokens} tokens | {f['size'] / 1e6:.1f} MB | {f['capture_seconds'] * 1e3:.1f} ms | "
+            f"{f['restore_seconds'] * 1e3:.1f} ms | {f.get('restore_new_seconds', 0) * 1e3:.1f} ms | "
+            f"{f['prefill_seconds']:.2f} s | "
+            f"{_fmt(peer.get('size') and peer['size'] / 1e6, '.1f', ' MB')} | "
+            f"{_fmt(peer.get('save_load_seconds') and peer['save_load_seconds'] * 1e3, '.1f', ' ms')} |"
         )
-        peer_ckpt = figures.get("llama_cpp_python") or {}
-        smaller = _ratio(peer_ckpt.get("size"), figures["size"])
-        need = 9.0 if tokens == "512" else 3.0
-        rows.append(
-            (
-                f"checkpoint {tokens}: llama-cpp-python size / ours",
-                _fmt(smaller, ".1f"),
-                f">= {need:g}",
-                _verdict(smaller, need),
-            )
-        )
-        ours = figures["capture_seconds"] + figures["restore_seconds"]
-        faster = _ratio(peer_ckpt.get("save_load_seconds"), ours)
-        rows.append(
-            (
-                f"checkpoint {tokens}: their save+load / our capture+restore",
-                _fmt(faster, ".1f"),
-                ">= 3",
-                _verdict(faster, 3.0),
-            )
-        )
-        if tokens == "2048":
-            prefill = _ratio(figures["prefill_seconds"], figures["restore_seconds"])
-            rows.append(
-                ("restore at 2048 vs prefill (times faster)", _fmt(prefill, ".0f"), ">= 200", _verdict(prefill, 200.0))
-            )
-    memory = results["memory"]
-    over = memory["over_model_and_kv"] / 2**20
-    rows.append(
-        (
-            "peak RSS over model file + KV cache",
-            _fmt(over, ".1f", " MiB"),
-            "<= 64 MiB",
-            _verdict(over, 64.0, at_least=False),
-        )
-    )
-    rows.append(
-        (
-            "extra peak during capture / checkpoint size",
-            _fmt(memory["capture_extra_ratio"]),
-            "<= 1.1",
-            _verdict(memory["capture_extra_ratio"], 1.1, at_least=False),
-        )
-    )
-    return rows
+    return lines
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -121,21 +161,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", *contenders_table(results["speculation"])]
     if "verify_cost" in results:
         lines += ["", *verify_cost_table(results["verify_cost"])]
-    lines += [
-        "",
-        "| checkpoint | size | capture | restore (load) | restore into new contexts | prefill | "
-        "llama-cpp-python size | their save+load |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for tokens, f in results["checkpoints"].items():
-        peer = f.get("llama_cpp_python") or {}
-        lines.append(
-            f"| {tokens} tokens | {f['size'] / 1e6:.1f} MB | {f['capture_seconds'] * 1e3:.1f} ms | "
-            f"{f['restore_seconds'] * 1e3:.1f} ms | {f.get('restore_new_seconds', 0) * 1e3:.1f} ms | "
-            f"{f['prefill_seconds']:.2f} s | "
-            f"{_fmt(peer.get('size') and peer['size'] / 1e6, '.1f', ' MB')} | "
-            f"{_fmt(peer.get('save_load_seconds') and peer['save_load_seconds'] * 1e3, '.1f', ' ms')} |"
-        )
+    lines += ["", *_checkpoint_table(results["checkpoints"])]
     memory = results["memory"]
     lines += [
         "",
@@ -151,40 +177,31 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def charts(results: dict[str, Any], directory: Path) -> list[Path]:
+def _bar_chart(path: Path, labels: list[str], values: list[float], color: str, xlabel: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     figure, axis = plt.subplots(figsize=(6, 3.2))
-    names = list(results["decode"])
-    axis.barh(names, [results["decode"][n] for n in names], color="#4c72b0")
-    axis.set_xlabel("tokens/s (plain greedy decode, 128 tokens)")
+    axis.barh(labels, values, color=color)
+    axis.set_xlabel(xlabel)
     figure.tight_layout()
-    paths.append(directory / "decode.png")
-    figure.savefig(paths[-1], dpi=120)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
+    return path
+
+
+def _checkpoint_chart(checkpoints: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 3.2))
-    labels, values = [], []
-    for name, spec in results["speculation"].items():
-        for mode, row in spec.items():
-            if "tokens_per_s" in row:
-                labels.append(f"{name}: {mode}")
-                values.append(row["tokens_per_s"])
-    axis.barh(labels, values, color="#55a868")
-    axis.set_xlabel("tokens/s (160 tokens, prefill excluded)")
-    figure.tight_layout()
-    paths.append(directory / "speculation.png")
-    figure.savefig(paths[-1], dpi=120)
-    plt.close(figure)
-
-    figure, axis = plt.subplots(figsize=(6, 3.2))
-    tokens = list(results["checkpoints"])
-    ours = [results["checkpoints"][t]["size"] / 1e6 for t in tokens]
-    theirs = [((results["checkpoints"][t].get("llama_cpp_python") or {}).get("size") or 0) / 1e6 for t in tokens]
+    tokens = list(checkpoints)
+    ours = [checkpoints[t]["size"] / 1e6 for t in tokens]
+    theirs = [((checkpoints[t].get("llama_cpp_python") or {}).get("size") or 0) / 1e6 for t in tokens]
     positions = range(len(tokens))
     axis.bar([p - 0.2 for p in positions], ours, width=0.4, label="specstate checkpoint")
     axis.bar([p + 0.2 for p in positions], theirs, width=0.4, label="llama-cpp-python save_state")
@@ -192,12 +209,245 @@ def charts(results: dict[str, Any], directory: Path) -> list[Path]:
     axis.set_ylabel("MB")
     axis.legend()
     figure.tight_layout()
-    paths.append(directory / "checkpoints.png")
-    figure.savefig(paths[-1], dpi=120)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
-    return paths
+    return path
+
+
+def charts(results: dict[str, Any], directory: Path) -> list[Path]:
+    decode = results["decode"]
+    speculation = [
+        (f"{name}: {mode}", row["tokens_per_s"])
+        for name, spec in results["speculation"].items()
+        for mode, row in spec.items()
+        if "tokens_per_s" in row
+    ]
+    return [
+        _bar_chart(
+            directory / "decode.png",
+            list(decode),
+            list(decode.values()),
+            "#4c72b0",
+            "tokens/s (plain greedy decode, 128 tokens)",
+        ),
+        _bar_chart(
+            directory / "speculation.png",
+            [label for label, _ in speculation],
+            [value for _, value in speculation],
+            "#55a868",
+            "tokens/s (160 tokens, prefill excluded)",
+        ),
+        _checkpoint_chart(results["checkpoints"], directory / "checkpoints.png"),
+    ]
 
 
 def write_report(results: dict[str, Any], directory: Path) -> None:
     (directory / "latest.md").write_text(markdown(results))
     charts(results, directory)
+
+
+# --- the benchmarks page: the template's fields, each from the results --------------------------------------------
+
+
+def _x(entry: dict[str, float] | None) -> str:
+    """A ratio's median, as the tables print it."""
+    return "n/a" if entry is None else f"x{entry['median']:.2f}"
+
+
+def _listing(items: Iterable[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(items)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _fixed(prompt: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """A prompt's fixed-length ngram rows, by draft length."""
+    return {int(name.split("=")[1]): row for name, row in prompt.items() if name.startswith("ngram k=")}
+
+
+def _exactness_note(prompts: dict[str, Any]) -> str:
+    """Whether every specstate row of the speculation run equals `none` in full, and where not, by how much."""
+    parted = []
+    for name, prompt in prompts.items():
+        total = prompt[NONE]["tokens_equal_to_none"]
+        equal = [row["tokens_equal_to_none"] for c, row in prompt.items() if c not in (LOOKUP, LLAMA_CPP)]
+        if min(equal) != total:
+            parted.append(f"{min(equal)} of {total} on the {name} prompt")
+    if not parted:
+        return "In the run below every specstate row equals `none` in full."
+    return (
+        f"The run below predates that patch: its specstate rows equal `none` for as few as {_listing(parted)}, where "
+        "a verified row's logits then parted from the single decode's "
+        "([docs/verification-numerics.md](verification-numerics.md))."
+    )
+
+
+def _row_costs(curve_us: list[int]) -> tuple[str, str]:
+    """(the cost of each further row, min to max; the cost of one row) of a measured cost curve, in ms."""
+    steps = [later - earlier for earlier, later in zip(curve_us, curve_us[1:])]
+    return f"{min(steps) / 1e3:.1f} to {max(steps) / 1e3:.1f} ms", f"{curve_us[0] / 1e3:.1f} ms"
+
+
+def _speculation_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    prompts = spec["prompts"]
+    story, code, quotes = prompts["story"], prompts["code"], prompts["quotes"]
+    story_fixed = [row["x_none"]["median"] for row in _fixed(story).values()]
+    longest = max(_fixed(code))
+    best = quotes[ADAPTIVE]["best_fixed"]
+    row_costs, plain_cost = _row_costs(quotes[ADAPTIVE]["cost_curve_us"])
+    return {
+        "spec_tokens": spec["tokens"],
+        "spec_rounds": spec["rounds"],
+        "spec_threads": spec["threads"],
+        "spec_date": spec["date"],
+        "quotes_answer": quotes[NONE]["tokens_equal_to_none"],
+        "fixed_lengths": ", ".join(str(k) for k in _fixed(story)),
+        "llama_cpp_sizes": f"{LLAMA_CPP_SIZES[0]}-token n-grams, drafts up to {LLAMA_CPP_SIZES[1]}",
+        "exactness_note": _exactness_note(prompts),
+        "spec_targets": "\n".join(speculation_targets_table(prompts)),
+        "spec_contenders": "\n".join(contenders_table(prompts)),
+        "story_fixed": f"x{max(story_fixed):.2f} to x{min(story_fixed):.2f}",
+        "story_adaptive": _x(story[ADAPTIVE]["x_none"]),
+        "code_vs_best": _x(code[ADAPTIVE]["x_best_fixed"]),
+        "code_best": code[ADAPTIVE]["best_fixed"],
+        "longest": longest,
+        "code_longest": _x(_fixed(code)[longest]["x_none"]),
+        "quotes_vs_best": _x(quotes[ADAPTIVE]["x_best_fixed"]),
+        "quotes_best": best,
+        "quotes_best_acceptance": f"{_fixed(quotes)[best]['acceptance']:.0%}",
+        "row_costs": row_costs,
+        "plain_cost": plain_cost,
+        "quotes_vs_bound": _x(quotes[ADAPTIVE].get("x_bound")),
+        **{
+            f"{name}_vs_{peer}": _x(prompts[name][ADAPTIVE].get(f"x_{label}"))
+            for name in ("story", "code", "quotes")
+            for peer, label in (("lookup", LOOKUP), ("llama_cpp", LLAMA_CPP))
+        },
+    }
+
+
+def _latest_fields(latest: dict[str, Any], spec: dict[str, Any], verify: dict[str, Any]) -> dict[str, Any]:
+    speculation = latest["speculation"]
+    plain, earlier = latest["decode"]["specstate"], spec["prompts"]["story"][NONE]["tokens_per_s"]
+    pace = "slower" if plain < earlier else "faster"
+    q4_1 = next(iter(verify["models"].values()))["x_one_row"]
+    return {
+        "machine": latest["machine"],
+        "peer_version": latest.get("llama_cpp_python_version", "n/a"),
+        "speed_note": (
+            f"The machine was {pace} during this run ({latest['date']}) than during the speculation run above: "
+            f"{plain:.0f} tokens/s for plain decoding against {earlier:.0f}, which interleaving makes harmless for "
+            "the ratios."
+        ),
+        "latest_table": markdown(latest).rstrip("\n"),
+        "code_vs_none": _x(speculation["code"][ADAPTIVE]["x_none"]),
+        "quotes_vs_none": _x(speculation["quotes"][ADAPTIVE]["x_none"]),
+        "q4_1_8_rows": _x(q4_1.get("8")),
+        "q4_1_16_rows": _x(q4_1.get("16")),
+        "draft_acceptance": _listing(f"{prompt['draft']['acceptance']:.0%}" for prompt in speculation.values()),
+        "draft_vs_none": _listing(_x(prompt["draft"]["x_none"]) for prompt in speculation.values()),
+    }
+
+
+def _disturbed(models: dict[str, Any]) -> str:
+    """Which types' ratios a stall of the shared machine reached: a batch of more rows cannot be faster than one."""
+    lows = {
+        name: min(r["low"] for rows, r in model["x_one_row"].items() if rows != "1") for name, model in models.items()
+    }
+    hit = [name for name, low in lows.items() if low < 1.0]
+    if not hit:
+        return "No range falls below 1: no stall of the shared machine reached a one-row decode."
+    calm = [f"{models[name]['one_row_of_bound']:.0%}" for name in models if name not in hit]
+    share = f" The other types' one row runs at {_listing(calm)} of the bound." if calm else ""
+    return (
+        f"Other work shared the machine during this run: the {_listing(hit)} rows caught it (ranges down to "
+        f"{min(lows.values()):.2f}, where a batch of more rows cannot be faster than one row).{share}"
+    )
+
+
+def _verify_fields(verify: dict[str, Any]) -> dict[str, Any]:
+    models = verify["models"]
+    first, *copies = models
+    rows = list(models[first]["seconds"])
+    last = [model["x_one_row"][rows[-1]]["median"] for model in models.values()]
+    return {
+        "verify_rows": _listing(rows),
+        "verify_prompt": verify["prompt_tokens"],
+        "verify_first": first,
+        "verify_copies": _listing(copies),
+        "verify_repeats": verify.get("repeats", 1),
+        "verify_copy": f"{verify['bandwidth_copy_bytes'] / 2**30:g} GiB",
+        "verify_threads": verify["threads"],
+        "verify_rounds": verify["rounds"],
+        "verify_date": verify["date"],
+        "bandwidth": f"{verify['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s",
+        "verify_table": "\n".join(verify_cost_table(verify)[2:]),
+        "verify_disturbed": _disturbed(models),
+        "verify_last_rows": rows[-1],
+        "verify_last_range": f"x{min(last):.2f} to x{max(last):.2f}",
+    }
+
+
+def _openmp_fields(openmp: dict[str, Any]) -> dict[str, Any]:
+    labels = {
+        "decode": "decode",
+        "prefill": "prefill",
+        "ngram_code": "`ngram`, code",
+        "ngram_quotes": "`ngram`, quotes",
+    }
+    figures = openmp["figures"]
+    lines = ["| figure (tokens/s) | default | OpenMP | ratio |", "| --- | ---: | ---: | ---: |"]
+    for name, row in figures.items():
+        lines.append(
+            f"| {labels.get(name, name)} | {row['default']:.1f} | {row['openmp']:.1f} | "
+            f"x{row['ratio_median']:.2f} ({row['ratio_min']:.2f}-{row['ratio_max']:.2f}) |"
+        )
+    decode = figures["decode"]["ratio_median"]
+    ngram = [figures[name]["ratio_median"] for name in ("ngram_code", "ngram_quotes")]
+    summary = f"OpenMP changes plain decoding by x{decode:.2f} and `ngram` speculation by "
+    summary += _listing(f"x{ratio:.2f}" for ratio in ngram) + " (code, quotes)"
+    if decode > 1.0 >= max(ngram):
+        summary += ": it speeds up plain decoding but not speculation, which is what specstate is for"
+    crossing = all(row["ratio_min"] < 1.0 < row["ratio_max"] for row in figures.values())
+    return {
+        "openmp_pairs": openmp["pairs"],
+        "openmp_threads": openmp["threads"],
+        "openmp_table": "\n".join(lines),
+        "openmp_summary": summary + "." + (" Every range crosses 1.0 on this shared machine." if crossing else ""),
+    }
+
+
+def load_results(directory: Path = RESULTS) -> dict[str, Any]:
+    """The results files the page reads, by name."""
+    return {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
+
+
+def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
+    """docs/benchmarks.md: the template's text with every field filled from `results` (see ``load_results``)."""
+    fields = {
+        **_speculation_fields(results["speculation"]),
+        **_latest_fields(results["latest"], results["speculation"], results["verify_cost"]),
+        **_verify_fields(results["verify_cost"]),
+        **_openmp_fields(results["openmp"]),
+    }
+    return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results directory")
+    parser.add_argument("--out", type=Path, default=PAGE, help="the page to write (docs/benchmarks.md)")
+    parser.add_argument("--check", action="store_true", help="write nothing; fail when the page differs")
+    args = parser.parse_args()
+    text = page(load_results(args.results))
+    if args.check:
+        if not args.out.exists() or args.out.read_text() != text:
+            print(f"{args.out} is not what {args.results} gives: run `make bench-report`", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -220,16 +220,24 @@ def ratio_text(entry: dict[str, float] | None) -> str:
     return "" if entry is None else f"x{entry['median']:.2f} ({entry['low']:.2f}-{entry['high']:.2f})"
 
 
-def equal_to_none(row: dict[str, Any]) -> str:
+def tokens_of_none(prompt: dict[str, Any], row: dict[str, Any]) -> int:
+    """How many tokens plain greedy (``none``) generated on a prompt: a row's ``tokens_of_none``, or, in results
+    written before rows carried it, ``none``'s own agreement with itself."""
+    total: int = row.get("tokens_of_none", prompt[NONE]["tokens_equal_to_none"])
+    return total
+
+
+def equal_to_none(prompt: dict[str, Any], row: dict[str, Any]) -> str:
     """How many of a contender's tokens equal plain greedy's (``none``), from the first, as ``n/total``."""
-    total = row.get("tokens_of_none")
-    return f"{row['tokens_equal_to_none']}" + ("" if total is None else f"/{total}")
+    return f"{row['tokens_equal_to_none']}/{tokens_of_none(prompt, row)}"
 
 
 def exactness(spec: dict[str, Any]) -> tuple[str, str, str, str]:
     """(measure, value, target, verdict): every specstate contender's tokens equal plain greedy's, on every prompt."""
-    rows = [row for prompt in spec.values() for name, row in prompt.items() if name not in (LOOKUP, LLAMA_CPP)]
-    exact = [row for row in rows if row["tokens_equal_to_none"] == row.get("tokens_of_none")]
+    rows = [
+        (prompt, row) for prompt in spec.values() for name, row in prompt.items() if name not in (LOOKUP, LLAMA_CPP)
+    ]
+    exact = [row for prompt, row in rows if row["tokens_equal_to_none"] == tokens_of_none(prompt, row)]
     verdict = "met" if len(exact) == len(rows) else "**missed**"
     return ("specstate runs: every token equal to none", f"{len(exact)} of {len(rows)}", "all", verdict)
 
@@ -278,7 +286,7 @@ def contenders_table(prompts: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {name} | {contender} | {row['tokens_per_s']:.1f} | {acceptance} | {ratio_text(row['x_none'])} "
                 f"| {ratio_text(row.get(f'x_{LOOKUP}'))} | {ratio_text(row.get(f'x_{LLAMA_CPP}'))} "
-                f"| {equal_to_none(row)} |"
+                f"| {equal_to_none(rows, row)} |"
             )
         adaptive = rows[ADAPTIVE]
         if "bound_tokens_per_s" in adaptive:

@@ -158,3 +158,11 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     write_report(results, tmp_path)
     assert (tmp_path / "latest.md").read_text() == text
     assert (tmp_path / "speculation.png").stat().st_size > 0
+
+
+def test_the_benchmarks_page_is_what_the_results_give() -> None:
+    """docs/benchmarks.md is generated: its text from benchmarks/benchmarks.md.template, every figure from
+    benchmarks/results/*.json. A hand edit of the page, or results changed without `make bench-report`, fail here."""
+    from report import PAGE, load_results, page
+
+    assert PAGE.read_text() == page(load_results()), "docs/benchmarks.md is stale: run `make bench-report`"
