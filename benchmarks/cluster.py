@@ -5,7 +5,7 @@ Method. One seeded ``random.Random(--seed)`` drives everything.
 1. **Generations.** ``--generations`` (G, at least 16) generations over SmolLM2-135M-Instruct: fixed text
    prompts (code, a story, a list of repeated quotes, a chat-templated question), modes cycling
    ``none``/``ngram``/``draft`` (the draft is a 4-layer truncation of SmolLM2 built by
-   ``tests/smollm2_draft.py`` into a temporary folder), every other one greedy and the rest sampled
+   ``specstate_testkit.smollm2_draft`` into a temporary folder), every other one greedy and the rest sampled
    (temperature 0.8, top-k 40, top-p 0.95, a seed per generation), ``--max-tokens`` tokens each,
    ``checkpoint_every=16``, ``n_ctx=1024``.
 2. **References.** Each generation first runs uninterrupted in this process (``Generator`` with
@@ -56,15 +56,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
 import ray
 
-from smollm2_draft import build_smollm2_draft
 from specstate import Generator, Model
 from specstate._typing import Mode
 from specstate.cluster import Handle, Pool
 from specstate.smollm2 import smollm2_path
+from specstate_testkit.smollm2_draft import build_smollm2_draft
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES: tuple[Mode, ...] = ("none", "ngram", "draft")

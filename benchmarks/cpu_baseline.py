@@ -19,14 +19,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from specstate.smollm2 import smollm2_path
 
-from specstate.smollm2 import smollm2_path  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_TARGET = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "specstate-target"))
 TRIPLE_FLAGS = ("CFLAGS_x86_64_unknown_linux_gnu", "CXXFLAGS_x86_64_unknown_linux_gnu")

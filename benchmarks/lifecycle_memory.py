@@ -5,7 +5,7 @@ Usage: python benchmarks/lifecycle_memory.py [--cycles 10000] [--json OUT]
 Each cycle builds a speculative ``Generator`` (ngram mode, with a prompt decoded, a few tokens
 generated and a checkpoint captured), restores that checkpoint into a second generator, and builds
 and frees a bare ``Context`` and ``Batch``, all over one tiny GGUF model written with the ``gguf``
-package (tests/models.py). Resident memory (VmRSS) is read after a warm-up of 10% of the cycles
+package (specstate_testkit.models). Resident memory (VmRSS) is read after a warm-up of 10% of the cycles
 and at the end; the growth between them is what leaks would show as. Prints one line and, with
 ``--json``, writes the figures.
 """
@@ -20,10 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import models
 from specstate import Batch, Context, Generator, Model
+from specstate_testkit import models
 
 
 def rss_bytes() -> int:

@@ -34,14 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from llama_cpp_spec import KERNEL_FLAGS, llama_cpp_source  # noqa: E402
-from specstate import Model, native_info  # noqa: E402
-from specstate.bench import (  # noqa: E402
+from llama_cpp_spec import KERNEL_FLAGS, llama_cpp_source
+from specstate import Model, native_info
+from specstate.bench import (
     CODE_PROMPT,
     STORY_PROMPT,
     checkpoint_figures,
@@ -50,9 +45,12 @@ from specstate.bench import (  # noqa: E402
     timed_generation,
     validator_rates,
 )
-from specstate.smollm2 import cache_dir, smollm2_path  # noqa: E402
-from speculation import PROMPTS, build_peers, prompt_figures  # noqa: E402
-from verify_cost import measure as verify_cost  # noqa: E402
+from specstate.smollm2 import cache_dir, smollm2_path
+from speculation import PROMPTS, build_peers, prompt_figures
+from verify_cost import measure as verify_cost
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -234,7 +232,7 @@ def memory_figures(model: Path, threads: int) -> dict[str, Any]:
 
 
 def draft_model_path(model: Path) -> Path:
-    from smollm2_draft import build_smollm2_draft
+    from specstate_testkit.smollm2_draft import build_smollm2_draft
 
     path = cache_dir() / "smollm2-draft-4-layers.gguf"
     return path if path.exists() else build_smollm2_draft(model, path, n_layers=4)

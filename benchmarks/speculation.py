@@ -32,12 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from specstate import Generator, Model  # noqa: E402
-from specstate.bench import (  # noqa: E402
+from specstate import Generator, Model
+from specstate.bench import (
     CODE_PROMPT,
     QUOTE_PROMPT,
     STORY_PROMPT,
@@ -45,7 +41,10 @@ from specstate.bench import (  # noqa: E402
     pair_ratio,
     timed_generation,
 )
-from specstate.smollm2 import smollm2_path  # noqa: E402
+from specstate.smollm2 import smollm2_path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 
 PROMPTS = {"story": STORY_PROMPT, "code": CODE_PROMPT, "quotes": QUOTE_PROMPT}
 FIXED_LENGTHS = (4, 8, 16)

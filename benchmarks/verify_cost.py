@@ -3,7 +3,7 @@
 Speculation verifies a draft of k tokens as one batch of k + 1 rows; it pays when that batch costs little more
 than one row. Since specstate's llama.cpp patch (``llama-cpp-sys-4/patches``) gives each row of a batch of up to 17
 exactly its single decode's logits, this table is the price of exactness too. On SmolLM2-135M-Instruct Q4_1 and
-copies requantized to Q4_0, Q8_0 and Q4_K (``tests/requantize.py``), after a 300-token prompt, every batch is
+copies requantized to Q4_0, Q8_0 and Q4_K (``specstate_testkit.requantize``), after a 300-token prompt, every batch is
 decoded on a fresh copy of the KV state (``set_seq_state``, untimed), as verification does, with every row's
 logits; each round times every row count once (the best of ``--repeats`` decodes, which filters a shared machine's
 stalls), the order rotating (``specstate.bench.interleave``), and a ratio is the median of the per-round ratios to
@@ -33,11 +33,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from specstate import Context, Model  # noqa: E402
-from specstate.bench import interleave, pair_ratio  # noqa: E402
+from specstate import Context, Model
+from specstate.bench import interleave, pair_ratio
 
 ROWS = (1, 2, 4, 8, 16)
 PROMPT_TOKENS = 300
@@ -54,8 +51,8 @@ def log(message: str) -> None:
 
 def smollm2_copies() -> dict[str, Path]:
     """SmolLM2 as shipped (Q4_1) and its requantized copies (built once, cached), by type."""
-    from requantize import cached_copy
     from specstate.smollm2 import cache_dir, smollm2_path
+    from specstate_testkit.requantize import cached_copy
 
     path = smollm2_path()
     directory = cache_dir() / "requantized"

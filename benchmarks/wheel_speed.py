@@ -20,10 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+from specstate.smollm2 import smollm2_path
 
-from specstate.smollm2 import smollm2_path  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MEASURE = """
 import json, statistics, sys, time

@@ -72,8 +72,11 @@ if [ -z "$extra" ]; then
 fi
 
 mkdir -p "$(dirname "$json")"
+# The tests' model builders (python/specstate_testkit, not in the wheel) on their own path entry: python/ itself
+# would put the source tree's specstate before the installed wheel.
+mkdir -p "$work/testkit" && cp -r "$root/python/specstate_testkit" "$work/testkit/"
 cd "$work"  # import the installed wheel, not the source tree
 "$work/venv/bin/python" -c 'import json, specstate; print(json.dumps(specstate.native_info(), indent=1))'
 args=(--json "$json" --gpu-layers -1 --threads "$(nproc)")
 [ $dry = 1 ] && args+=(--dry-run --threads 1)
-timeout 480 "$work/venv/bin/python" "$root/scripts/gpu_check.py" "${args[@]}"
+PYTHONPATH="$work/testkit" timeout 480 "$work/venv/bin/python" "$root/scripts/gpu_check.py" "${args[@]}"

@@ -33,15 +33,12 @@ from typing import Any, cast
 import gguf
 import numpy as np
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
-
-import models  # noqa: E402
-import specstate  # noqa: E402
-from generator_support import MODES, TINY_CTX, sampling  # noqa: E402
-from reference import agreement, plain_greedy  # noqa: E402
-from specstate import Context, Generator, Model  # noqa: E402
-from specstate.generator import Mode  # noqa: E402
+import specstate
+from specstate import Context, Generator, Model
+from specstate.generator import Mode
+from specstate_testkit import models
+from specstate_testkit.generator_support import MODES, TINY_CTX, sampling
+from specstate_testkit.reference import agreement, plain_greedy
 
 SMOLLM2_SHAPE = {"n_layer": 30, "n_embd": 576, "n_head": 9, "n_head_kv": 3, "n_ff": 1536, "n_vocab": 49152}
 DRY_SHAPE = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_head_kv": 2, "n_ff": 256, "n_vocab": 2048}

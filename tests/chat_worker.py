@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from generator_support import draft_for
 from specstate import Generator, Model
+from specstate_testkit.generator_support import draft_for
 
 REPLY_TOKENS = 12
 

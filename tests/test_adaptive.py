@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import checkpoint_codec as codec
 from conftest import examples
-from generator_support import sampling, tiny_generator, tiny_resume_matches
 from specstate import ConfigMismatchError, Generator, GeneratorSettings, Model, inspect_checkpoint
+from specstate_testkit.generator_support import sampling, tiny_generator, tiny_resume_matches
 
 TESTS = Path(__file__).resolve().parent
 SPECULATIVE = ("ngram", "draft", "mtp", "eagle3")

@@ -4,7 +4,6 @@ figures come from `make bench`; timings are never asserted here)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from specstate.bench import (
     speculation_figures,
     validator_rates,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 
 def test_measurements_run_and_report(tiny_map: dict[str, Path]) -> None:

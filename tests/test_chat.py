@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import models
-from generator_support import MODES, TINY_CTX, tiny_generator
 from specstate import ChatTemplateError, GenerationError, Generator, Message, Model, render_chat
 from specstate._native import ChatTemplate
+from specstate_testkit import models
+from specstate_testkit.generator_support import MODES, TINY_CTX, tiny_generator
 
 HERE = Path(__file__).resolve().parent
 REPLY_TOKENS = 12

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import models
 from checkpoint_codec import rewrite_meta
 from specstate import Generator, Model, inspect_checkpoint
+from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
 #: A reply's most tokens when the test interrupts it: its text (over 1.3 characters a token) outgrows what a

@@ -16,7 +16,6 @@ import pytest
 
 import checkpoint_codec as codec
 import specstate
-from generator_support import assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import (
     ChecksumMismatchError,
     ConfigMismatchError,
@@ -30,6 +29,7 @@ from specstate import (
     UnsupportedVersionError,
     inspect_checkpoint,
 )
+from specstate_testkit.generator_support import assert_refused_and_unchanged, draft_for, tiny_generator
 
 HEADER = 32
 ENTRY = 24

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from checkpoint_codec import meta, rewrite_meta
-from generator_support import tiny_generator
 from save_support import stop_while_saving, temporaries
 from specstate import cli, errors
+from specstate_testkit.generator_support import tiny_generator
 
 
 def specstate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

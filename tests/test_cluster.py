@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 import ray  # the `ray` extra, in requirements-dev.txt: without it these tests fail, they are not skipped
 
-import models
-from generator_support import MODES, TINY_CTX, sampling, tiny_generator
 from specstate.cluster import (
     GenerationPreempted,
     GenerationStateError,
@@ -29,6 +27,8 @@ from specstate.cluster import (
     WorkerLost,
 )
 from specstate.errors import ModelMismatchError
+from specstate_testkit import models
+from specstate_testkit.generator_support import MODES, TINY_CTX, sampling, tiny_generator
 
 PROMPT = "Once upon a time"
 TOKENS = 60

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from requantize import cached_copy
 from specstate import Context, Generator, Model
 from specstate.smollm2 import cache_dir
+from specstate_testkit.requantize import cached_copy
 
 #: Thread counts compared. With 1 thread a single decode's flash attention is one pass, as a batch row's is; with 2,
 #: stock llama.cpp splits a single query's KV cells in two. 3 and 4 threads were compared outside the suite
@@ -112,7 +112,7 @@ GENERATED = 160
 
 @pytest.fixture(scope="module")
 def draft_model(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Model:
-    from smollm2_draft import build_smollm2_draft
+    from specstate_testkit.smollm2_draft import build_smollm2_draft
 
     return Model(build_smollm2_draft(smollm2_file, tmp_path_factory.mktemp("draft") / "smollm2-draft.gguf"))
 

@@ -20,9 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from generator_support import MODES, TINY_CTX, resume_matches, sampling, tiny_generator, tiny_resume_matches
-from reference import plain_greedy
 from specstate import GenerationError, Generator, Model, inspect_checkpoint
+from specstate_testkit.generator_support import (
+    MODES,
+    TINY_CTX,
+    resume_matches,
+    sampling,
+    tiny_generator,
+    tiny_resume_matches,
+)
+from specstate_testkit.reference import plain_greedy
 
 TESTS = Path(__file__).resolve().parent
 #: A prompt that repeats itself, so that prompt lookup drafts and gets accepted.
@@ -58,7 +65,7 @@ def test_every_mode_commits_the_targets_greedy_tokens_on_tiny_models(
 
 @pytest.fixture(scope="module")
 def smollm2_draft_path(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from smollm2_draft import build_smollm2_draft
+    from specstate_testkit.smollm2_draft import build_smollm2_draft
 
     return build_smollm2_draft(smollm2_file, tmp_path_factory.mktemp("draft") / "smollm2-draft.gguf")
 

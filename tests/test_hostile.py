@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 
 import checkpoint_codec as codec
-import models
-from generator_support import TINY_CTX, assert_refused_and_unchanged, draft_for, tiny_generator
 from specstate import Batch, Context, Generator, Model, _native, model_fingerprint
 from specstate.errors import (
     AllocationLimitError,
@@ -36,6 +34,8 @@ from specstate.errors import (
     SequenceStateError,
     SessionError,
 )
+from specstate_testkit import models
+from specstate_testkit.generator_support import TINY_CTX, assert_refused_and_unchanged, draft_for, tiny_generator
 
 
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -477,7 +477,7 @@ def test_a_checkpoint_path_is_checked_before_it_is_read_and_read_within_the_form
         f"""
         import json, resource
         from pathlib import Path
-        from generator_support import tiny_generator
+        from specstate_testkit.generator_support import tiny_generator
         from specstate import Generator
         generator = tiny_generator("none", {{k: Path(v) for k, v in {json.dumps(stringify(tiny_map))}.items()}})
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import models
 import specstate
-from reference import error_from_another_thread, outcomes_during
 from specstate import Batch, Context, Model, ModelLoadError, SequenceStateError, ThreadAffinityError
+from specstate_testkit import models
+from specstate_testkit.reference import error_from_another_thread, outcomes_during
 
 
 def greedy(context: Context, prompt: list[int], n_tokens: int, seq_id: int = 0) -> list[int]:

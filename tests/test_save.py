@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import specstate._files
-from generator_support import tiny_generator
 from save_support import stop_while_saving, temporaries
 from specstate import Generator, Model
 from specstate.errors import NotARegularFileError
+from specstate_testkit.generator_support import tiny_generator
 
 
 @pytest.fixture()
@@ -154,7 +154,7 @@ def test_a_destination_that_is_not_a_regular_file_is_never_replaced(
 WRITER = """
 import json, sys
 from pathlib import Path
-from generator_support import tiny_generator
+from specstate_testkit.generator_support import tiny_generator
 generator = tiny_generator("ngram", {k: Path(v) for k, v in json.loads(sys.argv[1]).items()})
 generator.generate("save me", max_tokens=6)
 while True:

@@ -21,9 +21,9 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
-import models
 from specstate import Generator, Model
 from specstate.server import ServerConfig, build_app
+from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
 KEY = "test-key"

@@ -20,8 +20,6 @@ from hypothesis import strategies as st
 
 import specstate
 from conftest import TinyModels, examples
-from reference import error_from_another_thread, outcomes_during
-from reference import plain_greedy as reference_greedy
 from sessions_support import KINDS, N_CTX, Setup, build
 from specstate import (
     BadSequenceError,
@@ -40,6 +38,8 @@ from specstate import (
     StateUnavailableError,
     ThreadAffinityError,
 )
+from specstate_testkit.reference import error_from_another_thread, outcomes_during
+from specstate_testkit.reference import plain_greedy as reference_greedy
 
 TESTS = Path(__file__).resolve().parent
 PROMPTS = ["hello speculative world", "the quick brown fox", "abc", "state is exact; resume it!"]
@@ -455,7 +455,7 @@ def test_session_properties(models_by_kind: dict[str, tuple[Model, Model | None]
 
 
 def test_eagle3_draft_without_its_own_head_reads_the_targets(qwen35_model: Model, tmp_path: Path) -> None:
-    import models
+    from specstate_testkit import models
 
     _, headless = models.build_eagle3_pair(
         tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0, draft_own_head=False
@@ -475,7 +475,7 @@ def test_eagle3_draft_without_its_own_head_reads_the_targets(qwen35_model: Model
 def test_a_linked_context_keeps_its_source_alive(qwen35_model: Model, tmp_path: Path) -> None:
     import gc
 
-    import models
+    from specstate_testkit import models
 
     _, headless = models.build_eagle3_pair(
         tmp_path / "t.gguf", tmp_path / "headless.gguf", seed=0, draft_own_head=False
@@ -491,7 +491,7 @@ def test_a_linked_context_keeps_its_source_alive(qwen35_model: Model, tmp_path: 
 
 
 def test_eagle3_draft_for_another_target_width_is_refused(qwen35_model: Model, tmp_path: Path) -> None:
-    import models
+    from specstate_testkit import models
 
     _, wide = models.build_eagle3_pair(tmp_path / "t128.gguf", tmp_path / "e128.gguf", seed=0, n_embd=128)
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)

@@ -10,7 +10,6 @@ from typing import Literal, Union, get_args, get_origin, get_type_hints
 import pytest
 
 import specstate
-from generator_support import MODES, tiny_generator
 from specstate import (
     CheckpointInfo,
     GeneratorConfig,
@@ -21,6 +20,7 @@ from specstate import (
     native_info,
 )
 from specstate.cli import NATIVE_DEFAULTS, _generator_settings, build_parser
+from specstate_testkit.generator_support import MODES, tiny_generator
 
 
 def assert_keys(value: dict[str, object], shape: type) -> None:

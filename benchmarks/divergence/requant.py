@@ -1,5 +1,5 @@
 """Requantize SmolLM2-135M-Instruct (Q4_1 GGUF) into a copy of another weight type: the command line over
-``tests/requantize.py`` (one requantizer for the exactness tests and this study).
+``specstate_testkit.requantize`` (one requantizer for the exactness tests and this study).
 
 Usage: requant.py SRC DST TYPE  (TYPE: a ``gguf.GGMLQuantizationType`` name, such as Q4_0, Q8_0 or Q4_K)
 """
@@ -11,9 +11,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-
-from requantize import requantize
+from specstate_testkit.requantize import requantize
 
 
 def main() -> None:

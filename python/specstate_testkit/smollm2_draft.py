@@ -18,7 +18,7 @@ field's own value types, and each tensor as ``ReaderTensor.data`` with
 writer turns back into the element shape). The output is a pure function of
 the source file and ``n_layers``: the same bytes every time.
 
-Run ``python tests/smollm2_draft.py OUT.gguf [--n-layers N]`` to build one.
+Run ``python -m specstate_testkit.smollm2_draft OUT.gguf [--n-layers N]`` to build one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import gguf
 
-from gguf_files import gguf_writer
+from specstate_testkit.gguf_files import gguf_writer
 
 __all__ = ["DEFAULT_N_LAYERS", "build_smollm2_draft", "draft_tensor_names"]
 
