@@ -238,27 +238,9 @@ def draft_model_path(model: Path) -> Path:
     return path if path.exists() else build_smollm2_draft(model, path, n_layers=4)
 
 
-def agreement(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip-peers", action="store_true", help="no llama-cpp-python or llama-bench")
-    args = parser.parse_args()
-    path = smollm2_path()
-    model = Model(path)
-    checkpoint_text = (CODE_PROMPT + " ") * 25
-    results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "model": path.name,
-        "threads": args.threads,
-        "runs": args.runs,
-        "native_info": native_info(),
-    }
+def speed_figures(model: Model, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Every peer built first, then plain decoding and speculation in interleaved rounds, and llama-cpp-python's
+    checkpoints (``checkpoint_peer``: empty without peers)."""
     log("building: the native loop and the peers")
     build_native_loop()
     peers = build_peers(argparse.Namespace(skip_peers=args.skip_peers, threads=args.threads), path)
@@ -267,24 +249,26 @@ def main() -> None:
     try:
         log("plain decoding, interleaved")
         decode = decode_figures(model, path, args.threads, args.runs, peers)
-        results["decode"] = decode["tokens_per_s"]
-        results["decode_ratios"] = decode["specstate_over"]
         log("speculation, interleaved")
         rounds = argparse.Namespace(rounds=args.runs, threads=args.threads, tokens=160)
         draft = Model(draft_model_path(path))
-        results["speculation"] = {
+        speculation = {
             name: prompt_figures(model, prompt, rounds, peers, draft_model=draft) for name, prompt in PROMPTS.items()
         }
     finally:
         if peers:
             peers["llama_cpp_python"].close()
-    checkpoint_peer = peer_checkpoints(path, args.threads, args.runs, checkpoint_text) if peers else {}
-    if checkpoint_peer:
-        results["llama_cpp_python_version"] = checkpoint_peer["version"]
+    checkpoint_text = (CODE_PROMPT + " ") * 25
+    return {
+        "decode": decode["tokens_per_s"],
+        "decode_ratios": decode["specstate_over"],
+        "speculation": speculation,
+        "checkpoint_peer": peer_checkpoints(path, args.threads, args.runs, checkpoint_text) if peers else {},
+    }
 
-    log("verify cost: batches of 1-16 rows, interleaved")
-    results["verify_cost"] = verify_cost(threads=args.threads)
-    log("checkpoints")
+
+def checkpoint_results(model: Model, args: argparse.Namespace, peer: dict[str, Any]) -> dict[str, Any]:
+    """Our checkpoints at 512 and 2048 tokens beside llama-cpp-python's (`peer`, from ``peer_checkpoints``)."""
     checkpoints: dict[str, Any] = {}
     for tokens in (512, 2048):
         figures = checkpoint_figures(model, tokens, threads=args.threads, runs=args.runs)
@@ -296,22 +280,54 @@ def main() -> None:
             "restore_seconds": figures.restore_seconds,
             "restore_new_seconds": figures.restore_new_seconds,
             "prefill_seconds": figures.prefill_seconds,
-            "llama_cpp_python": checkpoint_peer.get("checkpoints", {}).get(str(tokens)),
+            "llama_cpp_python": peer.get("checkpoints", {}).get(str(tokens)),
         }
-    results["checkpoints"] = checkpoints
-    log("memory")
-    results["memory"] = memory_figures(path, args.threads)
-    log("validators")
-    results["validators"] = validator_rates()
+    return checkpoints
+
+
+def write_results(results: dict[str, Any]) -> None:
+    """latest.json, verify_cost.json, latest.md and the charts (the benchmarks page: ``report.py``)."""
+    from report import write_report
+
     RESULTS.mkdir(parents=True, exist_ok=True)
     for rows in results["speculation"].values():
         for row in rows.values():
             row.pop("tokens", None)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / "verify_cost.json").write_text(json.dumps(results["verify_cost"], indent=2) + "\n")
-    from report import write_report
-
     write_report(results, RESULTS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-peers", action="store_true", help="no llama-cpp-python or llama-bench")
+    args = parser.parse_args()
+    path = smollm2_path()
+    model = Model(path)
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "model": path.name,
+        "threads": args.threads,
+        "runs": args.runs,
+        "native_info": native_info(),
+    }
+    speeds = speed_figures(model, path, args)
+    checkpoint_peer = speeds.pop("checkpoint_peer")
+    results.update(speeds)
+    if checkpoint_peer:
+        results["llama_cpp_python_version"] = checkpoint_peer["version"]
+    log("verify cost: batches of 1-16 rows, interleaved")
+    results["verify_cost"] = verify_cost(threads=args.threads)
+    log("checkpoints")
+    results["checkpoints"] = checkpoint_results(model, args, checkpoint_peer)
+    log("memory")
+    results["memory"] = memory_figures(path, args.threads)
+    log("validators")
+    results["validators"] = validator_rates()
+    write_results(results)
     print((RESULTS / "latest.md").read_text())
 
 
