@@ -810,35 +810,41 @@ fn the_bindings_tie_every_section_to_the_state() {
 #[test]
 fn the_meta_json_is_checked() {
     let bytes = valid(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
-    let raw = |json: &[u8]| {
-        let json = json.to_vec();
-        rebuilt(&bytes, |s| *payload_of(s, SectionKind::Meta) = json)
+    let payload = |json: &[u8]| {
+        rebuilt(&bytes, |s| {
+            *payload_of(s, SectionKind::Meta) = json.to_vec()
+        })
     };
-    for (json, contains) in [
-        (&b"{not json"[..], "key must be a string"),
-        (b"", "EOF while parsing"),
-        (b"42", "invalid type: integer `42`"),
-        (b"[]", "invalid length 0"),
-        (b"\xff\xfe", "expected value"),
-    ] {
-        let message = corrupt_message(&raw(json));
-        assert!(message.starts_with("meta section: "), "{message}");
-        assert!(message.contains(contains), "{message}");
+    let changed = |change: fn(&mut Value)| with_meta(&bytes, change);
+    // (a checkpoint, the start of its message after "meta section: "): bytes that are not a
+    // meta object, then meta objects with a key too many (at any depth), one missing, a value
+    // out of its type's range.
+    let cases = [
+        (payload(b"{not json"), "key must be a string"),
+        (payload(b""), "EOF while parsing"),
+        (payload(b"42"), "invalid type: integer `42`"),
+        (payload(b"[]"), "invalid length 0"),
+        (payload(b"\xff\xfe"), "expected value"),
+        (changed(|m| m["extra"] = json!(1)), "unknown field `extra`"),
+        (
+            changed(|m| m["target_model"]["x"] = json!(1)),
+            "unknown field `x`",
+        ),
+        (
+            changed(|m| {
+                m.as_object_mut().unwrap().remove("seed");
+            }),
+            "missing field `seed`",
+        ),
+        (changed(|m| m["n_ctx"] = json!(-1)), "invalid value"),
+    ];
+    for (checkpoint, expected) in cases {
+        let message = corrupt_message(&checkpoint);
+        assert!(
+            message.starts_with(&format!("meta section: {expected}")),
+            "{message}"
+        );
     }
-    let unknown = with_meta(&bytes, |meta| meta["extra"] = json!(1));
-    let message = corrupt_message(&unknown);
-    assert!(
-        message.starts_with("meta section: unknown field `extra`"),
-        "{message}"
-    );
-    let nested = with_meta(&bytes, |meta| meta["target_model"]["x"] = json!(1));
-    assert!(corrupt_message(&nested).contains("unknown field `x`"));
-    let missing = with_meta(&bytes, |meta| {
-        meta.as_object_mut().unwrap().remove("seed");
-    });
-    assert!(corrupt_message(&missing).contains("missing field `seed`"));
-    let negative = with_meta(&bytes, |meta| meta["n_ctx"] = json!(-1));
-    assert!(corrupt_message(&negative).starts_with("meta section: invalid value"));
 }
 
 fn chat() -> Conversation {
