@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use crate::native::{Grammar, NativeError};
 pub use crate::settings::SamplingParams;
 
 /// The id of the largest logit; the lowest id wins a tie (as llama.cpp's greedy sampler).
@@ -98,22 +99,73 @@ impl Rng {
     }
 }
 
-/// How a generation chooses its tokens: the parameters and the RNG they draw from.
-#[derive(Clone, Debug, PartialEq)]
+/// A grammar over a reply: its state after the first `covers` tokens of the reply.
+#[derive(Clone, Debug)]
+pub struct GrammarState {
+    grammar: Grammar,
+    covers: usize,
+}
+
+impl GrammarState {
+    /// `grammar` before any token of the reply.
+    pub fn new(grammar: Grammar) -> Self {
+        Self { grammar, covers: 0 }
+    }
+
+    /// Advance over the tokens of `reply` not yet followed (from the start
+    /// again if the reply is shorter than what was followed). On a token the
+    /// grammar forbids, the state goes back to the start of the reply and the
+    /// error names the token and its place.
+    pub fn follow(&mut self, reply: &[i32]) -> Result<(), NativeError> {
+        if reply.len() < self.covers {
+            self.restart();
+        }
+        for (index, &token) in reply.iter().enumerate().skip(self.covers) {
+            if !self.grammar.allows(token) {
+                self.restart();
+                return Err(NativeError::InvalidArgument(format!(
+                    "the reply does not follow the grammar: token {token} at reply position {index} is not allowed there"
+                )));
+            }
+            self.grammar.accept(token)?;
+            self.covers = index + 1;
+        }
+        Ok(())
+    }
+
+    /// Back to the start of a reply.
+    pub fn restart(&mut self) {
+        self.grammar.restart();
+        self.covers = 0;
+    }
+}
+
+/// How a generation chooses its tokens: the parameters, the RNG they draw
+/// from, and the grammar's state over the current reply.
+#[derive(Clone, Debug)]
 pub struct Sampler {
-    /// Temperature, top-k, top-p and seed.
+    /// The sampler chain's parameters and the seed.
     pub params: SamplingParams,
     /// The RNG, advanced by every stochastic choice.
     pub rng: Rng,
+    /// The grammar of `params.grammar`, compiled for the target's vocabulary.
+    pub grammar: Option<GrammarState>,
 }
 
 impl Sampler {
-    /// A sampler whose RNG starts from `params.seed`.
+    /// A sampler whose RNG starts from `params.seed` (its grammar, if any,
+    /// is compiled and set by the generator, which has the vocabulary).
     pub fn new(params: SamplingParams) -> Self {
         Self {
             rng: Rng::new(params.seed),
             params,
+            grammar: None,
         }
+    }
+
+    /// The grammar's state after the reply, which the next choice follows.
+    fn grammar(&self) -> Option<&Grammar> {
+        self.grammar.as_ref().map(|state| &state.grammar)
     }
 
     /// Greedy choice (the RNG is never drawn from).
@@ -126,12 +178,15 @@ impl Sampler {
         self.params.is_greedy()
     }
 
-    /// Choose a token from one row of logits that follows `history`.
-    pub fn choose(&mut self, logits: &[f32], history: &[i32]) -> i32 {
-        if self.is_greedy() {
-            argmax(&adjusted(logits, &self.params, history))
+    /// Choose a token from one row of logits that follows `history` (and,
+    /// with a grammar, the reply it has followed).
+    pub fn choose(&mut self, logits: &[f32], history: &[i32]) -> Result<i32, NativeError> {
+        let grammar = self.grammar();
+        if self.params.is_greedy() {
+            greedy_choice(logits, &self.params, history, grammar)
         } else {
-            sample(&distribution(logits, &self.params, history), &mut self.rng)
+            let dist = constrained_distribution(logits, &self.params, history, grammar)?;
+            Ok(sample(&dist, &mut self.rng))
         }
     }
 
@@ -154,14 +209,36 @@ impl Sampler {
         history: &[i32],
         draft: &[i32],
         draft_dists: Option<&[Distribution]>,
-    ) -> Verdict {
+    ) -> Result<Verdict, NativeError> {
         let round = Round {
             history,
             draft,
             draft_dists,
+            grammar: self.grammar.as_ref().map(|state| &state.grammar),
         };
         verify(rows, round, &self.params, &mut self.rng)
     }
+
+    /// Advance the grammar over the reply's tokens it has not followed yet.
+    pub fn follow(&mut self, reply: &[i32]) -> Result<(), NativeError> {
+        self.grammar
+            .as_mut()
+            .map_or(Ok(()), |state| state.follow(reply))
+    }
+
+    /// A new reply begins: the grammar starts again.
+    pub fn restart_grammar(&mut self) {
+        if let Some(state) = self.grammar.as_mut() {
+            state.restart();
+        }
+    }
+}
+
+/// No token is left: the grammar forbids every one the chain keeps.
+fn dead_end() -> NativeError {
+    NativeError::InvalidArgument(
+        "the grammar allows no token of the vocabulary at this point of the reply".into(),
+    )
 }
 
 /// A sparse probability distribution: `(token, probability)`, most likely first.
@@ -287,13 +364,39 @@ fn min_p_cut(mut candidates: Vec<(i32, f32)>, min_p: f32) -> Vec<(i32, f32)> {
 /// penalties ([`adjusted`]), then top-k, typical, top-p, min-p and
 /// temperature, in llama.cpp's order.
 pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[i32]) -> Distribution {
-    let logits = adjusted(logits, params, history);
+    chain(&adjusted(logits, params, history), params)
+}
+
+/// [`distribution`] with the tokens `grammar` forbids removed first (after
+/// bias and penalties, before top-k); an error when it forbids them all.
+pub fn constrained_distribution(
+    logits: &[f32],
+    params: &SamplingParams,
+    history: &[i32],
+    grammar: Option<&Grammar>,
+) -> Result<Distribution, NativeError> {
+    let Some(grammar) = grammar else {
+        return Ok(distribution(logits, params, history));
+    };
+    let mut masked = adjusted(logits, params, history).into_owned();
+    grammar.mask(&mut masked);
+    let dist = chain(&masked, params);
+    if dist.is_empty() {
+        return Err(dead_end());
+    }
+    Ok(dist)
+}
+
+/// Top-k, typical, top-p, min-p and temperature over adjusted logits (a
+/// logit of minus infinity, forbidden by a grammar, is never a candidate).
+fn chain(logits: &[f32], params: &SamplingParams) -> Distribution {
     let keep = if params.top_k == 0 {
         logits.len()
     } else {
         (params.top_k as usize).min(logits.len())
     };
-    let candidates = top_k(&logits, keep);
+    let mut candidates = top_k(logits, keep);
+    candidates.retain(|(_, logit)| *logit > f32::NEG_INFINITY);
     let candidates = typical(candidates, params.typical_p);
     let candidates = top_p_cut(candidates, params.top_p);
     let candidates = min_p_cut(candidates, params.min_p);
@@ -357,8 +460,9 @@ pub struct Verdict {
     pub next: i32,
 }
 
-/// What one round verifies: the draft, the history it follows, and the
-/// distributions it was drawn from (`None`: point masses).
+/// What one round verifies: the draft, the history it follows, the
+/// distributions it was drawn from (`None`: point masses), and the grammar's
+/// state after the history.
 #[derive(Clone, Copy, Debug)]
 pub struct Round<'a> {
     /// Prompt and committed tokens before the draft.
@@ -367,12 +471,34 @@ pub struct Round<'a> {
     pub draft: &'a [i32],
     /// The draft's distribution of each token, if the drafter sampled them.
     pub draft_dists: Option<&'a [Distribution]>,
+    /// The grammar after the history (`None`: no grammar).
+    pub grammar: Option<&'a Grammar>,
 }
 
 /// The target's choice from one row when greedy: the argmax after bias and
-/// penalties over `history`.
-fn greedy_choice(row: &[f32], params: &SamplingParams, history: &[i32]) -> i32 {
-    argmax(&adjusted(row, params, history))
+/// penalties over `history`, among the tokens `grammar` allows (the argmax
+/// itself when allowed, which spares masking the whole vocabulary).
+fn greedy_choice(
+    row: &[f32],
+    params: &SamplingParams,
+    history: &[i32],
+    grammar: Option<&Grammar>,
+) -> Result<i32, NativeError> {
+    let logits = adjusted(row, params, history);
+    let best = argmax(&logits);
+    let Some(grammar) = grammar.filter(|g| !g.allows(best)) else {
+        return Ok(best);
+    };
+    let mut masked = logits.into_owned();
+    grammar.mask(&mut masked);
+    let best = argmax(&masked);
+    if masked
+        .get(best as usize)
+        .is_none_or(|l| *l == f32::NEG_INFINITY)
+    {
+        return Err(dead_end());
+    }
+    Ok(best)
 }
 
 /// Verify `round.draft` against the target's logit rows (`rows(i)` is the
@@ -388,44 +514,72 @@ pub fn verify<'a>(
     round: Round<'_>,
     params: &SamplingParams,
     rng: &mut Rng,
-) -> Verdict {
+) -> Result<Verdict, NativeError> {
     let mut seen = params.penalty_window(round.history).to_vec();
+    // The grammar after the accepted draft tokens (cloned at the first one).
+    let mut advanced: Option<Grammar> = None;
     for (index, &token) in round.draft.iter().enumerate() {
         let row = rows(index);
-        if params.is_greedy() {
-            let choice = greedy_choice(row, params, &seen);
-            if choice != token {
-                return Verdict {
-                    accepted: index,
-                    next: choice,
-                };
-            }
-            seen.push(token);
-            continue;
+        let grammar = advanced.as_ref().or(round.grammar);
+        if let Some(next) = judge_row(
+            row,
+            token,
+            params,
+            &seen,
+            grammar,
+            rng,
+            round.draft_dists.map(|d| &d[index]),
+        )? {
+            return Ok(Verdict {
+                accepted: index,
+                next,
+            });
         }
-        let p = distribution(row, params, &seen);
-        let point = vec![(token, 1.0)];
-        let q: &[(i32, f64)] = round.draft_dists.map_or(&point, |dists| &dists[index]);
-        let (pt, qt) = (probability(&p, token), probability(q, token));
-        if qt > 0.0 && rng.uniform() < pt / qt {
-            seen.push(token);
-            continue;
+        seen.push(token);
+        if let Some(grammar) = round.grammar {
+            let mut state = advanced.take().unwrap_or_else(|| grammar.clone());
+            state.accept(token)?;
+            advanced = Some(state);
         }
-        return Verdict {
-            accepted: index,
-            next: sample(&residual(&p, q), rng),
-        };
     }
     let row = rows(round.draft.len());
+    let grammar = advanced.as_ref().or(round.grammar);
     let next = if params.is_greedy() {
-        greedy_choice(row, params, &seen)
+        greedy_choice(row, params, &seen, grammar)?
     } else {
-        sample(&distribution(row, params, &seen), rng)
+        sample(&constrained_distribution(row, params, &seen, grammar)?, rng)
     };
-    Verdict {
+    Ok(Verdict {
         accepted: round.draft.len(),
         next,
+    })
+}
+
+/// Judge one drafted `token` against its row: `None` accepts it, `Some(next)`
+/// rejects it with the token committed in its place. Greedy: accept when it
+/// is the target's choice. Sampling: rejection sampling against `q` (a point
+/// mass on the token when the drafter gives no distribution).
+fn judge_row(
+    row: &[f32],
+    token: i32,
+    params: &SamplingParams,
+    seen: &[i32],
+    grammar: Option<&Grammar>,
+    rng: &mut Rng,
+    q: Option<&Distribution>,
+) -> Result<Option<i32>, NativeError> {
+    if params.is_greedy() {
+        let choice = greedy_choice(row, params, seen, grammar)?;
+        return Ok((choice != token).then_some(choice));
     }
+    let p = constrained_distribution(row, params, seen, grammar)?;
+    let point = vec![(token, 1.0)];
+    let q: &[(i32, f64)] = q.map_or(&point, |dist| dist);
+    let (pt, qt) = (probability(&p, token), probability(q, token));
+    if qt > 0.0 && rng.uniform() < pt / qt {
+        return Ok(None);
+    }
+    Ok(Some(sample(&residual(&p, q), rng)))
 }
 
 #[cfg(test)]
@@ -437,6 +591,7 @@ mod tests {
             history: &[],
             draft,
             draft_dists: None,
+            grammar: None,
         }
     }
 
@@ -535,8 +690,9 @@ mod tests {
                     history: &[],
                     draft: &[drafted],
                     draft_dists: dists.as_deref(),
+                    grammar: None,
                 };
-                let verdict = verify(|_| &logits[..], round, &params, &mut rng);
+                let verdict = verify(|_| &logits[..], round, &params, &mut rng).unwrap();
                 let first = if verdict.accepted == 1 {
                     drafted
                 } else {
@@ -560,7 +716,7 @@ mod tests {
         let rows = [[0.0_f32, 1.0], [1.0, 0.0], [0.0, 1.0]];
         let mut rng = Rng::new(0);
         let params = SamplingParams::default();
-        let verdict = verify(|i| &rows[i][..], plain(&[1, 1]), &params, &mut rng);
+        let verdict = verify(|i| &rows[i][..], plain(&[1, 1]), &params, &mut rng).unwrap();
         assert_eq!(
             verdict,
             Verdict {
@@ -568,7 +724,7 @@ mod tests {
                 next: 0
             }
         );
-        let verdict = verify(|i| &rows[i][..], plain(&[1, 0]), &params, &mut rng);
+        let verdict = verify(|i| &rows[i][..], plain(&[1, 0]), &params, &mut rng).unwrap();
         assert_eq!(
             verdict,
             Verdict {
@@ -607,7 +763,7 @@ mod tests {
         assert_eq!(&out[..], &[2.0, -3.25, 1.5, 1.25]);
         // Greedy takes the argmax after them (3 before).
         let mut sampler = Sampler::new(params.clone());
-        assert_eq!(sampler.choose(&logits, &history), 0);
+        assert_eq!(sampler.choose(&logits, &history).unwrap(), 0);
         let whole = SamplingParams {
             repeat_last_n: -1,
             ..params.clone()
@@ -686,7 +842,7 @@ mod tests {
         let mut sampler = Sampler::new(params.clone());
         let mut history = vec![7];
         for _ in 0..3 {
-            let next = sampler.choose(&row, &history);
+            let next = sampler.choose(&row, &history).unwrap();
             history.push(next);
         }
         assert_eq!(history, [7, 1, 2, 1]);
@@ -695,8 +851,9 @@ mod tests {
             history: &[7],
             draft: &[1, 2],
             draft_dists: None,
+            grammar: None,
         };
-        let verdict = verify(|_| &row[..], round, &params, &mut rng);
+        let verdict = verify(|_| &row[..], round, &params, &mut rng).unwrap();
         assert_eq!(
             verdict,
             Verdict {
@@ -739,8 +896,9 @@ mod tests {
                     history: &seen,
                     draft: &draft,
                     draft_dists: Some(&dists),
+                    grammar: None,
                 };
-                let verdict = verify(|_| &logits[..], round, &params, &mut rng);
+                let verdict = verify(|_| &logits[..], round, &params, &mut rng).unwrap();
                 committed.extend_from_slice(&draft[..verdict.accepted]);
                 committed.push(verdict.next);
             }

@@ -22,8 +22,9 @@ fn refuse(field: &'static str, reason: String) -> Result<(), SettingError> {
 /// How tokens are chosen. `temperature == 0` is greedy decoding.
 ///
 /// The chain, in llama.cpp's order (`crate::sampling`): logit bias,
-/// repetition penalties, then (sampling only) top-k, typical, top-p, min-p
-/// and temperature. Greedy decoding takes the argmax after bias and penalties.
+/// repetition penalties, the grammar, then (sampling only) top-k, typical,
+/// top-p, min-p and temperature. Greedy decoding takes the argmax after bias,
+/// penalties and grammar.
 /// Each neutral default and each bound is written once, here.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -47,6 +48,9 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// `(token, bias)` added to the logits, by ascending distinct token.
     pub logit_bias: Vec<(i32, f32)>,
+    /// A GBNF grammar (start rule `root`) every reply follows: what is
+    /// generated after each prompt or new turn (`None`: no grammar; never empty).
+    pub grammar: Option<String>,
     /// Seed of the RNG.
     pub seed: u64,
 }
@@ -71,6 +75,7 @@ impl SamplingParams {
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
         logit_bias: Vec::new(),
+        grammar: None,
         seed: 0,
     };
 }
@@ -167,7 +172,30 @@ impl SamplingParams {
                 ),
             );
         }
-        self.validate_logit_bias()
+        self.validate_logit_bias()?;
+        self.validate_grammar()
+    }
+
+    /// The grammar's text: not empty (no grammar is `None`), bounded, no NUL.
+    /// Whether it parses is checked against the vocabulary it is compiled for.
+    fn validate_grammar(&self) -> Result<(), SettingError> {
+        let Some(text) = &self.grammar else {
+            return Ok(());
+        };
+        let most = crate::native::MAX_GRAMMAR_BYTES;
+        if text.trim().is_empty() {
+            return refuse("grammar", "is empty (give None for no grammar)".into());
+        }
+        if text.len() > most {
+            return refuse(
+                "grammar",
+                format!("is {} bytes, more than {most}", text.len()),
+            );
+        }
+        if text.contains('\0') {
+            return refuse("grammar", "contains a NUL character".into());
+        }
+        Ok(())
     }
 
     fn validate_logit_bias(&self) -> Result<(), SettingError> {

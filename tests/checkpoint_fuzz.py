@@ -163,6 +163,19 @@ SAMPLER_RANGES = {
     "frequency_penalty": (-100.0, 100.0, False),
 }
 MAX_LOGIT_BIAS = 1 << 18
+#: The sampler's optional last field: a GBNF grammar (src/native/grammar.rs, MAX_GRAMMAR_BYTES).
+GRAMMAR = "grammar"
+MAX_GRAMMAR_BYTES = 1 << 20
+#: Grammars the fuzzer writes, each with why it must be refused (None: it parses). A grammar that parses is
+#: written only as one every reply follows, so the restore goes on as before.
+GRAMMARS: dict[str, str | None] = {
+    "": "grammar is empty",
+    "  \n": "grammar is empty",
+    "root ::= foo": "grammar does not parse",
+    'root ::= root "a"': "grammar is left-recursive",
+    'root ::= "a"\0': "grammar contains NUL",
+    "root ::= " + '"a" ' * (MAX_GRAMMAR_BYTES // 4): "grammar too long",
+}
 MAX_ABS_LOGIT_BIAS = 1.0e4
 I32 = (-(1 << 31), (1 << 31) - 1)
 ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle", "live")
@@ -435,9 +448,12 @@ def sampler_problem(value: Any, version: int, n_vocab: int) -> str | None:
         return None
     if version < 5:
         return "a sampler before version 5"
-    sampler = _as_struct(value, SAMPLER_FIELDS)
-    if sampler is None or set(sampler) != set(SAMPLER_FIELDS):
+    sampler = _as_sampler(value)
+    if sampler is None or set(sampler) - {GRAMMAR} != set(SAMPLER_FIELDS):
         return "sampler is not an object of exactly its fields"
+    grammar = sampler.get(GRAMMAR)
+    if grammar is not None and not isinstance(grammar, str):
+        return "grammar is not a string"
     for name in SAMPLER_RANGES:
         if not _is_number(sampler[name]):
             return f"sampler {name} is not a number"
@@ -453,7 +469,14 @@ def sampler_problem(value: Any, version: int, n_vocab: int) -> str | None:
             return problem
     if last_n < -1:
         return "repeat_last_n below -1"
-    return _logit_bias_problem(sampler["logit_bias"], n_vocab)
+    return _logit_bias_problem(sampler["logit_bias"], n_vocab) or (None if grammar is None else GRAMMARS[grammar])
+
+
+def _as_sampler(value: Any) -> dict[str, Any] | None:
+    """The sampler struct: an object, or an array of its fields in order (the grammar, last, may be left out)."""
+    if isinstance(value, list) and len(value) == len(SAMPLER_FIELDS) + 1:
+        return dict(zip((*SAMPLER_FIELDS, GRAMMAR), value))
+    return _as_struct(value, SAMPLER_FIELDS)
 
 
 def _logit_bias_shape_problem(value: Any) -> str | None:
@@ -964,7 +987,9 @@ def _meta_label(original: dict[str, Any], meta: Any) -> Expect:
         if isinstance(full[role], list):
             full[role] = _as_struct(full[role], FINGERPRINT_KEYS)
     if isinstance(full["sampler"], list):
-        full["sampler"] = _as_struct(full["sampler"], SAMPLER_FIELDS)
+        full["sampler"] = _as_sampler(full["sampler"])
+    if isinstance(full["sampler"], dict) and full["sampler"].get(GRAMMAR, 0) is None:
+        full["sampler"] = {k: v for k, v in full["sampler"].items() if k != GRAMMAR}
     if full == original and all(type(full[k]) is type(original[k]) for k in LABEL_KEYS if k != "temperature"):
         # Same values; a key left out or an array for an object is lenient, refusing it is fine too.
         complete = (
@@ -1231,6 +1256,7 @@ def _sampler_values(ctx: Context, key: str) -> list[Any]:
             [[t, 0.5] for t in range(MAX_LOGIT_BIAS + 1)],
             {"1": 1.0},
         ],
+        GRAMMAR: [None, 3, ["root ::= foo"], *GRAMMARS],
     }
     return values[key]
 
@@ -1255,7 +1281,7 @@ def mutate_meta_sampler(ctx: Context) -> Mutation:
         meta["sampler"] = [sampler[key] for key in SAMPLER_FIELDS]
         detail = "meta sampler as an array"
     else:
-        key = ctx.pick(SAMPLER_FIELDS)
+        key = ctx.pick((*SAMPLER_FIELDS, GRAMMAR))
         value = ctx.pick(_sampler_values(ctx, key))
         meta["sampler"] = dict(sampler, **{key: value})
         detail = f"meta sampler {key}={_short(value)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -435,3 +436,48 @@ def test_sigterm_during_a_save_removes_the_temporary(tiny_map: dict[str, Path], 
     if target.read_bytes() != b"old":  # the save interrupted was not the first: the last one that completed
         described = specstate("inspect", str(target))
         assert described.returncode == 0, described.stderr
+
+
+def test_generate_follows_a_grammar_or_a_json_schema_and_resumes(tiny_map: dict[str, Path], tmp_path: Path) -> None:
+    model = str(tiny_map["qwen35"])
+    grammar = tmp_path / "words.gbnf"
+    grammar.write_text('root ::= [a-e] [a-e ]* ("." [a-e ]+)*\n')
+    common = ["--model", model, "--mode", "ngram", "--threads", "1", "--temperature", "1.0", "--seed", "3"]
+    full = specstate("generate", *common, "--grammar", str(grammar), "--max-tokens", "40", "--quiet", "abc")
+    assert full.returncode == 0, full.stderr
+    assert re.fullmatch(r"[a-e][a-e .]*\n", full.stdout), full.stdout
+    ckpt = tmp_path / "grammar.ckpt"
+    half = specstate("generate", *common, "--grammar", str(grammar), "--max-tokens", "15", "--save", str(ckpt), "abc")
+    assert half.returncode == 0, half.stderr
+    rest = specstate("resume", str(ckpt), "--model", model, "--max-tokens", "25", "--threads", "1", "--quiet")
+    assert rest.returncode == 0, rest.stderr
+    assert half.stdout[:-1] + rest.stdout == full.stdout
+    schema = tmp_path / "number.json"
+    schema.write_text(json.dumps({"type": "integer", "minimum": 0}))
+    number = specstate("generate", *common, "--json-schema", str(schema), "--max-tokens", "20", "--quiet", "n=")
+    assert number.returncode == 0, number.stderr
+    assert re.fullmatch(r"\d+\n", number.stdout), number.stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--grammar", "{dir}/missing.gbnf"], "No such file"),
+        (["--grammar", "{fifo}"], "is a FIFO"),
+        (["--grammar", "{bad}"], "grammar does not parse"),
+        (["--json-schema", "{bad}"], "--json-schema"),
+        (["--grammar", "{bad}", "--json-schema", "{bad}"], "not allowed with argument"),
+    ],
+)
+def test_bad_grammar_options_give_one_line(
+    tiny_map: dict[str, Path], tmp_path: Path, options: list[str], message: str
+) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "bad").write_text("root ::= nothing")
+    values = {"{dir}": str(tmp_path), "{fifo}": str(tmp_path / "fifo"), "{bad}": str(tmp_path / "bad")}
+    given = [values.get(option, option).replace("{dir}", str(tmp_path)) for option in options]
+    result = specstate_within(60, "generate", "--model", str(tiny_map["qwen35"]), *given, "abc")
+    if "does not parse" in message:  # llama.cpp's parser prints where on standard error first
+        assert "Undefined rule identifier 'nothing'" in result.stderr
+        result.stderr = result.stderr.splitlines()[-1]
+    assert message in one_error_line(result)

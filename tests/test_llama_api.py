@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -13,9 +14,9 @@ from openai.types import CompletionChoice as OpenAICompletionChoice
 from openai.types.chat import ChatCompletion as OpenAIChatCompletion
 from openai.types.chat import ChatCompletionChunk as OpenAIChatCompletionChunk
 
-import models
-from specstate import Generator, Llama, Model
+from specstate import Generator, Llama, LlamaGrammar, Model
 from specstate.llama import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, UnsupportedParameterError
+from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
 N_CTX = 256
@@ -283,6 +284,8 @@ BAD_ARGUMENTS: list[tuple[dict[str, Any], type[Exception]]] = [
     ({"logit_bias": {10**9: 1.0}}, ValueError),
     ({"logit_bias": [1]}, TypeError),
     ({"tfs_z": 0.5}, UnsupportedParameterError),
+    ({"grammar": "root ::= foo"}, ValueError),
+    ({"grammar": 3}, TypeError),
 ]
 
 
@@ -308,7 +311,6 @@ def test_bad_arguments_change_nothing(llm: Llama, arguments: dict[str, Any], err
 UNSUPPORTED: list[tuple[str, object, object]] = [
     ("tfs_z", 0.5, 1.0),
     ("mirostat_mode", 2, 0),
-    ("grammar", "root ::= 'a'", None),
 ]
 
 
@@ -344,8 +346,8 @@ def test_chat_only_and_completion_only_parameters(llm: Llama) -> None:
     messages = [{"role": "user", "content": "x"}]
     neutral = llm.create_chat_completion(messages, max_tokens=2, logprobs=False, response_format={"type": "text"})
     content_of(neutral)
-    with pytest.raises(UnsupportedParameterError, match="response_format"):
-        llm.create_chat_completion(messages, response_format={"type": "json_object"})
+    with pytest.raises(TypeError, match="response_format"):
+        llm(PROMPT, response_format={"type": "json_object"})  # type: ignore[call-overload]
     with pytest.raises(UnsupportedParameterError, match="tools"):
         llm.create_chat_completion(messages, tools=[{"type": "function", "function": {"name": "f"}}])
     with pytest.raises(UnsupportedParameterError, match="logprobs"):
@@ -392,6 +394,67 @@ def test_smollm2_chat_in_llama_cpp_python_style(smollm2_file: Path) -> None:
         generators.append(generator)
     assert "Paris" in replies[0] and "Berlin" in replies[1]
     assert generators[0] is generators[1]  # the second turn decoded only the new message
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        {"type": "json_object", "schema": PERSON},
+    ],
+)
+def test_response_format_gives_json_that_follows_the_schema(smollm2_file: Path, response_format: Any) -> None:
+    llm = Llama(str(smollm2_file), n_ctx=512, n_threads=2, mode="ngram", seed=5)
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Describe a person as JSON."}]
+    reply = llm.create_chat_completion(messages, response_format=response_format, max_tokens=80)
+    OpenAIChatCompletion.model_validate(reply)
+    person = json.loads(content_of(reply))
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    messages += [reply["choices"][0]["message"], {"role": "user", "content": "Another one."}]
+    chunks = llm.create_chat_completion(messages, response_format=response_format, max_tokens=80, stream=True)
+    content, finish = chat_chunks_valid(chunks)
+    assert finish == "stop" and set(json.loads(content)) == {"name", "age"}
+    assert llm.chat_generator is not None and len(llm.chat_generator.messages) == 4  # the same conversation
+
+
+def test_any_json_object_and_a_grammar_object(smollm2_file: Path, tmp_path: Path) -> None:
+    llm = Llama(str(smollm2_file), n_ctx=512, n_threads=2, seed=5)
+    messages = [{"role": "user", "content": "Give me a JSON object with a name and an age."}]
+    reply = llm.create_chat_completion(messages, response_format={"type": "json_object"}, temperature=0, max_tokens=120)
+    assert isinstance(json.loads(content_of(reply)), dict) and reply["choices"][0]["finish_reason"] == "stop"
+    path = tmp_path / "yes.gbnf"
+    path.write_text('root ::= "yes" | "no"\n')
+    for grammar in (LlamaGrammar.from_file(path), LlamaGrammar.from_string('root ::= "yes" | "no"')):
+        answer = llm("Is the sky blue? Answer:", grammar=grammar, max_tokens=8, temperature=0)
+        assert text_of(answer) in ("yes", "no") and answer["choices"][0]["finish_reason"] == "stop"
+    schema = LlamaGrammar.from_json_schema(json.dumps({"type": "integer"}))
+    assert int(text_of(llm("The answer is", grammar=schema, max_tokens=8)))
+
+
+@pytest.mark.parametrize(
+    ("response_format", "error", "message"),
+    [
+        ({"type": "xml"}, ValueError, "response_format type"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, ValueError, "must be an object"),
+        ({"type": "json_object", "schema": "{}"}, ValueError, "must be an object"),
+        ("json", TypeError, "response_format must be a mapping"),
+    ],
+)
+def test_bad_response_formats_change_nothing(llm: Llama, response_format: Any, error: type, message: str) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    with pytest.raises(error, match=message):
+        llm.create_chat_completion(messages, response_format=response_format)
+    with pytest.raises(ValueError, match="not both"):
+        llm.create_chat_completion(messages, response_format={"type": "json_object"}, grammar='root ::= "a"')
+    assert llm.chat_generator is None
 
 
 @pytest.mark.parametrize("mode", ["none", "ngram"])

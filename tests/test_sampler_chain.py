@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from generator_support import MODES, tiny_generator
 from specstate import inspect_checkpoint
+from specstate_testkit.generator_support import MODES, tiny_generator
 
 TESTS = Path(__file__).resolve().parent
 TEXT = "abc abc abd. abc abc"

@@ -135,6 +135,7 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "logit_bias": None,
+        "grammar": None,
         "ngram_max": 4,
         "ngram_min": 3,
         "n_threads": 0,

@@ -35,6 +35,7 @@ from specstate._native import (  # noqa: E402
     GreedyGeneration,
     Model,
     inspect_checkpoint,
+    json_schema_to_grammar,
     model_fingerprint,
     native_info,
     validate_config,
@@ -56,6 +57,7 @@ from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
 from specstate.generator import Generator, encode_prompt  # noqa: E402
 from specstate.llama import Llama as Llama  # noqa: E402 (llama-cpp-python's API; see specstate.llama)
+from specstate.llama import LlamaGrammar as LlamaGrammar  # noqa: E402
 from specstate.sessions import Eagle3Session, MtpSession  # noqa: E402
 
 
@@ -97,6 +99,7 @@ __all__ = [
     "chat_template",
     "encode_prompt",
     "inspect_checkpoint",
+    "json_schema_to_grammar",
     "model_fingerprint",
     "native_info",
     "render_chat",

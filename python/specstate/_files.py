@@ -112,6 +112,20 @@ def read_checkpoint(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
+def read_small_file(path: str | os.PathLike[str], maximum: int, what: str) -> bytes:
+    """The bytes of the regular file at ``path`` (a grammar, a schema, a template): checked as
+    :func:`read_checkpoint` checks (never blocks on a FIFO or device); longer than ``maximum`` bytes is
+    ``ValueError`` naming ``what``."""
+    name = os.fspath(path)
+    _refuse_unless_regular(name, os.stat(name).st_mode, f"read {what} from")
+    with open(os.open(name, _READ_FLAGS), "rb") as file:
+        _refuse_unless_regular(name, os.fstat(file.fileno()).st_mode, f"read {what} from")
+        data = file.read(maximum + 1)
+    if len(data) > maximum:
+        raise ValueError(f"{name}: {what} is longer than {maximum} bytes")
+    return data
+
+
 #: A file longer than this is read only if it starts as a checkpoint does.
 _HEAD = 1 << 16
 

@@ -15,6 +15,7 @@ from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings
 
 __all__ = [
     "MAX_CHECKPOINT_BYTES",
+    "MAX_GRAMMAR_BYTES",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
@@ -30,6 +31,7 @@ __all__ = [
     "_raise_for_status",
     "_seed_error_display",
     "inspect_checkpoint",
+    "json_schema_to_grammar",
     "model_fingerprint",
     "native_info",
     "validate_config",
@@ -40,6 +42,8 @@ __all__ = [
 #: The longest checkpoint the format allows: every section at its bound, header, table and
 #: trailer (137,589,949,620 bytes, about 128.1 GiB). Reading a checkpoint from a path stops one byte past it.
 MAX_CHECKPOINT_BYTES: Final[int]
+#: The longest grammar (and JSON Schema) accepted, in bytes.
+MAX_GRAMMAR_BYTES: Final[int]
 #: Maximum speculative continuation bytes copied through the safe API (64 MiB).
 MAX_SPECULATIVE_STATE_BYTES: Final[int]
 #: Maximum concurrent sequence slots allocated by one speculative session (4,096).
@@ -136,6 +140,15 @@ def native_info() -> NativeInfo:
     CPU, then each GPU of a backend compiled in that finds one. A CUDA build on
     a machine without a GPU or NVIDIA driver lists the CPU alone. Asking a GPU
     for its free memory creates a CUDA context on it (once per process).
+    """
+
+def json_schema_to_grammar(schema: str) -> str:
+    """The GBNF grammar (start rule ``root``) of the JSON values that ``schema``, a JSON Schema given as
+    JSON text, describes: llama.cpp's own converter (``json_schema_to_grammar``), as its server and
+    llama-cpp-python use it.
+
+    Raises:
+        ValueError: for text that is not JSON, a schema the converter refuses, or text over 1 MiB.
     """
 
 def _raise_for_status(status: int) -> None:

@@ -92,9 +92,9 @@ class SamplingSettings(TypedDict, total=False):
 
     One chain, in llama.cpp's order, for greedy and sampled decoding and every
     mode: ``logit_bias``, the penalties over the last ``repeat_last_n`` tokens
-    of the history (prompt and committed tokens), then, when sampling,
-    ``top_k``, ``typical_p``, ``top_p``, ``min_p`` and ``temperature``.
-    Greedy decoding takes the most likely token after bias and penalties.
+    of the history (prompt and committed tokens), the ``grammar``, then, when
+    sampling, ``top_k``, ``typical_p``, ``top_p``, ``min_p`` and ``temperature``.
+    Greedy decoding takes the most likely token after bias, penalties and grammar.
     The defaults (the native constructor's) leave every sampler but the
     temperature neutral.
     """
@@ -123,6 +123,12 @@ class SamplingSettings(TypedDict, total=False):
     #: Added to the logits of these tokens, each in [-10000, 10000] (default None: no bias);
     #: token ids must be in the model's vocabulary.
     logit_bias: Mapping[int, float] | None
+    #: A GBNF grammar (llama.cpp's; start rule ``root``) that every reply follows: the tokens generated
+    #: after the prompt or after each new turn (default None: no grammar; in
+    #: :meth:`~specstate.Generator.set_sampling`, ``""`` takes it away). A drafted token it forbids is
+    #: rejected; checkpoints carry it, and a restore follows the reply with it again.
+    #: :func:`specstate.json_schema_to_grammar` makes one from a JSON Schema.
+    grammar: str | None
 
 
 class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
@@ -157,7 +163,8 @@ class GeneratorConfig(_NgramLengths):
 
     The settings a generation runs with: ``mode``, ``n_draft``, ``n_ctx``,
     ``n_batch``, ``draft_policy``, the sampling parameters in force
-    (:class:`SamplingSettings`; ``logit_bias`` a dict, empty for none), and
+    (:class:`SamplingSettings`; ``logit_bias`` a dict, empty for none;
+    ``grammar`` None for none), and
     only in ``ngram`` mode ``ngram_max`` and ``ngram_min``.
     """
 
@@ -177,6 +184,7 @@ class GeneratorConfig(_NgramLengths):
     presence_penalty: float
     frequency_penalty: float
     logit_bias: dict[int, float]
+    grammar: str | None
 
 
 class ModelFingerprint(TypedDict):

@@ -44,7 +44,7 @@ from specstate import (
     inspect_checkpoint,
     model_fingerprint,
 )
-from specstate._files import read_checkpoint, special_kind
+from specstate._files import read_checkpoint, read_small_file, special_kind
 from specstate.smollm2 import cache_dir
 
 __all__ = ["main"]
@@ -121,6 +121,17 @@ def _add_settings(parser: argparse.ArgumentParser, n_ctx: int | None = None) -> 
     for setting, kind, what in _SAMPLERS:
         if setting in NATIVE_DEFAULTS:
             group.add_argument("--" + setting.replace("_", "-"), type=kind, help=what + _default(setting))
+    constrained = group.add_mutually_exclusive_group()
+    constrained.add_argument(
+        "--grammar", type=Path, metavar="FILE", dest="grammar_file", help="a GBNF grammar the reply follows"
+    )
+    constrained.add_argument(
+        "--json-schema",
+        type=Path,
+        metavar="FILE",
+        dest="json_schema_file",
+        help="a JSON Schema the reply follows (as JSON text, by llama.cpp's converter to a grammar)",
+    )
 
 
 def _add_mmap(parser: argparse.ArgumentParser) -> None:
@@ -429,11 +440,31 @@ def _generator_settings(args: argparse.Namespace) -> dict[str, Any]:
     ``--draft-model`` is a path, loaded apart.
     """
     options = {setting: _SETTING_OPTIONS.get(setting, setting) for setting in GeneratorSettings.__optional_keys__}
-    return {
+    settings = {
         setting: getattr(args, option)
         for setting, option in options.items()
-        if setting != "draft_model" and getattr(args, option, None) is not None
+        if setting not in ("draft_model", "grammar") and getattr(args, option, None) is not None
     }
+    grammar = _grammar_option(args)
+    if grammar is not None:
+        settings["grammar"] = grammar
+    return settings
+
+
+def _grammar_option(args: argparse.Namespace) -> str | None:
+    """The grammar of ``--grammar FILE`` or ``--json-schema FILE`` (None when neither is given)."""
+    for option, path in (("--grammar", "grammar_file"), ("--json-schema", "json_schema_file")):
+        file = getattr(args, path, None)
+        if file is None:
+            continue
+        try:
+            what = "a grammar" if option == "--grammar" else "a schema"
+            text = read_small_file(file, _native.MAX_GRAMMAR_BYTES, what)
+            source = text.decode("utf-8")
+            return source if option == "--grammar" else _native.json_schema_to_grammar(source)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"{option} {file}: {error}") from error
+    return None
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -511,6 +542,11 @@ def _refuse_conflicts(given: dict[str, Any], generator: Generator) -> None:
     config: dict[str, Any] = dict(generator.config)
     for setting, value in given.items():
         if setting in config and config[setting] != value and not _same_real(config[setting], value):
+            if setting == "grammar":
+                raise UsageError(
+                    "the grammar given contradicts the checkpoint's: a resumed conversation continues with its "
+                    "own (leave --grammar and --json-schema out)"
+                )
             option = "--" + _SETTING_OPTIONS.get(setting, setting).replace("_", "-")
             raise UsageError(
                 f"{option} {value} contradicts the checkpoint's {setting} {config[setting]}: "

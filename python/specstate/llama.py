@@ -22,6 +22,7 @@ construction, so its output follows the exactness contract of
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -31,10 +32,10 @@ import time
 import uuid
 from collections.abc import Generator as PyGenerator
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args, overload
 
-from specstate._native import ChatTemplate, Model
+from specstate._native import ChatTemplate, Model, json_schema_to_grammar
 from specstate._typing import GeneratorConfig, GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template
 from specstate.generator import Generator, TextStream
@@ -70,6 +71,7 @@ __all__ = [
     "CompletionUsage",
     "FinishReason",
     "Llama",
+    "LlamaGrammar",
     "ParkedChat",
     "UnsupportedParameterError",
 ]
@@ -105,13 +107,11 @@ N_DRAFT = 8
 NEUTRAL: dict[str, tuple[object, ...]] = {
     "tfs_z": (1.0,),
     "mirostat_mode": (0,),
-    "grammar": (None,),
     "logits_processor": (None,),
     "stopping_criteria": (None,),
     "suffix": (None,),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "response_format": (None, {"type": "text"}),
     "functions": (None, []),
     "function_call": (None, "none"),
     "tools": (None, []),
@@ -230,8 +230,6 @@ class _Unsupported(TypedDict, total=False):
     mirostat_tau: float
     #: Mirostat's learning rate (any number: unused while ``mirostat_mode`` is 0).
     mirostat_eta: float
-    #: A GBNF grammar: None only.
-    grammar: object
     #: Logits processors: None only.
     logits_processor: object
 
@@ -259,6 +257,8 @@ class _Common(_Unsupported, total=False):
     frequency_penalty: float
     #: Added to these tokens' logits, each in [-10000, 10000] (None: no bias).
     logit_bias: Mapping[int, float] | None
+    #: A GBNF grammar the generated text follows (:class:`LlamaGrammar`, or its text; None: none).
+    grammar: LlamaGrammar | str | None
     #: A stop string or several: the text ends before the first one (which is not included).
     stop: str | Sequence[str] | None
     #: This call's seed (default: the constructor's; ``LLAMA_DEFAULT_SEED`` or -1: random).
@@ -300,7 +300,9 @@ class ChatCompletionOptions(_Common, total=False):
     logprobs: bool | None
     #: Top log-probabilities per token: None or 0 only.
     top_logprobs: int | None
-    #: Constrained output (JSON mode): None or ``{"type": "text"}`` only.
+    #: JSON output: ``{"type": "json_object"}`` (any JSON object, or with a ``"schema"``, llama-cpp-python's
+    #: form, the values it describes), ``{"type": "json_schema", "json_schema": {"schema": ...}}`` (OpenAI's
+    #: form), or None / ``{"type": "text"}`` (free text). Not together with ``grammar``.
     response_format: Mapping[str, object] | None
     #: Function calling: None only.
     functions: object
@@ -319,6 +321,81 @@ ChatMessage = Mapping[str, object]
 _FINISH: dict[str, FinishReason] = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
 #: A template that reads a message's ``name`` (which specstate's renderer does not pass).
 _READS_NAME = re.compile(r"""\.name\b|\[\s*['"]name['"]\s*\]""")
+
+
+# --- grammars ------------------------------------------------------------------------------------
+
+
+class LlamaGrammar:
+    """A GBNF grammar (start rule ``root``), made as llama-cpp-python's ``LlamaGrammar`` is made; pass it as
+    ``grammar=``. The grammar is parsed against the model's vocabulary when a call uses it: one that does not
+    parse raises ``ValueError`` there."""
+
+    def __init__(self, *, _grammar: str) -> None:
+        if not isinstance(_grammar, str):
+            raise TypeError(f"a grammar is text, not {type(_grammar).__name__}")
+        #: The GBNF text.
+        self._grammar = _grammar
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
+        """The grammar whose GBNF text is ``grammar`` (``verbose`` changes nothing)."""
+        return cls(_grammar=grammar)
+
+    @classmethod
+    def from_file(cls, file: str | os.PathLike[str], verbose: bool = True) -> LlamaGrammar:
+        """The grammar in the GBNF file ``file`` (``verbose`` changes nothing)."""
+        with open(file, encoding="utf-8") as handle:
+            return cls(_grammar=handle.read())
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> LlamaGrammar:
+        """The grammar of the JSON values the JSON Schema ``json_schema`` (JSON text) describes, by llama.cpp's
+        converter (``verbose`` changes nothing)."""
+        return cls(_grammar=json_schema_to_grammar(json_schema))
+
+    def __repr__(self) -> str:
+        return f"LlamaGrammar.from_string({self._grammar!r})"
+
+
+def _grammar_text(grammar: object) -> str | None:
+    """The GBNF text of a call's ``grammar`` (a :class:`LlamaGrammar`, its text, or None)."""
+    if grammar is None or isinstance(grammar, str):
+        return grammar or None
+    if isinstance(grammar, LlamaGrammar):
+        return grammar._grammar
+    raise TypeError(f"grammar must be a LlamaGrammar, a str or None, not {type(grammar).__name__}")
+
+
+def _with_response_format(sampling: _Sampling, response_format: object) -> _Sampling:
+    """``sampling`` with the grammar a chat call's ``response_format`` asks for."""
+    schema = _response_schema(response_format)
+    if schema is None:
+        return sampling
+    if sampling.grammar is not None:
+        raise ValueError("give grammar or response_format, not both")
+    return replace(sampling, grammar=json_schema_to_grammar(json.dumps(schema)))
+
+
+def _response_schema(response_format: object) -> Mapping[str, object] | None:
+    """The JSON Schema of a ``response_format`` (None for free text)."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise TypeError(f"response_format must be a mapping or None, not {type(response_format).__name__}")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = response_format.get("schema", {"type": "object"})
+    elif kind == "json_schema":
+        inner = response_format.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, Mapping) else None
+    else:
+        raise ValueError(f"response_format type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
+    if not isinstance(schema, Mapping):
+        raise ValueError("response_format: the JSON schema must be an object")
+    return schema
 
 
 # --- the class -----------------------------------------------------------------------------------
@@ -340,6 +417,8 @@ class _Sampling:
     frequency_penalty: float = 0.0
     #: ``(token, bias)`` pairs by token.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: The GBNF grammar replies follow (None: none).
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         # The generator keeps its real parameters in single precision: so do these, so that the sampling of
@@ -354,7 +433,12 @@ class _Sampling:
         fields = {name: config[name] for name in _REAL_FIELDS}  # type: ignore[literal-required]
         bias = tuple(sorted(config["logit_bias"].items()))
         return cls(
-            top_k=config["top_k"], seed=config["seed"], repeat_last_n=config["repeat_last_n"], logit_bias=bias, **fields
+            top_k=config["top_k"],
+            seed=config["seed"],
+            repeat_last_n=config["repeat_last_n"],
+            logit_bias=bias,
+            grammar=config["grammar"],
+            **fields,
         )
 
     def settings(self) -> GeneratorSettings:
@@ -372,6 +456,7 @@ class _Sampling:
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
             "logit_bias": dict(self.logit_bias),
+            "grammar": self.grammar,
         }
 
 
@@ -453,18 +538,20 @@ class Llama:
 
     Sampling: specstate's sampler chain (llama.cpp's order: logit bias,
     repetition penalties over the last ``last_n_tokens_size`` tokens of the
-    history, top-k, typical-p, top-p, min-p, temperature) takes
+    history, grammar, top-k, typical-p, top-p, min-p, temperature) takes
     ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
-    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty`` and
-    ``logit_bias``, with llama-cpp-python's defaults: ``temperature``
+    ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``,
+    ``logit_bias`` and ``grammar`` (a :class:`LlamaGrammar`; chats also take
+    ``response_format`` JSON modes, made into a grammar by llama.cpp's
+    JSON-schema converter), with llama-cpp-python's defaults: ``temperature``
     :data:`COMPLETION_TEMPERATURE` (0.8) for completions and
     :data:`CHAT_TEMPERATURE` (0.2) for chats, ``top_p`` :data:`TOP_P`,
     ``top_k`` :data:`TOP_K`, ``min_p`` :data:`MIN_P`, ``typical_p`` and
     ``repeat_penalty`` 1.0, the other penalties 0.0; ``max_tokens``
     :data:`COMPLETION_MAX_TOKENS` (16) for completions and None (until the
     context is full) for chats. Greedy calls (``temperature`` 0) apply the
-    bias and penalties too, as llama.cpp does. The parameters the chain lacks
-    (:data:`NEUTRAL`: tail-free sampling, mirostat, grammars, ...) are
+    bias, penalties and grammar too, as llama.cpp does. The parameters the chain lacks
+    (:data:`NEUTRAL`: tail-free sampling, mirostat, log-probabilities, ...) are
     accepted at their neutral values and raise
     :class:`UnsupportedParameterError` otherwise. ``top_k`` at most 0 keeps
     every token, as in llama.cpp. Every argument after the prompt or the
@@ -648,6 +735,7 @@ class Llama:
         streaming = _flag("stream", stream)
         _check_options(options, ChatCompletionOptions, "create_chat_completion")
         sampling, max_tokens, stops, model = self._common(options, CHAT_TEMPERATURE, None)
+        sampling = _with_response_format(sampling, options.get("response_format"))
         template = chat_template(self.model, self._template)
         generator, new = self._pick(_chat_pairs(messages, template), sampling)
         limit = max_tokens or generator.context_length
@@ -704,6 +792,7 @@ class Llama:
             seed=0 if temperature == 0 else seed,  # greedy: any seed chooses alike (and continues a conversation)
             repeat_last_n=self._last_n,
             logit_bias=_logit_bias(options.get("logit_bias")),
+            grammar=_grammar_text(options.get("grammar")),
             **_chain_reals(options),
         )
         limit = options.get("max_tokens", max_tokens)

@@ -118,12 +118,12 @@ impl PyGenerator {
                         repeat_last_n = WideInt(SamplingParams::DEFAULT.repeat_last_n.into()),
                         presence_penalty = SamplingParams::DEFAULT.presence_penalty,
                         frequency_penalty = SamplingParams::DEFAULT.frequency_penalty, logit_bias = None,
-                        ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0),
+                        grammar = None, ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0),
                         draft_policy = "fixed", cost_curve = None),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
-                             logit_bias=None, ngram_max=4, ngram_min=3, n_threads=0, \
+                             logit_bias=None, grammar=None, ngram_max=4, ngram_min=3, n_threads=0, \
                              draft_policy='fixed', cost_curve=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -145,6 +145,7 @@ impl PyGenerator {
         presence_penalty: f32,
         frequency_penalty: f32,
         logit_bias: Option<BTreeMap<i64, f32>>,
+        grammar: Option<String>,
         ngram_max: WideInt,
         ngram_min: WideInt,
         n_threads: WideInt,
@@ -171,6 +172,7 @@ impl PyGenerator {
                 presence_penalty,
                 frequency_penalty,
                 logit_bias: bias_entries(logit_bias)?,
+                grammar: grammar.filter(|text| !text.is_empty()),
             },
             n_ctx,
             n_batch: n_batch.narrow::<u32>("n_batch")?.min(n_ctx),
@@ -201,10 +203,10 @@ impl PyGenerator {
     /// `seed` only when it changes.
     #[pyo3(signature = (*, temperature = None, top_k = None, top_p = None, seed = None, min_p = None,
                         typical_p = None, repeat_penalty = None, repeat_last_n = None, presence_penalty = None,
-                        frequency_penalty = None, logit_bias = None),
+                        frequency_penalty = None, logit_bias = None, grammar = None),
            text_signature = "(self, /, *, temperature=..., top_k=..., top_p=..., seed=..., min_p=..., \
                              typical_p=..., repeat_penalty=..., repeat_last_n=..., presence_penalty=..., \
-                             frequency_penalty=..., logit_bias=...)")]
+                             frequency_penalty=..., logit_bias=..., grammar=...)")]
     #[allow(clippy::too_many_arguments)]
     fn set_sampling(
         &self,
@@ -220,6 +222,7 @@ impl PyGenerator {
         presence_penalty: Option<f32>,
         frequency_penalty: Option<f32>,
         logit_bias: Option<BTreeMap<i64, f32>>,
+        grammar: Option<String>,
     ) -> PyResult<()> {
         self.check_thread()?;
         let mut params = self.read(py, |generator| generator.config().sampling.clone());
@@ -241,6 +244,10 @@ impl PyGenerator {
         }
         if logit_bias.is_some() {
             params.logit_bias = bias_entries(logit_bias)?;
+        }
+        if let Some(text) = grammar {
+            // The empty string takes the grammar away.
+            params.grammar = (!text.is_empty()).then_some(text);
         }
         Ok(self.run(py, |generator| generator.set_sampling(params))??)
     }
@@ -519,6 +526,7 @@ fn config_dict<'py>(py: Python<'py>, config: &GeneratorConfig) -> PyResult<Bound
         bias.set_item(token, value)?;
     }
     dict.set_item("logit_bias", bias)?;
+    dict.set_item("grammar", &sampling.grammar)?;
     Ok(dict)
 }
 

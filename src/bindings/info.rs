@@ -45,3 +45,11 @@ pub(crate) fn ensure_cpu_supported() -> PyResult<()> {
         missing.join(", ")
     )))
 }
+
+/// The GBNF grammar (start rule `root`) of the JSON values a JSON Schema
+/// (given as JSON text) describes: llama.cpp's own converter.
+#[pyfunction]
+pub(crate) fn json_schema_to_grammar(py: Python<'_>, schema: &str) -> PyResult<String> {
+    crate::native::ensure_backend();
+    Ok(py.detach(|| crate::native::json_schema_to_grammar(schema))?)
+}

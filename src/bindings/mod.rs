@@ -24,6 +24,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     info::ensure_cpu_supported()?;
     errors::classes::import_all(module.py())?;
     module.add("MAX_CHECKPOINT_BYTES", MAX_CHECKPOINT_BYTES)?;
+    module.add("MAX_GRAMMAR_BYTES", crate::native::MAX_GRAMMAR_BYTES)?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;
@@ -50,5 +51,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(validators::_raise_for_status, module)?)?;
     module.add_function(wrap_pyfunction!(validators::_seed_error_display, module)?)?;
     module.add_function(wrap_pyfunction!(info::native_info, module)?)?;
+    module.add_function(wrap_pyfunction!(info::json_schema_to_grammar, module)?)?;
     Ok(())
 }

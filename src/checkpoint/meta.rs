@@ -109,6 +109,11 @@ pub struct SamplerMeta {
     pub frequency_penalty: f32,
     /// `[token, bias]` pairs, by ascending distinct token.
     pub logit_bias: LogitBias,
+    /// The GBNF grammar replies follow (absent: none). The grammar's state is
+    /// not stored: a reader compiles the grammar and follows the reply's
+    /// tokens with it, refusing a reply it does not allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
 }
 
 /// A logit bias as a file holds it: at most
@@ -160,6 +165,7 @@ impl SamplerMeta {
             presence_penalty: params.presence_penalty,
             frequency_penalty: params.frequency_penalty,
             logit_bias: LogitBias(params.logit_bias.clone()),
+            grammar: params.grammar.clone(),
         }
     }
 
@@ -173,6 +179,7 @@ impl SamplerMeta {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             logit_bias: self.logit_bias.0.clone(),
+            grammar: self.grammar.clone(),
             ..base
         }
     }

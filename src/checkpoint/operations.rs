@@ -291,9 +291,16 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
         generator.draft_model().map(|m| m.as_ref()),
     )?;
     let sampling = checkpoint.meta.config()?.sampling;
-    generator
+    let mut grammar = generator
         .check_sampling(&sampling)
         .map_err(|e| CheckpointError::Corrupt(format!("meta.{e}")))?;
+    if let Some(grammar) = grammar.as_mut() {
+        let state = &checkpoint.state;
+        let reply = &state.history[state.n_prompt.min(state.history.len())..];
+        grammar
+            .follow(reply)
+            .map_err(|e| CheckpointError::Corrupt(format!("meta.grammar: {e}")))?;
+    }
     let kept = generator.boundary()?;
     let applied = generator.restore(
         checkpoint.state.clone(),
@@ -302,7 +309,7 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
         checkpoint.speculative_state,
     );
     let Err(error) = applied else {
-        generator.put_sampling(sampling);
+        generator.put_sampling(sampling, grammar);
         return set_conversation(generator, checkpoint);
     };
     generator

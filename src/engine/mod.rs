@@ -201,7 +201,7 @@ impl Engine<'_> {
         self.check_prompt(prompt)?;
         self.decode_prompt(prompt, 0)?;
         self.drafter.begin(prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?, prompt))
+        Ok(self.sampler.choose(self.target.logits(-1)?, prompt)?)
     }
 
     /// Continue the generation at `at` with a new turn: decode the last
@@ -216,7 +216,7 @@ impl Engine<'_> {
         self.check_prompt(&prompt)?;
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
         self.drafter.begin(&prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?, &prompt))
+        Ok(self.sampler.choose(self.target.logits(-1)?, &prompt)?)
     }
 
     /// Decode `rows` at positions `start..` in batch-sized chunks, the drafter observing each.
@@ -272,7 +272,10 @@ impl Engine<'_> {
         let started = std::time::Instant::now();
         self.decode_verify_batch(request, &draft.tokens)?;
         let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let round = self.judge(&at, &draft)?;
+        let round = match self.judge(&at, &draft) {
+            Ok(round) => round,
+            Err(error) => return Err(self.abandon_round(&at, error)),
+        };
         self.drafter.settle(round.n_past, round.accepted)?;
         if round.accepted < draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
@@ -380,7 +383,7 @@ impl Engine<'_> {
             at.history,
             &draft.tokens,
             draft.distributions.as_deref(),
-        );
+        )?;
         let mut committed = draft.tokens[..verdict.accepted].to_vec();
         committed.push(verdict.next);
         let mut accepted = verdict.accepted;
@@ -396,6 +399,16 @@ impl Engine<'_> {
             accepted,
             finished: end.is_some(),
         })
+    }
+
+    /// Verification failed after the verify batch was decoded (a grammar that
+    /// allows no token): leave the target and the drafter as before the round.
+    fn abandon_round(&mut self, at: &Cursor<'_>, error: EngineError) -> EngineError {
+        let undone = self
+            .drafter
+            .settle(at.n_past, 0)
+            .and_then(|()| self.roll_back_target(at.n_past));
+        undone.err().unwrap_or(error)
     }
 
     fn roll_back_target(&mut self, keep: usize) -> Result<()> {

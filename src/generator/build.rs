@@ -148,6 +148,7 @@ impl Generator {
         runtime: RuntimeOptions,
     ) -> Result<Self> {
         check_models(&target_model, draft_model.as_deref(), &config)?;
+        let grammar = super::compiled_grammar(&target_model, &config.sampling)?;
         let params = context_params(&target_model, &config, runtime, ContextKind::Default);
         let mut target = Context::new(target_model, params)?;
         let mut draft = draft_context(&target, draft_model, &config, runtime)?;
@@ -159,7 +160,8 @@ impl Generator {
             Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
             _ => None,
         };
-        let sampler = Sampler::new(config.sampling.clone());
+        let mut sampler = Sampler::new(config.sampling.clone());
+        sampler.grammar = grammar;
         Ok(Self {
             session,
             draft,

@@ -26,8 +26,9 @@ use crate::engine::{
     AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, NgramDrafter, NoDrafter, Round,
     SessionDrafter,
 };
+use crate::native::Grammar;
 use crate::native::{Batch, Context, Model};
-use crate::sampling::{Rng, Sampler, SamplingParams};
+use crate::sampling::{GrammarState, Rng, Sampler, SamplingParams};
 use crate::session::DraftSession;
 
 /// Where a generation stands at a round boundary (everything but the contexts).
@@ -90,6 +91,21 @@ impl GeneratorState {
 
 type Result<T> = std::result::Result<T, GeneratorError>;
 
+/// The grammar of `params` compiled for `model`'s vocabulary, at the start of a reply.
+fn compiled_grammar(
+    model: &Arc<Model>,
+    params: &SamplingParams,
+) -> std::result::Result<Option<GrammarState>, SettingError> {
+    let Some(text) = &params.grammar else {
+        return Ok(None);
+    };
+    let grammar = Grammar::new(model, text).map_err(|reason| SettingError {
+        field: "grammar",
+        reason,
+    })?;
+    Ok(Some(GrammarState::new(grammar)))
+}
+
 /// A generation over a target model (and, by mode, a draft model or session).
 pub struct Generator {
     // Field order is drop order: the session points into both contexts, and an
@@ -114,28 +130,44 @@ impl Generator {
     /// Change how the following tokens are chosen, checked (against the
     /// target's vocabulary too) before anything changes. The RNG goes on
     /// where it is, or starts again from the new seed when the seed changes.
+    ///
+    /// A grammar constrains the reply: the tokens generated after the prompt
+    /// or the latest turn. One set in the middle of a reply follows the reply
+    /// so far at the next round (which fails, changing nothing, if the reply
+    /// does not follow it); a new turn starts it again.
     pub fn set_sampling(&mut self, params: SamplingParams) -> Result<()> {
-        self.check_sampling(&params)?;
+        let grammar = self.check_sampling(&params)?;
         if params.seed != self.sampler.params.seed {
             self.sampler.rng = Rng::new(params.seed);
             self.state.rng = self.sampler.rng.state();
         }
-        self.put_sampling(params);
+        self.put_sampling(params, grammar);
         Ok(())
     }
 
-    /// Check sampling parameters for this generator: their ranges, and the
-    /// logit bias's tokens against the target's vocabulary.
-    pub fn check_sampling(&self, params: &SamplingParams) -> std::result::Result<(), SettingError> {
+    /// Check sampling parameters for this generator: their ranges, the
+    /// logit bias's tokens against the target's vocabulary, and the grammar,
+    /// which is compiled for it and returned (at the start of a reply).
+    pub fn check_sampling(
+        &self,
+        params: &SamplingParams,
+    ) -> std::result::Result<Option<GrammarState>, SettingError> {
         params.validate()?;
-        params.check_vocabulary(self.target.model().n_vocab())
+        params.check_vocabulary(self.target.model().n_vocab())?;
+        compiled_grammar(self.target.model(), params)
     }
 
-    /// Use checked `params` from now on, the RNG going on where it is (a
-    /// restored boundary brings its own).
-    pub(crate) fn put_sampling(&mut self, params: SamplingParams) {
+    /// Use checked `params` and their compiled grammar from now on, the RNG
+    /// going on where it is (a restored boundary brings its own).
+    pub(crate) fn put_sampling(&mut self, params: SamplingParams, grammar: Option<GrammarState>) {
         self.sampler.params = params.clone();
+        self.sampler.grammar = grammar;
         self.config.sampling = params;
+    }
+
+    /// The tokens of the current reply (generated after the prompt or the latest turn).
+    pub fn reply(&self) -> &[i32] {
+        &self.state.history[self.state.n_prompt.min(self.state.history.len())..]
     }
 
     /// The state at the current boundary.
@@ -237,6 +269,7 @@ impl Generator {
             ));
         }
         self.measure_cost_curve(prompt)?;
+        self.sampler.restart_grammar();
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
         self.state.history = prompt.to_vec();
         self.commit_first(first);
@@ -313,6 +346,7 @@ impl Generator {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
+        self.sampler.restart_grammar();
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
         self.state.history.extend_from_slice(tokens);
         self.commit_first(first);
@@ -384,6 +418,8 @@ impl Generator {
     /// Run one round of the engine and add it to the state; a round that
     /// commits nothing (finished, or a full context) leaves the state as it is.
     fn round(&mut self, max_commit: usize) -> Result<()> {
+        let reply = &self.state.history[self.state.n_prompt..];
+        self.sampler.follow(reply)?;
         let round = self.with_engine(|engine, at| engine.round_within(at, max_commit))?;
         if !round.committed.is_empty() {
             self.state.apply(&round);

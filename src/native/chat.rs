@@ -36,7 +36,7 @@ unsafe impl Send for ChatTemplates {}
 unsafe impl Sync for ChatTemplates {}
 
 /// The shim's text for the failure that just happened on this thread.
-fn last_shim_error() -> String {
+pub(super) fn last_shim_error() -> String {
     // SAFETY: the shim returns a NUL-terminated thread-local string, never NULL,
     // valid until the next shim call on this thread; it is copied at once.
     unsafe { CStr::from_ptr(sys::llama_shim_last_error()) }

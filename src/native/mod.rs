@@ -8,6 +8,7 @@ mod backend;
 mod batch;
 mod chat;
 mod context;
+mod grammar;
 mod model;
 mod seq_state;
 
@@ -18,6 +19,7 @@ pub use context::{
     available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
     MAX_SEQUENCES, MAX_THREADS,
 };
+pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;
 
 use std::path::PathBuf;

@@ -288,7 +288,7 @@ impl Model {
         self.raw.as_ptr()
     }
 
-    fn vocab(&self) -> *const sys::llama_vocab {
+    pub(super) fn vocab(&self) -> *const sys::llama_vocab {
         // SAFETY: the model is live; the vocabulary lives as long as the model.
         unsafe { sys::llama_model_get_vocab(self.raw.as_ptr()) }
     }

@@ -1,0 +1,210 @@
+//! llama.cpp's GBNF grammar engine (`llama_sampler_init_grammar`) as an owned
+//! token filter, and its JSON-schema-to-grammar converter (the pinned
+//! crate's `common_json_schema_to_grammar_c`), so that a grammar means here
+//! what it means in llama.cpp.
+
+use std::ffi::{c_char, CString};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use llama_cpp_sys_4 as sys;
+
+use super::chat::last_shim_error;
+use super::{Model, NativeError, NativeResult};
+
+/// The longest grammar accepted, from a caller or a file (bytes).
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+
+/// The start symbol of every grammar (as llama.cpp's tools and llama-cpp-python).
+const ROOT: &std::ffi::CStr = c"root";
+
+/// A parsed grammar and where it stands: the tokens it allows next.
+///
+/// Holds the model, whose vocabulary the native grammar reads.
+pub struct Grammar {
+    raw: NonNull<sys::llama_sampler>,
+    model: Arc<Model>,
+}
+
+// SAFETY: the grammar sampler is plain data (rules, stacks, a pointer to the
+// model's vocabulary, which the `Arc` keeps alive and only read); it has no
+// thread affinity, and `&self` methods only read it.
+unsafe impl Send for Grammar {}
+// SAFETY: see `Send`: shared access only reads.
+unsafe impl Sync for Grammar {}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").finish_non_exhaustive()
+    }
+}
+
+impl Grammar {
+    /// Parse `gbnf` (start symbol `root`) for `model`'s vocabulary; the
+    /// error says why it cannot be used (bounds are the caller's to check).
+    pub fn new(model: &Arc<Model>, gbnf: &str) -> Result<Self, String> {
+        let text = CString::new(gbnf).map_err(|_| "contains a NUL character".to_string())?;
+        // SAFETY: the vocabulary belongs to the live model (kept by the Arc);
+        // both strings are NUL-terminated and outlive the call, which copies
+        // what it keeps; parse errors return NULL (llama.cpp catches them).
+        let raw =
+            unsafe { sys::llama_sampler_init_grammar(model.vocab(), text.as_ptr(), ROOT.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| {
+            "does not parse as GBNF with a 'root' rule, or is left-recursive \
+             (llama.cpp prints where on standard error)"
+                .to_string()
+        })?;
+        Ok(Self {
+            raw,
+            model: Arc::clone(model),
+        })
+    }
+
+    /// Whether the grammar allows `token` next (an id of the vocabulary).
+    pub fn allows(&self, token: i32) -> bool {
+        if self.model.check_tokens(&[token]).is_err() {
+            return false;
+        }
+        let mut one = [sys::llama_token_data {
+            id: token,
+            logit: 0.0,
+            p: 0.0,
+        }];
+        self.apply(&mut one);
+        one[0].logit.is_finite()
+    }
+
+    /// Set to minus infinity every logit of a token the grammar forbids next
+    /// (`logits` holds one entry per token of the vocabulary).
+    pub fn mask(&self, logits: &mut [f32]) {
+        let n = logits.len().min(self.model.n_vocab());
+        let mut data: Vec<sys::llama_token_data> = (0..n)
+            .map(|id| sys::llama_token_data {
+                id: id as i32,
+                logit: logits[id],
+                p: 0.0,
+            })
+            .collect();
+        self.apply(&mut data);
+        for (logit, entry) in logits.iter_mut().zip(&data) {
+            *logit = entry.logit;
+        }
+    }
+
+    fn apply(&self, data: &mut [sys::llama_token_data]) {
+        let mut array = sys::llama_token_data_array {
+            data: data.as_mut_ptr(),
+            size: data.len(),
+            selected: -1,
+            sorted: false,
+        };
+        // SAFETY: the sampler is live; `array` points at `data.len()` entries
+        // whose ids are in the vocabulary (callers check or build them so), the
+        // grammar's apply only lowers logits and reads its own state.
+        unsafe { sys::llama_sampler_apply(self.raw.as_ptr(), &mut array) };
+    }
+
+    /// Advance past `token`, which the grammar must allow (checked: llama.cpp
+    /// aborts on an end-of-generation token the grammar does not allow).
+    pub fn accept(&mut self, token: i32) -> NativeResult<()> {
+        if !self.allows(token) {
+            return Err(grammar_error(&format!("does not allow token {token} here")));
+        }
+        // SAFETY: the sampler is live and the token allowed; the shim turns a
+        // C++ exception into a status.
+        let status = unsafe { sys::common_shim_sampler_accept_raw(self.raw.as_ptr(), token) };
+        if status != sys::LLAMA_SHIM_OK {
+            return Err(grammar_error(&format!(
+                "could not accept token {token} ({})",
+                last_shim_error()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Back to the start of the grammar, before any token.
+    pub fn restart(&mut self) {
+        // SAFETY: the sampler is live; reset rebuilds its initial stacks.
+        unsafe { sys::llama_sampler_reset(self.raw.as_ptr()) };
+    }
+}
+
+impl Clone for Grammar {
+    fn clone(&self) -> Self {
+        // SAFETY: the sampler is live; clone copies rules and stacks.
+        let raw = unsafe { sys::llama_sampler_clone(self.raw.as_ptr()) };
+        Self {
+            raw: NonNull::new(raw).expect("llama_sampler_clone returned NULL (out of memory)"),
+            model: Arc::clone(&self.model),
+        }
+    }
+}
+
+impl Drop for Grammar {
+    fn drop(&mut self) {
+        // SAFETY: the sampler is owned here and freed once.
+        unsafe { sys::llama_sampler_free(self.raw.as_ptr()) };
+    }
+}
+
+fn grammar_error(reason: &str) -> NativeError {
+    NativeError::InvalidArgument(format!("the grammar {reason}"))
+}
+
+/// The GBNF grammar of the JSON values that `schema_json` (a JSON Schema, as
+/// JSON text) describes: llama.cpp's `json_schema_to_grammar`.
+pub fn json_schema_to_grammar(schema_json: &str) -> NativeResult<String> {
+    if schema_json.len() > MAX_GRAMMAR_BYTES {
+        return Err(NativeError::InvalidArgument(format!(
+            "the JSON schema is {} bytes, more than {MAX_GRAMMAR_BYTES}",
+            schema_json.len()
+        )));
+    }
+    let schema = CString::new(schema_json).map_err(|_| {
+        NativeError::InvalidArgument("the JSON schema contains a NUL character".into())
+    })?;
+    let mut needed = 0_usize;
+    // SAFETY: NUL-terminated input; a NULL buffer asks for the size only; the
+    // shim catches every C++ exception.
+    let status = unsafe {
+        sys::common_json_schema_to_grammar_c(
+            schema.as_ptr(),
+            false,
+            std::ptr::null_mut(),
+            0,
+            &mut needed,
+        )
+    };
+    check_schema_status(status)?;
+    if needed == 0 || needed > MAX_GRAMMAR_BYTES {
+        return Err(NativeError::InvalidArgument(format!(
+            "the JSON schema's grammar would be {needed} bytes (at most {MAX_GRAMMAR_BYTES})"
+        )));
+    }
+    let mut buffer = vec![0_u8; needed];
+    // SAFETY: `buffer` has `needed` writable bytes, the size just reported.
+    let status = unsafe {
+        sys::common_json_schema_to_grammar_c(
+            schema.as_ptr(),
+            false,
+            buffer.as_mut_ptr().cast::<c_char>(),
+            buffer.len(),
+            &mut needed,
+        )
+    };
+    check_schema_status(status)?;
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    buffer.truncate(end);
+    String::from_utf8(buffer)
+        .map_err(|_| NativeError::InvalidArgument("the schema's grammar is not UTF-8".into()))
+}
+
+fn check_schema_status(status: i32) -> NativeResult<()> {
+    if status == sys::LLAMA_SHIM_OK || status == sys::LLAMA_SHIM_BUFFER_TOO_SMALL {
+        return Ok(());
+    }
+    Err(NativeError::InvalidArgument(format!(
+        "the JSON schema cannot be converted to a grammar: {}",
+        last_shim_error()
+    )))
+}

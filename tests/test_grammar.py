@@ -1,0 +1,189 @@
+"""Grammars (GBNF, and JSON Schemas through llama.cpp's converter) in the sampler chain, exact under speculation.
+
+A grammar constrains each reply (the tokens generated after the prompt or a new turn): greedy speculation with
+a grammar commits what plain decoding with it commits, in every mode, a drafted token the grammar forbids being
+rejected; sampled generations resume exactly in another process (the grammar's state is rebuilt by following
+the reply); rejection sampling keeps the constrained distribution; bad grammars and replies that do not follow
+a grammar are refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import checkpoint_codec as codec
+from specstate import CorruptCheckpointError, Generator, Model, inspect_checkpoint, json_schema_to_grammar
+from specstate_testkit.generator_support import MODES, tiny_generator
+
+TESTS = Path(__file__).resolve().parent
+TEXT = "abc abc abd. abc abc"
+#: Words of a, b, c, d and e, then a full stop: the tiny models' free text has every byte in it.
+WORDS = 'root ::= [a-e ]+ "."'
+WORDS_TEXT = re.compile(r"[a-e ]+\.")
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+CHAT_PROMPT = "<|im_start|>user\nDescribe a person as JSON.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _text(generator: Generator) -> str:
+    return generator.model.detokenize(generator.tokens)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_speculation_with_a_grammar_equals_plain_decoding(tiny_map: dict[str, Path], mode: str) -> None:
+    free = tiny_generator("none", tiny_map)
+    prompt = free.model.tokenize(TEXT)
+    free.generate(prompt, max_tokens=60)
+    plain = tiny_generator("none", tiny_map, grammar=WORDS)
+    plain.generate(prompt, max_tokens=60)
+    assert not WORDS_TEXT.fullmatch(_text(free))
+    assert plain.stopped_by == "eos" and WORDS_TEXT.fullmatch(plain.model.detokenize(plain.tokens[:-1]))
+    speculative = tiny_generator(mode, tiny_map, grammar=WORDS)
+    speculative.generate(prompt, max_tokens=60)
+    assert speculative.tokens == plain.tokens
+    if mode != "none":
+        assert speculative.drafted > speculative.accepted  # the grammar rejected drafted tokens
+
+
+def _resume_elsewhere(paths: dict[str, Path], mode: str, checkpoint: Path, n_tokens: int) -> list[int]:
+    """The tokens of `checkpoint` continued to `n_tokens` in a fresh process."""
+    worker = TESTS / "generator_worker.py"
+    models = [str(paths[name]) for name in ("qwen35", "llama", "eagle3_draft")]
+    result = subprocess.run(
+        [sys.executable, str(worker), mode, *models, str(checkpoint), str(n_tokens)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=TESTS,
+    )
+    tokens: list[int] = json.loads(result.stdout.strip().splitlines()[-1])
+    return tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sampled_generation_with_a_grammar_resumes_in_another_process(
+    tiny_map: dict[str, Path], mode: str, tmp_path: Path
+) -> None:
+    grammar = 'root ::= ([a-e] [a-e ]*) ("." [a-e ]+)*'  # never ends: the 60 tokens all follow it
+    settings: dict[str, Any] = {"temperature": 1.0, "top_k": 40, "seed": 7, "grammar": grammar}
+    boundary = random.Random(f"grammar-{mode}").randint(5, 40)
+    reference = tiny_generator(mode, tiny_map, **settings)
+    prompt = reference.model.tokenize(TEXT)
+    reference.generate(prompt, max_tokens=60)
+    assert re.fullmatch(r"[a-e][a-e .]*", _text(reference))
+    generator = tiny_generator(mode, tiny_map, **settings)
+    generator.generate(prompt, max_tokens=boundary)
+    path = tmp_path / "grammar.ckpt"
+    generator.save(path)
+    assert inspect_checkpoint(path.read_bytes())["config"]["grammar"] == grammar
+    assert _resume_elsewhere(tiny_map, mode, path, 60) == reference.tokens
+
+
+def test_rejection_sampling_keeps_the_constrained_distribution(tiny_map: dict[str, Path]) -> None:
+    """Two-sample chi-square: the second token of `draft` mode (a draft from the draft model's own distribution,
+    which ignores the grammar, then verified) against plain sampling, over 400 seeds each."""
+    grammar = 'root ::= [a-d] [a-d] "."'
+    counts: dict[str, Counter[tuple[int, ...]]] = {}
+    for mode in ("none", "draft"):
+        counts[mode] = Counter()
+        for seed in range(400):
+            generator = tiny_generator(mode, tiny_map, n_draft=1, temperature=8.0, seed=seed, grammar=grammar)
+            generator.generate(generator.model.tokenize(TEXT), max_tokens=2)
+            counts[mode][tuple(generator.tokens)] += 1
+    plain, speculative = counts["none"], counts["draft"]
+    cells = sorted(set(plain) | set(speculative))
+    assert all(re.fullmatch("[a-d]{2}", Model.detokenize(_tiny(tiny_map), list(cell))) for cell in cells)
+    statistic = sum((plain[c] - speculative[c]) ** 2 / (plain[c] + speculative[c]) for c in cells)
+    # At most 16 cells: the 99.9th percentile of chi-square with 15 degrees of freedom is 37.7.
+    assert len(cells) > 4 and statistic < 37.7, (statistic, plain, speculative)
+
+
+def _tiny(paths: dict[str, Path]) -> Model:
+    return Model(paths["qwen35"])
+
+
+def test_a_grammar_set_in_the_middle_of_a_reply_must_fit_it(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("ngram", tiny_map)
+    generator.generate(generator.model.tokenize(TEXT), max_tokens=5)
+    before = list(generator.tokens)
+    generator.set_sampling(grammar='root ::= "zzz"')
+    with pytest.raises(ValueError, match=r"token \d+ at reply position 0 is not allowed"):
+        generator.generate(max_tokens=5)
+    assert generator.tokens == before
+    generator.set_sampling(grammar="")  # taken away: the generation goes on
+    generator.generate(max_tokens=5)
+    assert generator.tokens[:5] == before and len(generator.tokens) == 10
+
+
+@pytest.mark.parametrize(
+    ("grammar", "message"),
+    [
+        ("root ::= foo", "grammar does not parse"),
+        ("expr ::= [a-z]", "grammar does not parse"),
+        ("root ::= root [a]", "left-recursive"),
+        ("   ", "grammar is empty"),
+        ("root ::= [a]\0", "NUL"),
+        ("root ::= " + '"a" ' * 600_000, "more than 1048576"),
+    ],
+)
+def test_bad_grammars_are_refused_before_anything_changes(
+    tiny_map: dict[str, Path], grammar: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tiny_generator("none", tiny_map, grammar=grammar)
+    generator = tiny_generator("none", tiny_map, temperature=0.5, seed=3)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generator.set_sampling(grammar=grammar, temperature=0.0)
+    assert generator.config["temperature"] == 0.5 and generator.config["grammar"] is None
+
+
+def test_a_checkpoint_whose_reply_does_not_follow_its_grammar_is_corrupt(tiny_map: dict[str, Path]) -> None:
+    generator = tiny_generator("ngram", tiny_map, grammar=WORDS)
+    generator.generate(generator.model.tokenize(TEXT), max_tokens=6)
+    data = generator.checkpoint()
+    meta = codec.meta(data)
+    assert meta["sampler"]["grammar"] == WORDS
+    meta["sampler"]["grammar"] = 'root ::= "." [a-e]+'
+    crafted = codec.reseal_sections(data, {"meta": json.dumps(meta).encode()})
+    other = tiny_generator("ngram", tiny_map, grammar=WORDS)
+    other.generate(other.model.tokenize("abd"), max_tokens=3)
+    kept = other.checkpoint()
+    with pytest.raises(CorruptCheckpointError, match=r"meta\.grammar: the reply does not follow the grammar"):
+        other.load(crafted)
+    assert other.checkpoint() == kept
+    other.load(data)
+    generator.generate(max_tokens=10)
+    other.generate(max_tokens=10)
+    assert other.tokens == generator.tokens
+
+
+def test_a_json_schema_constrains_smollm2_and_speculation_keeps_the_text(smollm2: Model) -> None:
+    grammar = json_schema_to_grammar(json.dumps(PERSON))
+    prompt = smollm2.tokenize(CHAT_PROMPT, add_special=False, parse_special=True)
+    texts = {}
+    for mode in ("none", "ngram"):
+        generator = Generator(smollm2, mode=mode, grammar=grammar, n_threads=2)
+        generator.generate(prompt, max_tokens=60)
+        assert generator.stopped_by == "eos"
+        texts[mode] = generator.tokens
+    reply = json.loads(smollm2.detokenize(texts["none"][:-1]))
+    assert set(reply) == {"name", "age"} and isinstance(reply["age"], int)
+    assert texts["ngram"] == texts["none"]
+
+
+@pytest.mark.parametrize("schema", ["{", '{"type": "object", "properties": 3}', "", "[]x"])
+def test_bad_schemas_are_refused(schema: str) -> None:
+    with pytest.raises(ValueError):
+        json_schema_to_grammar(schema)
