@@ -434,6 +434,25 @@ impl GeneratorConfig {
     }
 }
 
+/// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. Beyond
+/// it ggml's thread pool aborts the process instead of failing.
+pub const MAX_THREADS: i32 = 512;
+
+/// The one rule for a thread count, wherever one comes from (a context, a
+/// generator, a restore, a checkpoint's record, the command line): 0 (the
+/// CPUs available) to [`MAX_THREADS`]. The count, narrowed to `i32`.
+pub fn check_threads(n_threads: i64) -> Result<i32, SettingError> {
+    match i32::try_from(n_threads) {
+        Ok(n) if (0..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(SettingError {
+            field: "n_threads",
+            reason: format!(
+                "must be between 0 (the CPUs available) and {MAX_THREADS}, not {n_threads}"
+            ),
+        }),
+    }
+}
+
 /// Threads are a runtime choice, not part of what is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RuntimeOptions {
@@ -442,19 +461,9 @@ pub struct RuntimeOptions {
 }
 
 impl RuntimeOptions {
-    /// Check the thread count against ggml's maximum.
+    /// Check the thread count ([`check_threads`]).
     pub fn validate(&self) -> Result<(), SettingError> {
-        let most = crate::native::MAX_THREADS;
-        if (0..=most).contains(&self.n_threads) {
-            return Ok(());
-        }
-        refuse(
-            "n_threads",
-            format!(
-                "must be between 0 (the CPUs available) and {most}, not {}",
-                self.n_threads
-            ),
-        )
+        check_threads(self.n_threads.into()).map(drop)
     }
 }
 
@@ -568,12 +577,16 @@ mod tests {
     fn thread_counts_are_bounded() {
         assert!(RuntimeOptions { n_threads: 0 }.validate().is_ok());
         assert!(RuntimeOptions { n_threads: -1 }.validate().is_err());
-        let most = crate::native::MAX_THREADS;
         assert!(RuntimeOptions {
-            n_threads: most + 1
+            n_threads: MAX_THREADS + 1
         }
         .validate()
         .is_err());
+        assert_eq!(check_threads(MAX_THREADS.into()), Ok(MAX_THREADS));
+        assert_eq!(
+            check_threads(1 << 40).unwrap_err().to_string(),
+            "n_threads must be between 0 (the CPUs available) and 512, not 1099511627776"
+        );
     }
 
     #[test]

@@ -187,6 +187,7 @@ MAX_TRIALS = (4096 + 2) * 8 * 256
 PROBE_AFTER = 16
 VERSION_KEYS = META_KEYS[:4]
 OPTIONAL_KEYS = frozenset({"ngram", "draft_model", "n_threads"})
+#: The most threads (src/settings.rs, MAX_THREADS; 0 is the CPUs available).
 MAX_THREADS = 512
 FINGERPRINT_KEYS = ("sha256", "size", "file")
 MAX_DRAFT = 4096
@@ -546,7 +547,7 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 5, threads
     n_threads = meta.get("n_threads")
     if n_threads is not None and not (_is_int(n_threads) and 0 <= n_threads <= U32):
         return "n_threads is not a u32"
-    if n_threads is not None and (version < 3 or not 1 <= n_threads <= MAX_THREADS):
+    if n_threads is not None and (version < 3 or not 0 <= n_threads <= MAX_THREADS):
         return "n_threads out of range or before version 3"
     missing = set(META_KEYS) - OPTIONAL_KEYS - set(meta)
     if missing:

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
+    "MAX_THREADS",
     "Batch",
     "ChatTemplate",
     "Context",
@@ -52,6 +53,8 @@ MAX_SPECULATIVE_SEQUENCES: Final[int]
 MAX_SPECULATIVE_DRAFT_TOKENS: Final[int]
 #: Maximum prompt tokens copied into one speculative session (1,048,576).
 MAX_SPECULATIVE_PROMPT_TOKENS: Final[int]
+#: The most threads a context may use (ggml's limit, 512); every thread count is 0 (the CPUs available) to this.
+MAX_THREADS: Final[int]
 
 @final
 class ContextCapacity:

@@ -288,7 +288,7 @@ def _prompt_tokens(model: Model, prompt: str, literal: bool) -> list[int]:
     return encode_prompt(model, text, literal=literal)
 
 
-U32_MAX, I32_MAX, U64_MAX = 2**32 - 1, 2**31 - 1, 2**64 - 1
+U32_MAX, U64_MAX = 2**32 - 1, 2**64 - 1
 
 
 class _Range(NamedTuple):
@@ -314,7 +314,9 @@ class _Range(NamedTuple):
         return self.requirement() + self.note if too_low or value > self.high else None
 
 
-_OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_open=True), _Range("threads", 0, I32_MAX))
+#: Every thread count's range, as the native core checks it (0: the CPUs available).
+_THREADS = _Range("threads", 0, _native.MAX_THREADS)
+_OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_open=True), _THREADS)
 #: The settings of a new generation (``generate`` and ``chat``).
 _SETTING_RANGES = (
     _Range("n_ctx", 2, U32_MAX),
@@ -328,8 +330,8 @@ _SETTING_RANGES = (
 RANGES: dict[str, tuple[_Range, ...]] = {
     "generate": (*_OUTPUT_RANGES, *_SETTING_RANGES),
     "resume": _OUTPUT_RANGES,
-    "chat": (_Range("max_tokens", 1), _Range("threads", 0, I32_MAX), *_SETTING_RANGES),
-    "bench": (_Range("threads", 1, I32_MAX), _Range("runs", 1)),
+    "chat": (_Range("max_tokens", 1), _THREADS, *_SETTING_RANGES),
+    "bench": (_THREADS._replace(low=1), _Range("runs", 1)),
     "serve": (
         _Range("n_ctx", 2, U32_MAX),
         _Range("n_draft", 1, U32_MAX),
@@ -337,7 +339,7 @@ RANGES: dict[str, tuple[_Range, ...]] = {
         _Range("slots", 1, 64),
         _Range("queue", 0, 1 << 16),
         _Range("max_tokens", 1, U32_MAX),
-        _Range("threads", 0, 512),
+        _THREADS,
         _Range("cache_mib", 0, 1 << 20),
         _Range("parked_mib", 0, 1 << 20),
         _Range("ray_workers", 0, 1024),

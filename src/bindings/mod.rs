@@ -25,6 +25,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::classes::import_all(module.py())?;
     module.add("MAX_CHECKPOINT_BYTES", MAX_CHECKPOINT_BYTES)?;
     module.add("MAX_GRAMMAR_BYTES", crate::native::MAX_GRAMMAR_BYTES)?;
+    module.add("MAX_THREADS", crate::settings::MAX_THREADS)?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;

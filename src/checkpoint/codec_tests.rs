@@ -1065,10 +1065,16 @@ fn the_thread_count_is_recorded_from_version_3() {
             .n_threads,
         0
     );
-    for bad in [0, 513, u32::MAX] {
+    for bad in [513, u32::MAX] {
         let message = corrupt_message(&with_meta(&bytes, |m| m["n_threads"] = json!(bad)));
-        assert!(message.starts_with("meta.n_threads: "), "{message}");
+        assert_eq!(
+            message,
+            format!("meta.n_threads must be between 0 (the CPUs available) and 512, not {bad}")
+        );
     }
+    // 0, the CPUs available, as every thread count (specstate records the resolved count).
+    let zero = with_meta(&bytes, |m| m["n_threads"] = json!(0));
+    assert_eq!(decode(&zero).unwrap().meta.recorded_runtime(4).n_threads, 0);
     let version_2 = patched(&bytes, 8, &2u16.to_le_bytes());
     assert_eq!(
         corrupt_message(&version_2),

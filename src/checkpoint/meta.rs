@@ -9,7 +9,7 @@ use crate::chat::Conversation;
 use crate::engine::AdaptiveState;
 use crate::native_info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
 use crate::sampling::SamplingParams;
-use crate::settings::NgramConfig;
+use crate::settings::{check_threads, NgramConfig};
 use crate::settings::{draft_policy_name, GeneratorConfig, Mode};
 
 /// An exact fingerprint of a model file.
@@ -72,8 +72,8 @@ pub struct Meta {
     pub target_model: ModelFingerprint,
     /// The draft model (`draft` and `eagle3` modes).
     pub draft_model: Option<ModelFingerprint>,
-    /// The threads the generation decoded with (format version 3): batched
-    /// verification's numerics depend on it, so a restore uses it by default.
+    /// The threads the generation decoded with (format version 3), checked
+    /// as every thread count is ([`check_threads`]); a restore uses it by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_threads: Option<u32>,
     /// The conversation that led to the current reply, if the generation is
@@ -233,11 +233,8 @@ impl Meta {
         absent_before(3, "conversation", self.conversation.is_some())?;
         absent_before(4, "adaptive", self.adaptive.is_some())?;
         absent_before(5, "sampler", self.sampler.is_some())?;
-        let most = crate::native::MAX_THREADS as u32;
-        if let Some(n) = self.n_threads.filter(|n| !(1..=most).contains(n)) {
-            return Err(corrupt(format!(
-                "meta.n_threads: {n} is not between 1 and {most}"
-            )));
+        if let Some(n) = self.n_threads {
+            check_threads(n.into()).map_err(|e| corrupt(format!("meta.{e}")))?;
         }
         match &self.conversation {
             Some(conversation) => conversation
@@ -250,7 +247,7 @@ impl Meta {
     /// The runtime options a restore uses unless the caller gives others:
     /// the recorded thread count, at most the `available` CPUs (a file may
     /// not push the count past them), or 0 (the CPUs available) if none is
-    /// recorded. The count changes speed only: verification is exact at any
+    /// recorded (or 0 is, which specstate never writes). The count changes speed only: verification is exact at any
     /// count (specstate's llama.cpp patch), so the continuation is the same.
     pub fn recorded_runtime(&self, available: u32) -> crate::settings::RuntimeOptions {
         crate::settings::RuntimeOptions {

@@ -60,10 +60,6 @@ pub struct ContextBytes {
     pub compute: u64,
 }
 
-/// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. Beyond
-/// it ggml's thread pool aborts the process instead of failing.
-pub const MAX_THREADS: i32 = 512;
-
 /// The most sequences a context may hold: llama.cpp's `LLAMA_MAX_SEQ`.
 pub const MAX_SEQUENCES: u32 = 256;
 
@@ -96,12 +92,8 @@ fn check_params(
             params.n_seq_max
         ));
     }
-    if !(0..=MAX_THREADS).contains(&params.n_threads) {
-        return invalid(format!(
-            "n_threads must be between 0 (the CPUs available) and {MAX_THREADS}, not {}",
-            params.n_threads
-        ));
-    }
+    crate::settings::check_threads(params.n_threads.into())
+        .map_err(|e| NativeError::InvalidArgument(e.to_string()))?;
     if let Some(other) = other {
         let theirs = other.model();
         if theirs.n_embd() != model.n_embd() || theirs.n_vocab() != model.n_vocab() {

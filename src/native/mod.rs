@@ -17,7 +17,7 @@ pub use batch::{Batch, MAX_BATCH_ROWS};
 pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
 pub use context::{
     available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
-    MAX_SEQUENCES, MAX_THREADS,
+    MAX_SEQUENCES,
 };
 pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;
