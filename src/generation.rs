@@ -80,6 +80,7 @@ impl SessionGeneration {
             sampler: &mut self.sampler,
             seq_id: self.seq_id,
             policy: None,
+            logprobs: None,
         };
         call(&mut engine, &self.tokens)
     }

@@ -48,6 +48,43 @@ pub fn top_probability(logits: &[f32]) -> f64 {
     1.0 / total
 }
 
+/// The most alternatives a log-probability record lists (OpenAI's `top_logprobs` bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A committed token's log-probability under the target's distribution at its
+/// position (the log-softmax of the model's logits, before the sampler chain,
+/// as llama-cpp-python and OpenAI report it), and the `top` most likely
+/// tokens' `(token, logprob)`, most likely first.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenLogprobs {
+    /// The committed token's log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities.
+    pub top: Vec<(i32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// The record of `token` chosen from `logits`, with its `top_n` most likely alternatives.
+    pub fn of(logits: &[f32], token: i32, top_n: usize) -> Self {
+        let best = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let total: f64 = logits
+            .iter()
+            .map(|&l| (f64::from(l) - f64::from(best)).exp())
+            .sum();
+        let log_total = f64::from(best) + total.ln();
+        let logprob = |l: f32| (f64::from(l) - log_total) as f32;
+        let at = usize::try_from(token).ok().and_then(|t| logits.get(t));
+        Self {
+            logprob: at.map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+            top: top_k(logits, top_n.min(MAX_TOP_LOGPROBS))
+                .into_iter()
+                .map(|(t, l)| (t, logprob(l)))
+                .collect(),
+        }
+    }
+}
+
 /// xoshiro256** seeded by splitmix64: small, fast, and its whole state is four words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rng {

@@ -350,8 +350,10 @@ def test_chat_only_and_completion_only_parameters(llm: Llama) -> None:
         llm(PROMPT, response_format={"type": "json_object"})  # type: ignore[call-overload]
     with pytest.raises(UnsupportedParameterError, match="tools"):
         llm.create_chat_completion(messages, tools=[{"type": "function", "function": {"name": "f"}}])
-    with pytest.raises(UnsupportedParameterError, match="logprobs"):
-        llm(PROMPT, logprobs=5)
+    with pytest.raises(UnsupportedParameterError, match="echo"):
+        llm(PROMPT, logprobs=5, echo=True)
+    with pytest.raises(TypeError, match="top_logprobs"):
+        llm(PROMPT, top_logprobs=2)  # type: ignore[call-overload]
     with pytest.raises(UnsupportedParameterError, match="suffix"):
         llm(PROMPT, suffix="end")
     with pytest.raises(TypeError, match="echo"):
@@ -394,6 +396,72 @@ def test_smollm2_chat_in_llama_cpp_python_style(smollm2_file: Path) -> None:
         generators.append(generator)
     assert "Paris" in replies[0] and "Berlin" in replies[1]
     assert generators[0] is generators[1]  # the second turn decoded only the new message
+
+
+def test_completion_log_probabilities(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat, mode="ngram")
+    whole = llm(PROMPT, max_tokens=20, temperature=0, logprobs=3)
+    OpenAICompletion.model_validate(whole)
+    choice = whole["choices"][0]
+    logprobs = choice["logprobs"]
+    assert logprobs is not None and len(logprobs["tokens"]) == 20
+    assert "".join(logprobs["tokens"]) == choice["text"]  # the tiny model's tokens are ASCII
+    assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(20)]
+    for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert top is not None and top[token] == logprob and len(top) <= 4 and logprob is not None and logprob <= 0
+    plain = tiny_llama(tiny_chat)(PROMPT, max_tokens=20, temperature=0, logprobs=3)
+    assert plain["choices"][0]["logprobs"] == logprobs  # speculation does not change them
+    chunks = list(llm(PROMPT, max_tokens=20, temperature=0, logprobs=3, stream=True))
+    streamed = [c["choices"][0]["logprobs"] for c in chunks]
+    assert [t for part in streamed if part for t in part["tokens"]] == logprobs["tokens"]
+    assert [o for part in streamed if part for o in part["text_offset"]] == logprobs["text_offset"]
+    cut = llm(PROMPT, max_tokens=20, temperature=0, logprobs=0, stop=[logprobs["tokens"][5]])
+    cut_logprobs = cut["choices"][0]["logprobs"]
+    assert cut_logprobs is not None and "".join(cut_logprobs["tokens"]) == text_of(cut)
+    for bad in (-1, 21):
+        with pytest.raises(ValueError, match="top_logprobs"):
+            llm(PROMPT, max_tokens=2, logprobs=bad)
+
+
+def test_chat_log_probabilities(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat, mode="ngram")
+    messages: list[Mapping[str, object]] = [{"role": "user", "content": "Hi"}]
+    reply = llm.create_chat_completion(messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2)
+    OpenAIChatCompletion.model_validate(reply)
+    logprobs = reply["choices"][0]["logprobs"]
+    assert logprobs is not None and logprobs["content"] is not None and logprobs["refusal"] is None
+    entries = logprobs["content"]
+    assert "".join(entry["token"] for entry in entries) == content_of(reply)
+    for entry in entries:
+        assert len(entry["top_logprobs"]) == 2 and entry["bytes"] == list(entry["token"].encode())
+        assert entry["top_logprobs"][0]["logprob"] >= entry["logprob"]
+    chunks = list(llm.create_chat_completion(messages, max_tokens=12, temperature=0, logprobs=True, stream=True))
+    for chunk in chunks:
+        OpenAIChatCompletionChunk.model_validate(chunk)
+    streamed = [e for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"] or []]
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
+    assert all(e["top_logprobs"] == [] for e in streamed)  # top_logprobs 0
+    with pytest.raises(ValueError, match="top_logprobs needs logprobs=True"):
+        llm.create_chat_completion(messages, top_logprobs=2)
+    without = llm.create_chat_completion(messages, max_tokens=4, logprobs=False)
+    assert without["choices"][0]["logprobs"] is None
+
+
+def test_a_parked_stream_keeps_reporting_log_probabilities(tiny_chat: Path) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Tell me a long story."}]
+    options: dict[str, Any] = {"max_tokens": 40, "temperature": 0.9, "seed": 3, "logprobs": True, "top_logprobs": 1}
+    whole = tiny_llama(tiny_chat, mode="ngram").create_chat_completion(messages, **options)
+    expected = whole["choices"][0]["logprobs"]
+    llm = tiny_llama(tiny_chat, mode="ngram")
+    stream = llm.create_chat_completion(messages, stream=True, **options)
+    first = [next(stream) for _ in range(4)]
+    parked = stream.park()
+    assert parked is not None
+    rest = list(tiny_llama(tiny_chat, mode="ngram").resume_chat(parked))
+    entries = [
+        e for c in first + rest if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"] or []
+    ]
+    assert expected is not None and entries == expected["content"]
 
 
 PERSON = {

@@ -161,6 +161,28 @@ def test_completions_and_models(live: Live) -> None:
     assert status == 200 and 'specstate_requests_total{endpoint="completions",status="200"}' in metrics
 
 
+def test_log_probabilities_and_json_output_through_the_server(live: Live) -> None:
+    client = live.client()
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert "".join(entry.token for entry in logprobs.content) == reply.choices[0].message.content
+    assert all(len(entry.top_logprobs) == 2 for entry in logprobs.content)
+    schema: dict[str, object] = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    shaped = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    content = shaped.choices[0].message.content or ""
+    assert content.startswith("{") and '"a"' in content
+
+
 def test_errors_are_openai_shaped(live: Live) -> None:
     client = live.client()
     with pytest.raises(openai.AuthenticationError):

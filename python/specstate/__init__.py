@@ -52,6 +52,7 @@ from specstate._typing import (  # noqa: E402
     ModelFingerprint,
     NativeInfo,
     SamplingSettings,
+    TokenLogprobs,
 )
 from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
@@ -96,6 +97,7 @@ __all__ = [
     "MtpSession",
     "NativeInfo",
     "SamplingSettings",
+    "TokenLogprobs",
     "chat_template",
     "encode_prompt",
     "inspect_checkpoint",

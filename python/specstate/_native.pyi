@@ -550,6 +550,13 @@ class Generator:
     @property
     def history(self) -> list[int]:
         """Prompt and committed tokens."""
+    def set_logprobs(self, top_n: int | None) -> None:
+        """Record the log-probability of every token committed from now on with its ``top_n`` (0 to 20) most
+        likely alternatives (None: stop recording; the same ``top_n`` again keeps the records)."""
+    def logprobs(self, start: int = 0) -> tuple[int, list[tuple[float, list[tuple[int, float]]]]] | None:
+        """The records of reply positions ``start`` on: ``(from, records)``, a record per reply token from reply
+        position ``from`` (at least ``start``) on, each ``(logprob, [(token, logprob), ...])``; None when not
+        recording."""
     @property
     def n_prompt(self) -> int:
         """Prompt tokens at the start of ``history``."""

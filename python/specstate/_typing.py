@@ -7,7 +7,7 @@ Every key of these dictionaries is a string literal; at runtime they are plain
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
 from specstate._native import Model
 
@@ -145,9 +145,9 @@ class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     draft_model: Model | None
     #: Most tokens drafted per round (default 8).
     n_draft: int
-    #: Context length in tokens (default 2048).
+    #: Context length in tokens (default 2048; 0: the target model's trained length).
     n_ctx: int
-    #: Rows per decode (default 512).
+    #: Rows per decode (default 512; at most ``n_ctx``, a larger one is clamped to it).
     n_batch: int
     #: Threads per context (default 0: the CPUs available).
     n_threads: int
@@ -185,6 +185,19 @@ class GeneratorConfig(_NgramLengths):
     frequency_penalty: float
     logit_bias: dict[int, float]
     grammar: str | None
+
+
+class TokenLogprobs(NamedTuple):
+    """A generated token's log-probability under the target's distribution at its position (the log-softmax of
+    the model's logits, before the sampler chain: what llama-cpp-python and OpenAI report) and the most likely
+    tokens there. Speculation does not change them: a verified row's logits are those of a plain decode."""
+
+    #: The token.
+    token: int
+    #: Its log-probability.
+    logprob: float
+    #: ``(token, logprob)`` of the most likely tokens, most likely first.
+    top: list[tuple[int, float]]
 
 
 class ModelFingerprint(TypedDict):

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from specstate import _files, _native
 from specstate._native import Model
-from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode, SamplingSettings
+from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode, SamplingSettings, TokenLogprobs
 from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
 from specstate.errors import ChatTemplateError, GenerationError
 
@@ -442,6 +442,30 @@ class Generator:
         restore continues with them.
         """
         self._native.set_sampling(**params)
+
+    def set_logprobs(self, top_n: int | None) -> None:
+        """Record the log-probability of every token generated from now on, with its ``top_n`` most likely
+        alternatives (0 to 20; None: stop). :attr:`logprobs` reads them; checkpoints carry the records of
+        committed tokens not yet handed out."""
+        self._native.set_logprobs(top_n)
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs | None]:
+        """One entry per token of :attr:`tokens`: its :class:`~specstate.TokenLogprobs`, or None where none was
+        recorded (before :meth:`set_logprobs`, or handed out before a restore)."""
+        return self.token_logprobs(0)
+
+    def token_logprobs(self, start: int) -> list[TokenLogprobs | None]:
+        """:attr:`logprobs` of ``tokens[start:]`` (reading only those)."""
+        tokens = self.tokens[start:]
+        recorded = self._native.logprobs(start)
+        if recorded is None:
+            return [None] * len(tokens)
+        first, records = recorded
+        return [
+            TokenLogprobs(token, *records[index - first]) if first <= index < first + len(records) else None
+            for index, token in enumerate(tokens, start)
+        ]
 
     @property
     def model(self) -> Model:

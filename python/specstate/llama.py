@@ -22,6 +22,7 @@ construction, so its output follows the exactness contract of
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args, overload
 
 from specstate._native import ChatTemplate, Model, json_schema_to_grammar
-from specstate._typing import GeneratorConfig, GeneratorSettings, Mode
+from specstate._typing import GeneratorConfig, GeneratorSettings, Mode, TokenLogprobs
 from specstate.chat import as_messages, chat_template
 from specstate.generator import Generator, TextStream
 
@@ -61,18 +62,22 @@ __all__ = [
     "ChatCompletionChunk",
     "ChatCompletionChunkChoice",
     "ChatCompletionDelta",
+    "ChatCompletionLogprobs",
     "ChatCompletionMessage",
     "ChatCompletionOptions",
+    "ChatCompletionTokenLogprob",
     "ChatStream",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
+    "CompletionLogprobs",
     "CompletionOptions",
     "CompletionUsage",
     "FinishReason",
     "Llama",
     "LlamaGrammar",
     "ParkedChat",
+    "TopLogprob",
     "UnsupportedParameterError",
 ]
 
@@ -110,8 +115,6 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "logits_processor": (None,),
     "stopping_criteria": (None,),
     "suffix": (None,),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "functions": (None, []),
     "function_call": (None, "none"),
     "tools": (None, []),
@@ -138,12 +141,23 @@ class CompletionUsage(TypedDict):
     total_tokens: int
 
 
+class CompletionLogprobs(TypedDict):
+    """A completion's log-probabilities (``logprobs=n``), one entry per token of its text: the token's text,
+    where it starts in the choice's text, its log-probability, and the ``n`` most likely tokens' (with the
+    token itself) by their text."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
 class CompletionChoice(TypedDict):
     """The one choice of a completion or completion chunk (``finish_reason`` is None until the last chunk)."""
 
     text: str
     index: int
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
 
 
@@ -170,12 +184,33 @@ class ChatCompletionMessage(TypedDict):
     content: str
 
 
+class TopLogprob(TypedDict):
+    """One of the most likely tokens at a position: its text, log-probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatCompletionTokenLogprob(TopLogprob):
+    """A reply token's log-probability, with the ``top_logprobs`` most likely tokens at its position."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatCompletionLogprobs(TypedDict):
+    """A chat reply's log-probabilities (``logprobs=True``): one entry per token of its text."""
+
+    content: list[ChatCompletionTokenLogprob] | None
+    refusal: None
+
+
 class ChatCompletionChoice(TypedDict):
     """The one choice of a chat completion."""
 
     index: int
     message: ChatCompletionMessage
-    logprobs: None
+    logprobs: ChatCompletionLogprobs | None
     finish_reason: FinishReason
 
 
@@ -202,7 +237,7 @@ class ChatCompletionChunkChoice(TypedDict):
 
     index: int
     delta: ChatCompletionDelta
-    logprobs: None
+    logprobs: ChatCompletionLogprobs | None
     finish_reason: FinishReason | None
 
 
@@ -281,7 +316,8 @@ class CompletionOptions(_Common, total=False):
     echo: bool
     #: Text after the insertion point (infill): None only.
     suffix: str | None
-    #: Log-probabilities of the top tokens: None only.
+    #: Report each token's log-probability and those of the ``logprobs`` most likely tokens (0 to 20; None:
+    #: none). Not with ``echo`` (the prompt's own are not computed).
     logprobs: int | None
     #: Stopping criteria callbacks: None only.
     stopping_criteria: object
@@ -296,9 +332,9 @@ class ChatCompletionOptions(_Common, total=False):
     other penalties 0.0, no ``logit_bias``, no ``stop``; the rest at :data:`NEUTRAL`.
     """
 
-    #: Log-probabilities: None or False only.
+    #: Report each reply token's log-probability (default False).
     logprobs: bool | None
-    #: Top log-probabilities per token: None or 0 only.
+    #: With ``logprobs``, also the log-probabilities of this many most likely tokens at each position (0 to 20).
     top_logprobs: int | None
     #: JSON output: ``{"type": "json_object"}`` (any JSON object, or with a ``"schema"``, llama-cpp-python's
     #: form, the values it describes), ``{"type": "json_schema", "json_schema": {"schema": ...}}`` (OpenAI's
@@ -499,6 +535,8 @@ class _Run:
     created: int = field(default_factory=lambda: int(time.time()))
     #: The reply's token budget (a chat's).
     limit: int = 0
+    #: The log-probabilities reported, when the call asks for them.
+    logprobs: _LogprobTracker | None = None
 
     def finish_reason(self) -> FinishReason:
         """``stop`` or ``length``, once the pieces are all read."""
@@ -511,6 +549,74 @@ class _Run:
         the end-of-generation token included when one ended it; llama-cpp-python leaves that one out)."""
         prompt, reply = len(self.generator.prompt_tokens), len(self.generator.tokens)
         return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+
+
+class _LogprobTracker:
+    """The log-probabilities a call reports, token by token as the text of its tokens is sent: a token is
+    reported once its text is all sent (at the end, once its text begins within what was sent: a token after a
+    stop string or an end-of-generation token is not)."""
+
+    def __init__(self, model: Model, generator: Generator, *, reported: int = 0, sent: int = 0) -> None:
+        self._model, self._generator = model, generator
+        #: Tokens of the reply reported so far, and characters of its text sent.
+        self.reported, self.sent = reported, sent
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._spans: list[tuple[int, int]] = []
+
+    def advance(self, text: str, *, final: bool = False) -> list[tuple[int, TokenLogprobs]]:
+        """Once ``text`` more is sent: ``(start, record)`` of the tokens newly reported (``start``: where the
+        token's text begins in the reply's)."""
+        self.sent += len(text)
+        tokens = self._generator.tokens
+        end = self._spans[-1][1] if self._spans else 0
+        for token in tokens[len(self._spans) :]:
+            start, end = end, end + len(self._decoder.decode(self._model.token_to_piece(token)))
+            self._spans.append((start, end))
+        ready = self.reported
+        while ready < len(self._spans) and self._spans[ready][0] < self.sent:
+            if not final and self._spans[ready][1] > self.sent:
+                break
+            ready += 1
+        records = self._generator.token_logprobs(self.reported)[: ready - self.reported]
+        reported = [(self._spans[self.reported + i][0], r) for i, r in enumerate(records) if r is not None]
+        self.reported = ready
+        return reported
+
+
+def _piece(model: Model, token: int) -> tuple[str, list[int]]:
+    """A token's text (bytes that are not UTF-8 on their own left out, as llama-cpp-python does) and bytes."""
+    data = model.token_to_piece(token)
+    return data.decode("utf-8", errors="ignore"), list(data)
+
+
+def _completion_logprobs(model: Model, entries: list[tuple[int, TokenLogprobs]], offset: int) -> CompletionLogprobs:
+    """llama-cpp-python's ``logprobs`` of a completion (``offset``: text before the reply, echoed)."""
+    result: CompletionLogprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for start, record in entries:
+        text = _piece(model, record.token)[0]
+        top = {_piece(model, token)[0]: logprob for token, logprob in record.top}
+        result["text_offset"].append(offset + start)
+        result["token_logprobs"].append(record.logprob)
+        result["tokens"].append(text)
+        result["top_logprobs"].append({**top, text: record.logprob})
+    return result
+
+
+def _top(model: Model, token: int, logprob: float) -> TopLogprob:
+    text, data = _piece(model, token)
+    return {"token": text, "logprob": logprob, "bytes": data}
+
+
+def _chat_logprobs(model: Model, entries: list[tuple[int, TokenLogprobs]]) -> ChatCompletionLogprobs:
+    """OpenAI's ``logprobs`` of a chat reply."""
+    content: list[ChatCompletionTokenLogprob] = [
+        {
+            **_top(model, record.token, record.logprob),
+            "top_logprobs": [_top(model, token, logprob) for token, logprob in record.top],
+        }
+        for _, record in entries
+    ]
+    return {"content": content, "refusal": None}
 
 
 class Llama:
@@ -680,10 +786,15 @@ class Llama:
         _check_options(options, CompletionOptions, "create_completion")
         sampling, max_tokens, stops, model = self._common(options, COMPLETION_TEMPERATURE, COMPLETION_MAX_TOKENS)
         echo = _flag("echo", options.get("echo", False))
+        top = _count_option("logprobs", options.get("logprobs"))
+        if top is not None and echo:
+            raise UnsupportedParameterError("logprobs with echo=True is not supported: the prompt's are not computed")
         generator = self._generator(sampling)
+        generator.set_logprobs(top)
         limit = max_tokens or generator.context_length
         pieces = generator.stream(prompt, max_tokens=limit, stop=stops)
         run = _Run(generator, pieces, model, f"cmpl-{uuid.uuid4()}")
+        run.logprobs = None if top is None else _LogprobTracker(self.model, generator)
         front = (prompt if isinstance(prompt, str) else self.model.detokenize(list(prompt))) if echo else ""
         return _completion_chunks(run, front) if streaming else _completion(run, front)
 
@@ -737,12 +848,15 @@ class Llama:
         sampling, max_tokens, stops, model = self._common(options, CHAT_TEMPERATURE, None)
         sampling = _with_response_format(sampling, options.get("response_format"))
         template = chat_template(self.model, self._template)
+        top = _chat_top_logprobs(options)
         generator, new = self._pick(_chat_pairs(messages, template), sampling)
+        generator.set_logprobs(top)
         limit = max_tokens or generator.context_length
         text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
         self._conversation = _Conversation(generator, sampling)
         scanner = _StopScanner(text, stops)
         run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
+        run.logprobs = None if top is None else _LogprobTracker(self.model, generator)
         return ChatStream(self, run) if streaming else _chat_completion(run)
 
     def resume_chat(self, parked: ParkedChat) -> ChatStream:
@@ -754,6 +868,8 @@ class Llama:
         scanner = _StopScanner(text, parked.stops, parked.held)
         run = _Run(generator, self._watch(iter(scanner)), parked.model, parked.id, scanner, parked.created)
         run.limit = parked.remaining + len(generator.tokens)
+        if parked.reported is not None:
+            run.logprobs = _LogprobTracker(self.model, generator, reported=parked.reported[0], sent=parked.reported[1])
         return ChatStream(self, run, started=True)
 
     def _pick(self, pairs: list[tuple[str, str]], sampling: _Sampling) -> tuple[Generator, list[tuple[str, str]]]:
@@ -808,8 +924,13 @@ class Llama:
 
 def _completion(run: _Run, front: str) -> Completion:
     """The whole completion of ``run`` (``front``: the echoed prompt)."""
-    text = front + "".join(run.pieces)
-    choice: CompletionChoice = {"text": text, "index": 0, "logprobs": None, "finish_reason": run.finish_reason()}
+    reply = "".join(run.pieces)
+    choice: CompletionChoice = {
+        "text": front + reply,
+        "index": 0,
+        "logprobs": _completion_logprobs_of(run, reply, len(front), final=True),
+        "finish_reason": run.finish_reason(),
+    }
     return {
         "id": run.id,
         "object": "text_completion",
@@ -820,9 +941,18 @@ def _completion(run: _Run, front: str) -> Completion:
     }
 
 
-def _completion_chunk(run: _Run, text: str, finish_reason: FinishReason | None) -> CompletionChunk:
+def _completion_logprobs_of(run: _Run, sent: str, offset: int, *, final: bool = False) -> CompletionLogprobs | None:
+    """The completion ``logprobs`` of the tokens ``sent`` more reply text covers (None if not asked for)."""
+    if run.logprobs is None:
+        return None
+    return _completion_logprobs(run.generator.model, run.logprobs.advance(sent, final=final), offset)
+
+
+def _completion_chunk(
+    run: _Run, text: str, finish_reason: FinishReason | None, logprobs: CompletionLogprobs | None = None
+) -> CompletionChunk:
     """One chunk of a streamed completion."""
-    choice: CompletionChoice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    choice: CompletionChoice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"id": run.id, "object": "text_completion", "created": run.created, "model": run.model, "choices": [choice]}
 
 
@@ -831,17 +961,25 @@ def _completion_chunks(run: _Run, front: str) -> Iterator[CompletionChunk]:
     if front:
         yield _completion_chunk(run, front, None)
     for piece in run.pieces:
-        yield _completion_chunk(run, piece, None)
-    yield _completion_chunk(run, "", run.finish_reason())
+        yield _completion_chunk(run, piece, None, _completion_logprobs_of(run, piece, len(front)))
+    yield _completion_chunk(run, "", run.finish_reason(), _completion_logprobs_of(run, "", len(front), final=True))
+
+
+def _chat_logprobs_of(run: _Run, sent: str, *, final: bool = False) -> ChatCompletionLogprobs | None:
+    """The chat ``logprobs`` of the tokens ``sent`` more reply text covers (None if not asked for)."""
+    if run.logprobs is None:
+        return None
+    return _chat_logprobs(run.generator.model, run.logprobs.advance(sent, final=final))
 
 
 def _chat_completion(run: _Run) -> ChatCompletion:
     """The whole chat completion of ``run``."""
-    message: ChatCompletionMessage = {"role": "assistant", "content": "".join(run.pieces)}
+    content = "".join(run.pieces)
+    message: ChatCompletionMessage = {"role": "assistant", "content": content}
     choice: ChatCompletionChoice = {
         "index": 0,
         "message": message,
-        "logprobs": None,
+        "logprobs": _chat_logprobs_of(run, content, final=True),
         "finish_reason": run.finish_reason(),
     }
     return {
@@ -854,9 +992,19 @@ def _chat_completion(run: _Run) -> ChatCompletion:
     }
 
 
-def _chat_chunk(run: _Run, delta: ChatCompletionDelta, finish_reason: FinishReason | None) -> ChatCompletionChunk:
+def _chat_chunk(
+    run: _Run,
+    delta: ChatCompletionDelta,
+    finish_reason: FinishReason | None,
+    logprobs: ChatCompletionLogprobs | None = None,
+) -> ChatCompletionChunk:
     """One chunk of a streamed chat completion."""
-    choice: ChatCompletionChunkChoice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    choice: ChatCompletionChunkChoice = {
+        "index": 0,
+        "delta": delta,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
     return {
         "id": run.id,
         "object": "chat.completion.chunk",
@@ -872,8 +1020,8 @@ def _chat_chunks(run: _Run, role: bool = True) -> PyGenerator[ChatCompletionChun
     if role:
         yield _chat_chunk(run, {"role": "assistant"}, None)
     for piece in run.pieces:
-        yield _chat_chunk(run, {"content": piece}, None)
-    yield _chat_chunk(run, {}, run.finish_reason())
+        yield _chat_chunk(run, {"content": piece}, None, _chat_logprobs_of(run, piece))
+    yield _chat_chunk(run, {}, run.finish_reason(), _chat_logprobs_of(run, "", final=True))
 
 
 @dataclass(frozen=True)
@@ -893,6 +1041,8 @@ class ParkedChat:
     id: str
     created: int
     model: str
+    #: When the call asked for log-probabilities: the reply tokens reported and the reply characters sent.
+    reported: tuple[int, int] | None = None
 
 
 class ChatStream(Iterator[ChatCompletionChunk]):
@@ -923,8 +1073,16 @@ class ChatStream(Iterator[ChatCompletionChunk]):
         remaining = run.limit - len(generator.tokens)
         if remaining <= 0:
             return None
+        tracker = run.logprobs
         parked = ParkedChat(
-            generator.checkpoint(), remaining, scanner.stops, scanner.held, run.id, run.created, run.model
+            generator.checkpoint(),
+            remaining,
+            scanner.stops,
+            scanner.held,
+            run.id,
+            run.created,
+            run.model,
+            None if tracker is None else (tracker.reported, tracker.sent),
         )
         self._chunks.close()
         self._llama.release(generator)
@@ -1062,6 +1220,24 @@ def _seed(value: object) -> int | None:
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be from 0 to 2**64 - 1 (or -1: random), not {seed}")
     return seed
+
+
+def _count_option(name: str, value: object) -> int | None:
+    """An optional count (None, or an int; the generator checks its range)."""
+    return None if value is None else _integer(name, value)
+
+
+def _chat_top_logprobs(options: Mapping[str, object]) -> int | None:
+    """The alternatives a chat call's ``logprobs``/``top_logprobs`` ask for (None: no log-probabilities)."""
+    top = _count_option("top_logprobs", options.get("top_logprobs"))
+    wanted = options.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise TypeError(f"logprobs must be a bool or None, not {type(wanted).__name__}")
+    if not wanted:
+        if top:
+            raise ValueError("top_logprobs needs logprobs=True")
+        return None
+    return top or 0
 
 
 def _stops(stop: object) -> list[str]:

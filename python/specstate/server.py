@@ -477,7 +477,12 @@ def _whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any
     text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
     prompt, reply = (len(generator.prompt_tokens), len(generator.tokens)) if generator is not None else (0, 0)
     labels = (last["id"], last["created"], last["model"])
-    return openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=(prompt, reply))
+    whole = openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=(prompt, reply))
+    parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
+    if parts:  # the call asked for log-probabilities: every chunk carries its tokens'
+        content = [entry for part in parts for entry in part["content"] or []]
+        whole["choices"][0]["logprobs"] = {"content": content, "refusal": None}
+    return whole
 
 
 def openai_result(

@@ -102,6 +102,9 @@ fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
         .collect()
 }
 
+/// A log-probability record as Python sees it: `(logprob, [(token, logprob), ...])`.
+type LogprobRecord = (f32, Vec<(i32, f32)>);
+
 fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
     model.as_ref().map(|m| Arc::clone(&m.get().inner))
 }
@@ -436,6 +439,32 @@ impl PyGenerator {
     #[getter]
     fn history(&self, py: Python<'_>) -> Vec<i32> {
         self.inner.lock_waiting(py).state().history.clone()
+    }
+
+    /// Record the log-probability of every token committed from now on with
+    /// its `top_n` most likely alternatives (None: stop recording; asking
+    /// again for the same `top_n` keeps the records).
+    #[pyo3(signature = (top_n))]
+    fn set_logprobs(&self, py: Python<'_>, top_n: Option<WideInt>) -> PyResult<()> {
+        self.check_thread()?;
+        let top_n = top_n
+            .map(|n| n.narrow::<usize>("top_logprobs"))
+            .transpose()?;
+        Ok(self.run(py, |generator| generator.set_logprobs(top_n))??)
+    }
+
+    /// The log-probability records of reply positions `start..`: `(from,
+    /// records)`, a record per reply token from position `from` (at least
+    /// `start`) on, each `(logprob, [(token, logprob), ...])`; None when not recording.
+    #[pyo3(signature = (start = 0))]
+    fn logprobs(&self, py: Python<'_>, start: usize) -> Option<(usize, Vec<LogprobRecord>)> {
+        self.read(py, |generator| {
+            generator.logprobs().map(|log| {
+                let from = log.from.max(start);
+                let records = log.records.iter().skip(from - log.from);
+                (from, records.map(|r| (r.logprob, r.top.clone())).collect())
+            })
+        })
     }
 
     /// Prompt tokens at the start of `history`.

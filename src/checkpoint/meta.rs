@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::format::{corrupt, CheckpointError};
 use crate::chat::Conversation;
-use crate::engine::AdaptiveState;
+use crate::engine::{AdaptiveState, LogprobLog};
 use crate::native_info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::settings::{check_threads, NgramConfig};
 use crate::settings::{draft_policy_name, GeneratorConfig, Mode};
 
@@ -88,6 +88,72 @@ pub struct Meta {
     /// (format version 5; an older file's are the neutral defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampler: Option<SamplerMeta>,
+    /// The log-probability records of the committed tokens not yet handed
+    /// out, present when the generation records them (format version 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobsMeta>,
+}
+
+/// The `meta.logprobs` entry: what is recorded (`top_n` alternatives) and the
+/// records of reply positions `from..` (the committed tokens not handed out).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogprobsMeta {
+    /// Alternatives each record lists.
+    pub top_n: usize,
+    /// The reply position of the first record.
+    pub from: usize,
+    /// One record per token from `from` to the end of the reply.
+    pub records: Vec<TokenLogprobs>,
+}
+
+impl LogprobsMeta {
+    /// The entry of `log`'s records from reply position `delivered` on.
+    pub fn pending(log: &LogprobLog, delivered: usize) -> Self {
+        let from = log.from.max(delivered);
+        Self {
+            top_n: log.top_n,
+            from,
+            records: log.records[(from - log.from).min(log.records.len())..].to_vec(),
+        }
+    }
+
+    /// The log these records continue, checked against a reply of
+    /// `reply_len` tokens over a vocabulary of `n_vocab`.
+    pub fn log(&self, reply_len: usize, n_vocab: usize) -> Result<LogprobLog, CheckpointError> {
+        let most = crate::sampling::MAX_TOP_LOGPROBS;
+        if self.top_n > most {
+            return Err(corrupt(format!(
+                "meta.logprobs: top_n {} is above {most}",
+                self.top_n
+            )));
+        }
+        if self.from.checked_add(self.records.len()) != Some(reply_len) {
+            return Err(corrupt(format!(
+                "meta.logprobs: {} records from reply position {} do not end with the reply's {reply_len} tokens",
+                self.records.len(),
+                self.from
+            )));
+        }
+        let fits = |value: f32| value <= 0.0;
+        for record in &self.records {
+            let tokens_fit = record.top.iter().all(|&(token, value)| {
+                fits(value) && usize::try_from(token).is_ok_and(|t| t < n_vocab)
+            });
+            if record.top.len() > self.top_n || !fits(record.logprob) || !tokens_fit {
+                return Err(corrupt(
+                    "meta.logprobs: a record is not a log-probability with at most top_n \
+                     alternatives of the vocabulary"
+                        .to_string(),
+                ));
+            }
+        }
+        Ok(LogprobLog {
+            top_n: self.top_n,
+            from: self.from,
+            records: self.records.clone(),
+        })
+    }
 }
 
 /// The `meta.sampler` entry (format version 5): the sampling parameters
@@ -214,6 +280,7 @@ impl Meta {
             conversation: None,
             adaptive: None,
             sampler: Some(SamplerMeta::new(&config.sampling)),
+            logprobs: None,
         }
     }
 
@@ -233,6 +300,7 @@ impl Meta {
         absent_before(3, "conversation", self.conversation.is_some())?;
         absent_before(4, "adaptive", self.adaptive.is_some())?;
         absent_before(5, "sampler", self.sampler.is_some())?;
+        absent_before(5, "logprobs", self.logprobs.is_some())?;
         if let Some(n) = self.n_threads {
             check_threads(n.into()).map_err(|e| corrupt(format!("meta.{e}")))?;
         }
@@ -267,7 +335,9 @@ impl Meta {
 
     /// The generator configuration the checkpoint was taken with.
     /// Every setting is checked with the generator's own rules
-    /// ([`GeneratorConfig::validate`]); a failure names the field.
+    /// ([`GeneratorConfig::validate`]), and the configuration must be a
+    /// resolved one ([`GeneratorConfig::check_resolved`]: a generator records
+    /// the context length it runs, and its clamped `n_batch`); a failure names the field.
     pub fn config(&self) -> Result<GeneratorConfig, CheckpointError> {
         let config = GeneratorConfig {
             mode: self.mode()?,
@@ -279,6 +349,7 @@ impl Meta {
         };
         config
             .validate()
+            .and_then(|()| config.check_resolved())
             .map_err(|e| corrupt(format!("meta.{e}")))?;
         Ok(config)
     }

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use super::codec::{Checkpoint, EncodeError, Payload, Sections};
 use super::format::{CheckpointError, SectionKind};
-use super::meta::{check_n_ctx_cap, Meta, ModelFingerprint};
+use super::meta::{check_n_ctx_cap, LogprobsMeta, Meta, ModelFingerprint};
 use super::state::EncodedState;
 use super::Error;
 use crate::generator::{
-    rollback_snapshots, Generator, GeneratorConfig, GeneratorError, RestoreError, RuntimeOptions,
+    rollback_snapshots, Generator, GeneratorConfig, GeneratorError, LogprobLog, RestoreError,
+    RuntimeOptions,
 };
 use crate::native::{recurrent_state_bytes, Model};
 
@@ -88,6 +89,9 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
     meta.conversation = generator.conversation().cloned();
     meta.n_threads = Some(generator.n_threads());
     meta.adaptive = generator.state().adaptive.clone();
+    meta.logprobs = generator
+        .logprobs()
+        .map(|log| LogprobsMeta::pending(log, generator.state().delivered));
     let meta = meta
         .to_json()
         .map_err(|e| GeneratorError::Invalid(e.to_string()))?;
@@ -253,6 +257,7 @@ pub fn restore(
     check_models(checkpoint, &target, draft.as_deref())?;
     check_unchanged(&target, draft.as_deref())?;
     let config = checkpoint.meta.config()?;
+    let logprobs = recorded_logprobs(checkpoint, &target)?;
     check_context_cap(&config, &target, limits.max_n_ctx)?;
     check_allocation(&config, &target, limits.max_n_batch)?;
     let mut generator = Generator::new(target, draft, config, runtime).map_err(|error| {
@@ -268,8 +273,24 @@ pub fn restore(
             checkpoint.speculative_state,
         )
         .map_err(refused)?;
+    generator
+        .follow_grammar()
+        .map_err(|e| CheckpointError::Corrupt(format!("meta.grammar: {e}")))?;
+    generator.put_logprobs(logprobs);
     set_conversation(&mut generator, checkpoint)?;
     Ok(generator)
+}
+
+/// The log-probability records `checkpoint` carries, checked against its reply and `target`'s vocabulary.
+fn recorded_logprobs(
+    checkpoint: &Checkpoint<'_>,
+    target: &Model,
+) -> Result<Option<LogprobLog>, CheckpointError> {
+    let state = &checkpoint.state;
+    let reply = state.history.len().saturating_sub(state.n_prompt);
+    (checkpoint.meta.logprobs.as_ref())
+        .map(|entry| entry.log(reply, target.n_vocab()))
+        .transpose()
 }
 
 /// Restore `checkpoint` into `generator` in place, reusing its contexts.
@@ -294,13 +315,14 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
     let mut grammar = generator
         .check_sampling(&sampling)
         .map_err(|e| CheckpointError::Corrupt(format!("meta.{e}")))?;
+    let state = &checkpoint.state;
+    let reply = &state.history[state.n_prompt.min(state.history.len())..];
     if let Some(grammar) = grammar.as_mut() {
-        let state = &checkpoint.state;
-        let reply = &state.history[state.n_prompt.min(state.history.len())..];
         grammar
             .follow(reply)
             .map_err(|e| CheckpointError::Corrupt(format!("meta.grammar: {e}")))?;
     }
+    let logprobs = recorded_logprobs(checkpoint, generator.target_model())?;
     let kept = generator.boundary()?;
     let applied = generator.restore(
         checkpoint.state.clone(),
@@ -310,6 +332,7 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
     );
     let Err(error) = applied else {
         generator.put_sampling(sampling, grammar);
+        generator.put_logprobs(logprobs);
         return set_conversation(generator, checkpoint);
     };
     generator

@@ -36,7 +36,7 @@ pub use policy::AdaptiveState;
 use policy::Evidence;
 
 use crate::native::{Batch, Context, NativeError, OutOfVocabulary};
-use crate::sampling::{Distribution, Sampler};
+use crate::sampling::{Distribution, Sampler, TokenLogprobs};
 use crate::session::SessionError;
 use crate::settings::SettingError;
 
@@ -178,6 +178,43 @@ impl Round {
     }
 }
 
+/// Log-probability records of committed tokens, kept while a caller asks for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogprobLog {
+    /// Alternatives each record lists (at most [`crate::sampling::MAX_TOP_LOGPROBS`]).
+    pub top_n: usize,
+    /// The reply position (index among the tokens generated after the prompt) of `records[0]`.
+    pub from: usize,
+    /// One record per committed token from `from` on.
+    pub records: Vec<TokenLogprobs>,
+}
+
+impl LogprobLog {
+    /// An empty log whose next record is reply position `from`.
+    pub fn new(top_n: usize, from: usize) -> Self {
+        Self {
+            top_n,
+            from,
+            records: Vec::new(),
+        }
+    }
+
+    /// Start again at the first token of a new reply.
+    pub fn restart(&mut self) {
+        self.from = 0;
+        self.records.clear();
+    }
+}
+
+/// Add the records of `tokens` committed from `rows` to `log`, if one is kept.
+fn record(log: Option<&mut LogprobLog>, rows: &[&[f32]], tokens: &[i32]) {
+    if let Some(log) = log {
+        for (row, &token) in rows.iter().zip(tokens) {
+            log.records.push(TokenLogprobs::of(row, token, log.top_n));
+        }
+    }
+}
+
 /// One generation's target side and drafter, borrowed for a call.
 pub struct Engine<'a> {
     /// The target context.
@@ -192,6 +229,8 @@ pub struct Engine<'a> {
     pub seq_id: i32,
     /// The adaptive draft length's state (`None`: every round drafts up to its limit).
     pub policy: Option<&'a mut AdaptiveState>,
+    /// Where committed tokens' log-probabilities go (`None`: not asked for).
+    pub logprobs: Option<&'a mut LogprobLog>,
 }
 
 impl Engine<'_> {
@@ -201,7 +240,15 @@ impl Engine<'_> {
         self.check_prompt(prompt)?;
         self.decode_prompt(prompt, 0)?;
         self.drafter.begin(prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?, prompt)?)
+        self.choose_first(prompt)
+    }
+
+    /// The first token after a decoded prompt, its log-probability recorded.
+    fn choose_first(&mut self, prompt: &[i32]) -> Result<i32> {
+        let row = self.target.logits(-1)?;
+        let token = self.sampler.choose(row, prompt)?;
+        record(self.logprobs.as_deref_mut(), &[row], &[token]);
+        Ok(token)
     }
 
     /// Continue the generation at `at` with a new turn: decode the last
@@ -216,7 +263,7 @@ impl Engine<'_> {
         self.check_prompt(&prompt)?;
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
         self.drafter.begin(&prompt)?;
-        Ok(self.sampler.choose(self.target.logits(-1)?, &prompt)?)
+        self.choose_first(&prompt)
     }
 
     /// Decode `rows` at positions `start..` in batch-sized chunks, the drafter observing each.
@@ -392,6 +439,7 @@ impl Engine<'_> {
             committed.truncate(end + 1);
             accepted = accepted.min(end);
         }
+        record(self.logprobs.as_deref_mut(), &rows, &committed);
         Ok(Round {
             n_past: at.n_past + accepted + 1,
             drafted: draft.tokens.len(),

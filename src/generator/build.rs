@@ -172,6 +172,7 @@ impl Generator {
             state: GeneratorState::empty(sampler.rng.state()),
             sampler,
             conversation: None,
+            logprobs: None,
         })
     }
 }

@@ -22,6 +22,7 @@ pub(crate) use build::rollback_snapshots;
 pub use restore::{Boundary, Positions, RestoreError};
 
 use crate::chat::Conversation;
+pub use crate::engine::LogprobLog;
 use crate::engine::{
     AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, NgramDrafter, NoDrafter, Round,
     SessionDrafter,
@@ -119,6 +120,7 @@ pub struct Generator {
     state: GeneratorState,
     sampler: Sampler,
     conversation: Option<Conversation>,
+    logprobs: Option<LogprobLog>,
 }
 
 impl Generator {
@@ -163,6 +165,43 @@ impl Generator {
         self.sampler.params = params.clone();
         self.sampler.grammar = grammar;
         self.config.sampling = params;
+    }
+
+    /// Record the log-probability of every token committed from now on, with
+    /// its `top_n` most likely alternatives (`None`: stop recording). Asking
+    /// again for the same `top_n` keeps the records.
+    pub fn set_logprobs(&mut self, top_n: Option<usize>) -> Result<()> {
+        let most = crate::sampling::MAX_TOP_LOGPROBS;
+        match top_n {
+            Some(n) if n > most => Err(GeneratorError::Invalid(format!(
+                "top_logprobs must be from 0 to {most}, not {n}"
+            ))),
+            Some(n) if self.logprobs.as_ref().is_some_and(|log| log.top_n == n) => Ok(()),
+            Some(n) => {
+                self.logprobs = Some(LogprobLog::new(n, self.reply().len()));
+                Ok(())
+            }
+            None => {
+                self.logprobs = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// The log-probability records kept (see [`Generator::set_logprobs`]).
+    pub fn logprobs(&self) -> Option<&LogprobLog> {
+        self.logprobs.as_ref()
+    }
+
+    /// Follow the reply so far with the grammar (a restored boundary's reply).
+    pub(crate) fn follow_grammar(&mut self) -> std::result::Result<(), crate::native::NativeError> {
+        let reply = &self.state.history[self.state.n_prompt.min(self.state.history.len())..];
+        self.sampler.follow(reply)
+    }
+
+    /// Keep `log` (a restored boundary's records).
+    pub(crate) fn put_logprobs(&mut self, log: Option<LogprobLog>) {
+        self.logprobs = log;
     }
 
     /// The tokens of the current reply (generated after the prompt or the latest turn).
@@ -218,6 +257,7 @@ impl Generator {
             config,
             state,
             sampler,
+            logprobs,
             ..
         } = self;
         let n_draft = config.n_draft as usize;
@@ -252,6 +292,7 @@ impl Generator {
             sampler,
             seq_id: 0,
             policy: state.adaptive.as_mut(),
+            logprobs: logprobs.as_mut(),
         };
         let at = Cursor {
             history: &state.history,
@@ -269,11 +310,19 @@ impl Generator {
             ));
         }
         self.measure_cost_curve(prompt)?;
-        self.sampler.restart_grammar();
+        self.new_reply();
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
         self.state.history = prompt.to_vec();
         self.commit_first(first);
         Ok(first)
+    }
+
+    /// A new reply begins: the grammar and the log-probability records start again.
+    fn new_reply(&mut self) {
+        self.sampler.restart_grammar();
+        if let Some(log) = self.logprobs.as_mut() {
+            log.restart();
+        }
     }
 
     /// An adaptive generation without a pinned cost curve measures it on the
@@ -346,7 +395,7 @@ impl Generator {
         if !self.started() {
             return Err(GeneratorError::Usage("call prefill() first".into()));
         }
-        self.sampler.restart_grammar();
+        self.new_reply();
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
         self.state.history.extend_from_slice(tokens);
         self.commit_first(first);
