@@ -15,15 +15,16 @@ lines read::
     llm = Llama(model_path=model_path, n_ctx=2048, n_threads=..., seed=..., verbose=False)
 
 Everything else -- the message list resent whole each turn, ``stream=True``,
-``stop``, ``min_p``, ``repeat_penalty``, the chunks' ``delta`` -- is
-llama-cpp-python's API (``response_format`` waits for grammars). specstate
-continues the conversation it holds when the history sent extends it, so each
-turn decodes only the new message.
+``stop``, ``min_p``, ``repeat_penalty``, the chunks' ``delta``, and a last turn
+whose reply follows a JSON schema (``response_format``) -- is
+llama-cpp-python's API. specstate continues the conversation it holds when the
+history sent extends it, so each turn decodes only the new message.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator, Sequence
 from typing import get_args
@@ -85,6 +86,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(delta["content"], end="", flush=True)
         print()
         messages.append({"role": "assistant", "content": reply})
+    messages.append({"role": "user", "content": "Sum up this conversation as JSON."})
+    summary = llm.create_chat_completion(
+        messages=messages,
+        max_tokens=args.max_tokens,
+        response_format={
+            "type": "json_object",
+            "schema": {
+                "type": "object",
+                "properties": {"topic": {"type": "string"}, "questions": {"type": "integer"}},
+                "required": ["topic", "questions"],
+            },
+        },
+    )
+    content = summary["choices"][0]["message"]["content"]
+    print(json.dumps(json.loads(content)) if summary["choices"][0]["finish_reason"] == "stop" else content)
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -546,3 +548,18 @@ def test_a_parked_chat_stream_resumes_elsewhere_token_for_token(tiny_chat: Path,
     assert rest[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
     held = other.chat_generator
     assert held is not None and held.messages[-1]["content"].startswith(text)
+
+
+def test_the_llama_cpp_python_chat_example_runs(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "llama_cpp_python_chat.py"
+    questions = ["--ask", "What is the capital of France?", "--ask", "And of Italy?"]
+    result = subprocess.run(
+        [sys.executable, str(example), *questions, "--seed", "1", "--threads", "2", "--max-tokens", "48"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "> What is the capital of France?" and "Paris" in lines[1]
+    assert set(json.loads(lines[-1])) == {"topic", "questions"}
