@@ -349,9 +349,11 @@ pub struct GeneratorConfig {
     pub n_draft: u32,
     /// How tokens are chosen.
     pub sampling: SamplingParams,
-    /// Context length of the target (and draft) context.
+    /// Context length of the target (and draft) context (0, as given: the
+    /// target model's trained length; see [`GeneratorConfig::resolve`]).
     pub n_ctx: u32,
-    /// Rows per decode call (and per processed batch).
+    /// Rows per decode call (and per processed batch); as given it may exceed
+    /// `n_ctx`, which [`GeneratorConfig::resolve`] clamps it to.
     pub n_batch: u32,
     /// Whether each round chooses its draft length (up to `n_draft`) from a
     /// measured cost curve and the recent acceptance (`engine::policy`);
@@ -382,17 +384,40 @@ pub fn parse_draft_policy(name: &str) -> Result<bool, SettingError> {
     }
 }
 
+/// The one rule for a context length: `n_ctx` 0 means the model's trained
+/// length `n_ctx_train` (llama.cpp's and llama-cpp-python's meaning);
+/// otherwise from 2 to that length (to any length when the model records
+/// none, `n_ctx_train` 0, or when no model is known yet). The resolved length.
+pub fn resolve_n_ctx(n_ctx: u32, n_ctx_train: u32) -> Result<u32, SettingError> {
+    let resolved = if n_ctx == 0 { n_ctx_train } else { n_ctx };
+    if resolved >= 2 && (n_ctx_train == 0 || resolved <= n_ctx_train) {
+        return Ok(resolved);
+    }
+    let reason = match (n_ctx, n_ctx_train) {
+        (0, 0) => "is 0, the model's trained context length, which this model does not record: \
+                   give a length of at least 2"
+            .to_owned(),
+        (_, 0) => format!("must be 0 (the model's trained context length) or at least 2, not {n_ctx}"),
+        (_, trained) => format!(
+            "must be between 2 and the model's trained context length {trained} (0: that length), not {n_ctx}"
+        ),
+    };
+    Err(SettingError {
+        field: "n_ctx",
+        reason,
+    })
+}
+
 impl GeneratorConfig {
     /// Check every setting that does not depend on a model: the one rule for
-    /// the constructor, checkpoints and the CLI. (The context length's upper
-    /// bound, the model's trained length, is checked against the model.)
+    /// the constructor, checkpoints and the CLI. `n_ctx` may be 0 (the
+    /// model's trained length) and `n_batch` above `n_ctx` (clamped to it):
+    /// [`GeneratorConfig::resolve`] settles both against the model.
     pub fn validate(&self) -> Result<(), SettingError> {
-        if self.n_ctx < 2 {
-            return refuse("n_ctx", format!("must be at least 2, not {}", self.n_ctx));
+        if self.n_ctx != 0 {
+            resolve_n_ctx(self.n_ctx, 0)?;
         }
-        let most_rows = self
-            .n_ctx
-            .min(u32::try_from(crate::native::MAX_BATCH_ROWS).unwrap_or(u32::MAX));
+        let most_rows = u32::try_from(crate::native::MAX_BATCH_ROWS).unwrap_or(u32::MAX);
         if self.n_batch == 0 || self.n_batch > most_rows {
             return refuse(
                 "n_batch",
@@ -412,6 +437,39 @@ impl GeneratorConfig {
         self.sampling.validate()
     }
 
+    /// The configuration a generator over a target trained on `n_ctx_train`
+    /// tokens runs, checked: `n_ctx` 0 becomes that length
+    /// ([`resolve_n_ctx`]), and `n_batch` is at most `n_ctx` (a larger one is
+    /// clamped, as llama.cpp clamps its own). What a checkpoint records.
+    pub fn resolve(mut self, n_ctx_train: u32) -> Result<Self, SettingError> {
+        self.n_ctx = resolve_n_ctx(self.n_ctx, n_ctx_train)?;
+        self.n_batch = self.n_batch.min(self.n_ctx);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Check that the configuration is one [`GeneratorConfig::resolve`]
+    /// returns (a checkpoint records only those): `n_ctx` not 0, `n_batch` at
+    /// most `n_ctx`.
+    pub fn check_resolved(&self) -> Result<(), SettingError> {
+        if self.n_ctx == 0 {
+            return refuse(
+                "n_ctx",
+                "is 0: a generator's configuration holds the resolved context length".into(),
+            );
+        }
+        if self.n_batch > self.n_ctx {
+            return refuse(
+                "n_batch",
+                format!(
+                    "must be at most n_ctx ({}) in a generator's configuration (a larger one is clamped to it), not {}",
+                    self.n_ctx, self.n_batch
+                ),
+            );
+        }
+        Ok(())
+    }
+
     fn validate_n_draft(&self) -> Result<(), SettingError> {
         let max_draft = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32;
         if self.n_draft > max_draft {
@@ -420,12 +478,17 @@ impl GeneratorConfig {
                 format!("must be at most {max_draft}, not {}", self.n_draft),
             );
         }
-        if self.mode.is_speculative() && (self.n_draft == 0 || self.n_draft >= self.n_batch) {
+        // The rows a generator runs: n_batch, clamped to a given n_ctx.
+        let n_batch = match self.n_ctx {
+            0 => self.n_batch,
+            n_ctx => self.n_batch.min(n_ctx),
+        };
+        if self.mode.is_speculative() && (self.n_draft == 0 || self.n_draft >= n_batch) {
             return refuse(
                 "n_draft",
                 format!(
                     "must be between 1 and n_batch - 1 ({}), not {}",
-                    self.n_batch - 1,
+                    n_batch - 1,
                     self.n_draft
                 ),
             );
@@ -532,7 +595,7 @@ mod tests {
             ),
             (
                 GeneratorConfig {
-                    n_batch: 65,
+                    n_batch: crate::native::MAX_BATCH_ROWS as u32 + 1,
                     ..config(Mode::None)
                 },
                 "n_batch",
@@ -571,6 +634,49 @@ mod tests {
         }
         .validate()
         .is_ok());
+    }
+
+    #[test]
+    fn n_ctx_0_is_the_trained_length_and_n_batch_is_clamped_to_n_ctx() {
+        let given = GeneratorConfig {
+            n_ctx: 0,
+            n_batch: 512,
+            ..config(Mode::Mtp)
+        };
+        assert!(given.validate().is_ok());
+        assert_eq!(given.check_resolved().unwrap_err().field, "n_ctx");
+        let resolved = given.clone().resolve(128).unwrap();
+        assert_eq!((resolved.n_ctx, resolved.n_batch), (128, 128));
+        assert_eq!(resolved.check_resolved(), Ok(()));
+        assert_eq!(resolved.clone().resolve(128), Ok(resolved));
+        assert_eq!(
+            given.clone().resolve(0).unwrap_err().to_string(),
+            "n_ctx is 0, the model's trained context length, which this model does not record: \
+             give a length of at least 2"
+        );
+        let long = GeneratorConfig {
+            n_ctx: 129,
+            ..given.clone()
+        };
+        assert_eq!(
+            long.clone().resolve(128).unwrap_err().to_string(),
+            "n_ctx must be between 2 and the model's trained context length 128 (0: that length), not 129"
+        );
+        assert_eq!(long.check_resolved().unwrap_err().field, "n_batch");
+        assert_eq!(
+            GeneratorConfig { n_ctx: 1, ..given }
+                .validate()
+                .unwrap_err()
+                .to_string(),
+            "n_ctx must be 0 (the model's trained context length) or at least 2, not 1"
+        );
+        // n_draft is checked against the rows the generator runs: n_batch clamped to n_ctx.
+        let short = GeneratorConfig {
+            n_ctx: 4,
+            n_batch: 512,
+            ..config(Mode::Mtp)
+        };
+        assert_eq!(short.validate().unwrap_err().field, "n_draft");
     }
 
     #[test]

@@ -403,3 +403,26 @@ def test_getters_from_another_thread_wait_for_a_running_call(smollm2: Model) -> 
         reader.join()
     assert errors == [] and reads > 0
     assert len(generator.tokens) == 61
+
+
+def test_n_ctx_0_is_the_trained_length_and_n_batch_is_clamped_to_n_ctx(tiny_map: dict[str, Path]) -> None:
+    """As in llama.cpp and llama-cpp-python (issue 24): resolved once in the core, recorded resolved."""
+    model = Model(tiny_map["llama"])
+    trained = model.n_ctx_train
+    assert trained >= 2
+    generator = Generator(model, mode="ngram", n_ctx=0, n_batch=2 * trained, n_threads=1)
+    assert (generator.config["n_ctx"], generator.config["n_batch"]) == (trained, trained)
+    assert generator.context_length >= trained
+    generator.generate("the whole trained context", max_tokens=4)
+    data = generator.checkpoint()
+    assert (inspect_checkpoint(data)["config"]["n_ctx"], inspect_checkpoint(data)["config"]["n_batch"]) == (
+        trained,
+        trained,
+    )
+    assert Generator.restore(data, model, max_n_batch=trained).config == generator.config
+    clamped = Generator(model, mode="ngram", n_ctx=64, n_batch=512, n_threads=1)
+    assert (clamped.config["n_ctx"], clamped.config["n_batch"]) == (64, 64)
+    with pytest.raises(ValueError, match=f"n_ctx must be between 2 and the model's trained context length {trained}"):
+        Generator(model, n_ctx=trained + 1)
+    with pytest.raises(ValueError, match=r"n_ctx must be between 2 and .* \(0: that length\), not 1"):
+        Generator(model, n_ctx=1)

@@ -200,6 +200,9 @@ class Model:
     def n_layer_nextn(self) -> int:
         """Number of MTP (nextn) layers."""
     @property
+    def n_ctx_train(self) -> int:
+        """The context length the model was trained with (0 if it records none): what ``n_ctx=0`` means."""
+    @property
     def is_recurrent(self) -> bool:
         """Whether every layer is recurrent."""
     @property

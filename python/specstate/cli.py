@@ -116,7 +116,11 @@ def _add_settings(parser: argparse.ArgumentParser, n_ctx: int | None = None) -> 
     parser.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
     parser.add_argument("--n-draft", type=int, help="most tokens drafted per round" + _default("n_draft"))
     _add_draft_policy(parser)
-    parser.add_argument("--n-ctx", type=int, help=f"context length (default {n_ctx or NATIVE_DEFAULTS['n_ctx']})")
+    parser.add_argument(
+        "--n-ctx",
+        type=int,
+        help=f"context length (0: the model's trained length; default {n_ctx or NATIVE_DEFAULTS['n_ctx']})",
+    )
     group = parser.add_argument_group("sampling (default: greedy)")
     for setting, kind, what in _SAMPLERS:
         if setting in NATIVE_DEFAULTS:
@@ -249,7 +253,12 @@ def _add_serve_parser(commands: Any) -> None:
     serve.add_argument("--mode", choices=MODES, default="none", help="speculation mode (default none)")
     serve.add_argument("--draft-model", type=Path, help="draft GGUF model (draft and eagle3 modes)")
     serve.add_argument("--n-draft", type=int, default=8, help="most tokens drafted per round (default 8)")
-    serve.add_argument("--n-ctx", type=int, default=4096, help="context length of each slot (default 4096)")
+    serve.add_argument(
+        "--n-ctx",
+        type=int,
+        default=4096,
+        help="context length of each slot (0: the model's trained length; default 4096)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--slots", type=int, default=1, help="generations run at once (default 1)")
@@ -318,8 +327,10 @@ class _Range(NamedTuple):
 _THREADS = _Range("threads", 0, _native.MAX_THREADS)
 _OUTPUT_RANGES = (_Range("max_tokens", 0), _Range("checkpoint_every", 0, low_open=True), _THREADS)
 #: The settings of a new generation (``generate`` and ``chat``).
+#: --n-ctx: 0 (the model's trained length) or a length the native core then checks against the model.
+_N_CTX = _Range("n_ctx", 2, U32_MAX, when=lambda args: args.n_ctx != 0, note=" (or 0: the model's trained length)")
 _SETTING_RANGES = (
-    _Range("n_ctx", 2, U32_MAX),
+    _N_CTX,
     _Range("n_draft", 1, U32_MAX, when=lambda args: args.mode not in (None, "none"), note=" when speculating"),
     _Range("n_draft", 0, U32_MAX),
     _Range("seed", 0, U64_MAX),
@@ -333,7 +344,7 @@ RANGES: dict[str, tuple[_Range, ...]] = {
     "chat": (_Range("max_tokens", 1), _THREADS, *_SETTING_RANGES),
     "bench": (_THREADS._replace(low=1), _Range("runs", 1)),
     "serve": (
-        _Range("n_ctx", 2, U32_MAX),
+        _N_CTX,
         _Range("n_draft", 1, U32_MAX),
         _Range("port", 0, 65535),
         _Range("slots", 1, 64),
@@ -543,6 +554,8 @@ def _refuse_conflicts(given: dict[str, Any], generator: Generator) -> None:
     (it continues with its own: a silently dropped option would mislead)."""
     config: dict[str, Any] = dict(generator.config)
     for setting, value in given.items():
+        if setting == "n_ctx" and value == 0:
+            value = generator.model.n_ctx_train  # the length 0 stands for, as the checkpoint records it
         if setting in config and config[setting] != value and not _same_real(config[setting], value):
             if setting == "grammar":
                 raise UsageError(

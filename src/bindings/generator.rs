@@ -155,7 +155,6 @@ impl PyGenerator {
         draft_policy: &str,
         cost_curve: Option<Vec<WideInt>>,
     ) -> PyResult<Self> {
-        let n_ctx: u32 = n_ctx.narrow("n_ctx")?;
         let ngram = NgramConfig {
             n_max: ngram_max.narrow("ngram_max")?,
             n_min: ngram_min.narrow("ngram_min")?,
@@ -177,8 +176,8 @@ impl PyGenerator {
                 logit_bias: bias_entries(logit_bias)?,
                 grammar: grammar.filter(|text| !text.is_empty()),
             },
-            n_ctx,
-            n_batch: n_batch.narrow::<u32>("n_batch")?.min(n_ctx),
+            n_ctx: n_ctx.narrow("n_ctx")?,
+            n_batch: n_batch.narrow("n_batch")?,
             adaptive: parse_draft_policy(draft_policy)?,
         };
         let cost_curve = cost_curve

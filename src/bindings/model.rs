@@ -47,6 +47,10 @@ pub(crate) struct PyModel {
     /// The model's chat template (`tokenizer.chat_template`), or `None`.
     #[pyo3(get)]
     chat_template: Option<String>,
+    /// The context length the model was trained with (0 if it records none):
+    /// what `n_ctx=0` means.
+    #[pyo3(get)]
+    n_ctx_train: u32,
 }
 
 impl PyModel {
@@ -64,6 +68,7 @@ impl PyModel {
             eos: model.eos(),
             bos: model.bos(),
             chat_template: model.chat_template(),
+            n_ctx_train: model.n_ctx_train(),
             inner: Arc::new(model),
         }
     }

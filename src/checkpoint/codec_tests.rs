@@ -1118,10 +1118,17 @@ fn a_bad_conversation_is_corrupt() {
 fn every_setting_is_checked_and_named() {
     let ngram = valid(Mode::Ngram(NgramConfig { n_max: 4, n_min: 2 }));
     let none = valid(Mode::None);
-    let cases: [(&[u8], &str, Value, &str); 12] = [
-        (&ngram, "n_ctx", json!(1), "meta.n_ctx must be at least 2, not 1"),
-        (&ngram, "n_batch", json!(0), "meta.n_batch must be between 1 and 256, not 0"),
-        (&ngram, "n_batch", json!(257), "meta.n_batch must be between 1 and 256, not 257"),
+    let cases: [(&[u8], &str, Value, &str); 13] = [
+        (&ngram, "n_ctx", json!(1), "meta.n_ctx must be 0 (the model's trained context length) or at least 2, not 1"),
+        // A checkpoint records a resolved configuration: the context length run, n_batch clamped to it.
+        (&ngram, "n_ctx", json!(0), "meta.n_ctx is 0: a generator's configuration holds the resolved context length"),
+        (&ngram, "n_batch", json!(0), "meta.n_batch must be between 1 and 1048576, not 0"),
+        (
+            &ngram,
+            "n_batch",
+            json!(257),
+            "meta.n_batch must be at most n_ctx (256) in a generator's configuration (a larger one is clamped to it), not 257",
+        ),
         (&ngram, "n_draft", json!(0), "meta.n_draft must be between 1 and n_batch - 1 (31), not 0"),
         (&ngram, "n_draft", json!(32), "meta.n_draft must be between 1 and n_batch - 1 (31), not 32"),
         (&none, "n_draft", json!(4097), "meta.n_draft must be at most 4096, not 4097"),

@@ -139,14 +139,17 @@ unsafe fn draft_session(
 }
 
 impl Generator {
-    /// Check the configuration against the models, then build the contexts
-    /// (and session) that `config.mode` needs.
+    /// Resolve the configuration against the target (`n_ctx` 0: its trained
+    /// length; `n_batch` at most `n_ctx`: [`GeneratorConfig::resolve`]),
+    /// check it against the models, then build the contexts (and session)
+    /// that `config.mode` needs. [`Generator::config`] is the resolved one.
     pub fn new(
         target_model: Arc<Model>,
         draft_model: Option<Arc<Model>>,
         config: GeneratorConfig,
         runtime: RuntimeOptions,
     ) -> Result<Self> {
+        let config = config.resolve(target_model.n_ctx_train())?;
         check_models(&target_model, draft_model.as_deref(), &config)?;
         let grammar = super::compiled_grammar(&target_model, &config.sampling)?;
         let params = context_params(&target_model, &config, runtime, ContextKind::Default);

@@ -64,20 +64,17 @@ pub struct ContextBytes {
 pub const MAX_SEQUENCES: u32 = 256;
 
 /// Refuse, before llama.cpp sees them, parameters it would abort on or that
-/// would allocate more than the model was made for.
+/// would allocate more than the model was made for; the context length,
+/// resolved (`crate::settings::resolve_n_ctx`: 0 is the trained length).
 fn check_params(
     model: &Model,
     params: &ContextParams,
     other: Option<&Context>,
-) -> NativeResult<()> {
+) -> NativeResult<u32> {
     let invalid = |message: String| Err(NativeError::InvalidArgument(message));
-    let n_ctx_train = model.n_ctx_train();
-    if params.n_ctx == 1 || (n_ctx_train > 0 && params.n_ctx > n_ctx_train) {
-        return invalid(format!(
-            "n_ctx must be between 2 and the model's trained context length {n_ctx_train} (0: that length), not {}",
-            params.n_ctx
-        ));
-    }
+    let setting = |e: crate::settings::SettingError| NativeError::InvalidArgument(e.to_string());
+    let n_ctx =
+        crate::settings::resolve_n_ctx(params.n_ctx, model.n_ctx_train()).map_err(setting)?;
     let max_rows = u32::try_from(super::MAX_BATCH_ROWS).unwrap_or(u32::MAX);
     for (name, value) in [("n_batch", params.n_batch), ("n_ubatch", params.n_ubatch)] {
         if value == 0 || value > max_rows {
@@ -92,8 +89,7 @@ fn check_params(
             params.n_seq_max
         ));
     }
-    crate::settings::check_threads(params.n_threads.into())
-        .map_err(|e| NativeError::InvalidArgument(e.to_string()))?;
+    crate::settings::check_threads(params.n_threads.into()).map_err(setting)?;
     if let Some(other) = other {
         let theirs = other.model();
         if theirs.n_embd() != model.n_embd() || theirs.n_vocab() != model.n_vocab() {
@@ -106,7 +102,7 @@ fn check_params(
             )));
         }
     }
-    Ok(())
+    Ok(n_ctx)
 }
 
 /// The CPUs this process may run on (its affinity mask and CPU quota, as
@@ -155,15 +151,10 @@ impl Context {
         params: ContextParams,
         other: Option<&Context>,
     ) -> NativeResult<Self> {
-        check_params(&model, &params, other)?;
+        let n_ctx = check_params(&model, &params, other)?;
         let recurrent = model.is_recurrent() || model.is_hybrid();
         // llama.cpp runs at most n_batch rows per compute pass, whatever n_ubatch
         // says, and caps n_batch at the context length (as asked, before padding).
-        let n_ctx = match (params.n_ctx, model.n_ctx_train()) {
-            (0, 0) => u32::MAX,
-            (0, trained) => trained,
-            (n_ctx, _) => n_ctx,
-        };
         let n_ubatch = params.n_ubatch.min(params.n_batch).min(n_ctx);
         if recurrent && params.n_rs_seq > 0 && n_ubatch <= params.n_rs_seq.saturating_add(1) {
             // llama.cpp asserts `n_ubatch > n_rs_seq + 1` on the first decode
@@ -176,7 +167,7 @@ impl Context {
         }
         // SAFETY: returns a plain struct of defaults.
         let mut raw_params = unsafe { sys::llama_context_default_params() };
-        raw_params.n_ctx = params.n_ctx;
+        raw_params.n_ctx = n_ctx;
         raw_params.n_batch = params.n_batch;
         raw_params.n_ubatch = params.n_ubatch;
         raw_params.n_seq_max = params.n_seq_max;
