@@ -203,9 +203,11 @@ bench-chat: develop
 	$(BIN)/python benchmarks/chat_turn.py --threads 2 --json benchmarks/results/chat_turn.json
 
 # llama-cpp-python's full default chat chain (temperature 0.2, top-p 0.95, top-k 40, min-p 0.05), specstate none and
-# ngram against llama-cpp-python's create_completion, interleaved (the peer from the benchmark venv).
+# ngram against llama-cpp-python's create_completion, interleaved (the peer from the benchmark venv); then JSON
+# generation constrained by the same grammar on both sides (--workload json).
 bench-chain: develop
 	$(BIN)/python benchmarks/chain_bench.py --json benchmarks/results/chain.json
+	$(BIN)/python benchmarks/chain_bench.py --workload json --json benchmarks/results/chain-json.json
 
 # specstate serve against llama-cpp-python's server: the same streamed load, interleaved rounds (the peer from the
 # benchmark venv, SPECSTATE_BENCH_VENV, with llama-cpp-python[server]).

@@ -6,7 +6,8 @@ REQUEST: {"model", "threads", "runs", "checkpoint_tokens": [..], "checkpoint_tex
 Speeds: python peer_llama_cpp_python.py --serve MODEL THREADS -> one measurement per request line, so that
 a benchmark can interleave them with its own: each line of stdin is {"llm": "plain" | "prompt_lookup",
 "prompt": text, "tokens": n}, answered by one line {"tokens_per_s", "tokens"} (prefill excluded). With
-"llm": "chain" and a "seed", the completion samples with llama-cpp-python's chat defaults (CHAIN).
+"llm": "chain" and a "seed", the completion samples with llama-cpp-python's chat defaults (CHAIN), constrained
+by the request's "grammar" (GBNF text) when it has one.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llama_cpp import Llama, LlamaState
+from llama_cpp import Llama, LlamaGrammar, LlamaState
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 #: llama-cpp-python's chat defaults (create_chat_completion's signature), its full sampler chain.
 CHAIN: dict[str, Any] = dict(temperature=0.2, top_p=0.95, top_k=40, min_p=0.05, typical_p=1.0, repeat_penalty=1.0)
 
 
-def chain_stream(llm: Llama, prompt: str, n: int, seed: int) -> tuple[list[str], float]:
-    """A completion of ``n`` tokens sampled with CHAIN; seconds after the first piece (prefill excluded)."""
+def chain_stream(llm: Llama, prompt: str, n: int, seed: int, grammar: str | None = None) -> tuple[list[str], float]:
+    """A completion of ``n`` tokens sampled with CHAIN (and ``grammar``); seconds after the first piece (prefill
+    excluded)."""
     pieces: list[str] = []
     started = 0.0
-    for chunk in llm.create_completion(prompt, max_tokens=n, seed=seed, stream=True, **CHAIN):
+    constrained = None if grammar is None else LlamaGrammar.from_string(grammar, verbose=False)
+    for chunk in llm.create_completion(prompt, max_tokens=n, seed=seed, stream=True, grammar=constrained, **CHAIN):
         if not pieces:
             started = time.perf_counter()
         pieces.append(chunk["choices"][0]["text"])  # type: ignore[index]
@@ -67,7 +70,9 @@ def serve(model: str, threads: int) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if request["llm"] == "chain":
-            pieces, seconds = chain_stream(llms["plain"], request["prompt"], request["tokens"], request["seed"])
+            pieces, seconds = chain_stream(
+                llms["plain"], request["prompt"], request["tokens"], request["seed"], request.get("grammar")
+            )
             print(json.dumps({"tokens_per_s": (len(pieces) - 1) / seconds, "tokens": len(pieces)}), flush=True)
             continue
         llm = llms[request["llm"]]
