@@ -141,7 +141,7 @@ META_KEYS = (
 )
 #: The fields of meta as serde reads them: META_KEYS, then the optional conversation (format 3),
 #: adaptive draft policy state (format 4) and sampler chain (format 5).
-META_FIELDS = (*META_KEYS, "conversation", "adaptive", "sampler")
+META_FIELDS = (*META_KEYS, "conversation", "adaptive", "sampler", "logprobs")
 #: The keys a label compares: META_KEYS and the sampler chain.
 LABEL_KEYS = (*META_KEYS, "sampler")
 #: The fields of meta's ``sampler`` (format 5), in order, and their bounds (src/settings.rs, SamplingParams).
@@ -527,6 +527,56 @@ def fingerprint_problem(value: Any, expected: dict[str, Any] | None, role: str) 
     return None
 
 
+#: The most alternatives a log-probability record lists (src/sampling.rs, MAX_TOP_LOGPROBS).
+MAX_TOP_LOGPROBS = 20
+
+
+def logprobs_problem(value: Any, version: int, reply: int, n_vocab: int) -> str | None:
+    """Why a meta ``logprobs`` entry must be refused for a reply of ``reply`` tokens, or None (as serde and
+    ``LogprobsMeta::log``)."""
+    if value is None:
+        return None
+    entry = _as_struct(value, ("top_n", "from", "records"))
+    if entry is None or set(entry) != {"top_n", "from", "records"}:
+        return "logprobs is not an object of exactly its fields"
+    top_n, start, records = entry["top_n"], entry["from"], entry["records"]
+    if not (_is_int(top_n) and 0 <= top_n <= U64 and _is_int(start) and 0 <= start <= U64):
+        return "logprobs top_n or from is not a usize"
+    if not isinstance(records, list) or not all(_record_shape(record) for record in records):
+        return "a logprobs record is not {logprob, top}"
+    if version < 5:
+        return "logprobs before version 5"
+    if top_n > MAX_TOP_LOGPROBS:
+        return "logprobs top_n above 20"
+    if start + len(records) != reply:
+        return "logprobs records do not end with the reply"
+    for record in records:
+        record = _as_struct(record, ("logprob", "top"))
+        assert record is not None
+        values = [record["logprob"], *(value for _, value in record["top"])]
+        if len(record["top"]) > top_n or any(not _f32(v) <= 0 for v in values):
+            return "a logprobs record out of range"
+        if any(not 0 <= token < n_vocab for token, _ in record["top"]):
+            return "a logprobs token outside the vocabulary"
+    return None
+
+
+def _record_shape(record: Any) -> bool:
+    """Whether serde reads ``record`` as a TokenLogprobs: ``{logprob: f32, top: [[i32, f32], ...]}``."""
+    record = _as_struct(record, ("logprob", "top"))
+    if record is None or set(record) != {"logprob", "top"} or not _is_number(record["logprob"]):
+        return False
+    top = record["top"]
+    return isinstance(top, list) and all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and _is_int(pair[0])
+        and I32[0] <= pair[0] <= I32[1]
+        and _is_number(pair[1])
+        for pair in top
+    )
+
+
 def meta_problem(value: Any, base: Base, history: int, version: int = 5, threads: int | None = 1) -> str | None:
     """Why ``value`` (the parsed meta) must be refused for ``base``'s models, or None.
 
@@ -541,6 +591,7 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 5, threads
         conversation_problem(meta.get("conversation"), version)
         or adaptive_problem(meta.get("adaptive"), version)
         or sampler_problem(meta.get("sampler"), version, base.n_vocab)
+        or logprobs_problem(meta.get("logprobs"), version, history - base.state["n_prompt"], base.n_vocab)
     )
     if problem is not None:
         return problem
@@ -1289,6 +1340,31 @@ def mutate_meta_sampler(ctx: Context) -> Mutation:
     return detail, _with_meta(ctx, _meta_bytes(meta, ctx.rng)), _meta_label(ctx.base.meta, meta)
 
 
+def mutate_meta_logprobs(ctx: Context) -> Mutation:
+    """A log-probability entry: records that fit the reply, or that do not (count, bounds, shape)."""
+    meta: dict[str, Any] = dict(ctx.base.meta)
+    reply = ctx.base.state["history"] - ctx.base.state["n_prompt"]
+    record = {"logprob": -0.5, "top": [[0, -0.25], [1, -1.0]]}
+    start = ctx.rng.randint(0, reply)
+    entry: dict[str, Any] = {"top_n": 2, "from": start, "records": [record] * (reply - start)}
+    change = ctx.rng.randrange(8)
+    if change == 1:
+        entry["top_n"] = ctx.pick([1, 21, -1, 2**64])
+    elif change == 2:
+        entry["from"] = ctx.pick([start + 1, max(start - 1, 0) if start else reply + 1, -1])
+    elif change == 3:
+        entry["records"] = [{"logprob": ctx.pick([0.5, 1e39, "x", None]), "top": []}] * (reply - start)
+    elif change == 4:
+        entry["records"] = [{"logprob": -1.0, "top": [[ctx.base.n_vocab, -1.0]]}] * (reply - start)
+    elif change == 5:
+        entry = ctx.pick([[], 3, {"top_n": 0, "from": start}, {**entry, "extra": 1}, [2, start, entry["records"]]])
+    elif change == 6:
+        entry["records"] = [[-0.5, [[0, -0.5]]]] * (reply - start)  # records as arrays
+    meta["logprobs"] = entry
+    detail = f"meta logprobs {_short(entry)}"
+    return detail, _with_meta(ctx, _meta_bytes(meta, ctx.rng)), _meta_label(ctx.base.meta, meta)
+
+
 def mutate_meta_stale(ctx: Context) -> Mutation:
     """A meta change whose binding is left as it was (version 2: must be refused)."""
     meta = dict(ctx.base.meta)
@@ -1623,6 +1699,7 @@ CLASSES: dict[str, tuple[int, Callable[[Context], Mutation]]] = {
     "meta-type": (7, mutate_meta_type),
     "meta-keys": (5, mutate_meta_keys),
     "meta-sampler": (4, mutate_meta_sampler),
+    "meta-logprobs": (2, mutate_meta_logprobs),
     "meta-stale-binding": (2, mutate_meta_stale),
     "state-field": (10, mutate_state),
     "state-counters": (3, mutate_counters),
