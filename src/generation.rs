@@ -97,9 +97,22 @@ impl SessionGeneration {
         Ok(first)
     }
 
-    /// Continue from a restored boundary: the contexts hold `n_past` tokens
-    /// and `tokens` (at least the last committed one) were committed.
-    pub fn resume(&mut self, n_past: usize, tokens: Vec<i32>, finished: bool) -> Result<()> {
+    /// Continue from a restored boundary: the contexts hold `n_past` tokens,
+    /// `id_last` is the last committed token (not yet decoded) and `tokens`
+    /// the committed tokens, ending with it (default: `id_last` alone).
+    pub fn resume(
+        &mut self,
+        n_past: usize,
+        id_last: i32,
+        tokens: Option<Vec<i32>>,
+        finished: bool,
+    ) -> Result<()> {
+        let tokens = tokens.unwrap_or_else(|| vec![id_last]);
+        if tokens.last() != Some(&id_last) {
+            return Err(EngineError::Invalid(
+                "tokens must end with id_last, the last committed token".into(),
+            ));
+        }
         if self.n_past.is_some() {
             return Err(usage("this generation has already started"));
         }

@@ -9,6 +9,7 @@ use std::ptr::NonNull;
 use llama_cpp_sys_4 as sys;
 
 use crate::native::{Batch, Context};
+use crate::settings::SettingError;
 use crate::speculative::{self, SpeculativeStateError, MAX_SPECULATIVE_PROMPT_TOKENS};
 
 /// Which draft strategy a session drives.
@@ -23,11 +24,14 @@ pub enum SpecType {
 
 impl SpecType {
     /// The strategy called `mtp` or `eagle3`.
-    pub fn parse(name: &str) -> Option<Self> {
+    pub fn parse(name: &str) -> Result<Self, SettingError> {
         match name {
-            "mtp" => Some(Self::Mtp),
-            "eagle3" => Some(Self::Eagle3),
-            _ => None,
+            "mtp" => Ok(Self::Mtp),
+            "eagle3" => Ok(Self::Eagle3),
+            _ => Err(SettingError {
+                field: "spec_type",
+                reason: format!("must be 'mtp' or 'eagle3', not {name:?}"),
+            }),
         }
     }
 
@@ -107,6 +111,11 @@ pub struct DraftSession {
     accepted: u64,
     /// Whether the target model is recurrent or hybrid.
     target_recurrent: bool,
+    /// The target's decode count when the session was created: only batches
+    /// decoded after it carry the hidden states the session extracts.
+    created_at_decode: u64,
+    /// Rows the draft context decodes at once: the most a processed batch may hold.
+    draft_rows: usize,
     /// Tokens in the target's vocabulary (llama.cpp aborts on ids outside it).
     n_vocab: usize,
 }
@@ -114,6 +123,18 @@ pub struct DraftSession {
 // SAFETY: the native session has no thread affinity; every call goes through
 // `&mut self` or reads through `&self` that no `&mut` call can overlap.
 unsafe impl Send for DraftSession {}
+
+/// A session's target and draft are two contexts. Rust's borrows guarantee
+/// it to [`DraftSession::new`]; a caller that holds contexts by shared
+/// handles (the Python bindings) checks with this before borrowing both.
+pub fn check_distinct<T>(target: &T, draft: &T) -> Result<(), SessionError> {
+    if std::ptr::eq(target, draft) {
+        return Err(SessionError::Incompatible(
+            "the target and draft contexts must be two different contexts".into(),
+        ));
+    }
+    Ok(())
+}
 
 fn check_contexts(
     target: &Context,
@@ -131,14 +152,10 @@ fn check_contexts(
         ));
     }
     if draft.params().kind != expected_kind {
-        let kind = if expected_kind == ContextKind::Mtp {
-            "mtp"
-        } else {
-            "default"
-        };
         return Err(SessionError::Incompatible(format!(
-            "the draft context of a {:?} session must be of kind '{kind}'",
-            config.spec_type
+            "the draft context of a {:?} session must be of kind '{}'",
+            config.spec_type,
+            expected_kind.name()
         )));
     }
     let shares_model = std::sync::Arc::ptr_eq(target.model(), draft.model());
@@ -232,6 +249,8 @@ impl DraftSession {
             drafted: 0,
             accepted: 0,
             target_recurrent: target.capacity().recurrent_or_hybrid,
+            created_at_decode: target.decode_count(),
+            draft_rows: draft.capacity().batch as usize,
             n_vocab: target.model().n_vocab(),
         })
     }
@@ -291,8 +310,38 @@ impl DraftSession {
             .ok_or_else(|| SessionError::Native("mtp_session_begin failed".into()))
     }
 
-    /// Tell the session about `batch`, which was just decoded on the target.
+    /// Refuse a batch of more `rows` than the draft context decodes at once
+    /// (the session processes every target batch in the draft context too):
+    /// checked by [`DraftSession::process`], and before a target decode
+    /// whose batch the session will process.
+    pub fn check_rows(&self, rows: usize) -> Result<(), SessionError> {
+        if rows > self.draft_rows {
+            return Err(SessionError::Usage(format!(
+                "a batch of {rows} rows exceeds the draft context's n_batch of {}",
+                self.draft_rows
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tell the session about `batch`, which `target` decoded last, after the
+    /// session was created (checked first, so llama.cpp never reads hidden
+    /// states it never extracted): the order for a caller that does not run
+    /// the decodes itself.
+    pub fn process_decoded(&mut self, target: &Context, batch: &Batch) -> Result<(), SessionError> {
+        if target.decode_count() <= self.created_at_decode || !target.decoded_last(batch) {
+            return Err(SessionError::Usage(
+                "process() takes the batch the target decoded last, after the session was created"
+                    .into(),
+            ));
+        }
+        self.process(batch)
+    }
+
+    /// Tell the session about `batch`, which was just decoded on the target
+    /// (see [`DraftSession::process_decoded`] for a caller that cannot be sure).
     pub fn process(&mut self, batch: &Batch) -> Result<(), SessionError> {
+        self.check_rows(batch.len())?;
         // SAFETY: the session and the batch are live; the shim only reads the batch.
         let ok = unsafe { sys::mtp_session_process(self.raw.as_ptr(), batch.raw()) };
         ok.then_some(())
@@ -467,5 +516,29 @@ impl<'a> SpeculativeStateView<'a> {
             prompt,
             implementation: &blob[prompt_end..],
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_types_parse_by_name_and_the_contexts_must_be_two() {
+        for spec_type in [SpecType::Mtp, SpecType::Eagle3] {
+            assert_eq!(SpecType::parse(spec_type.name()), Ok(spec_type));
+        }
+        assert_eq!(
+            SpecType::parse("medusa").unwrap_err().to_string(),
+            "spec_type must be 'mtp' or 'eagle3', not \"medusa\""
+        );
+        let (one, two) = (1, 1);
+        assert!(check_distinct(&one, &two).is_ok());
+        assert_eq!(
+            check_distinct(&one, &one).unwrap_err(),
+            SessionError::Incompatible(
+                "the target and draft contexts must be two different contexts".into()
+            )
+        );
     }
 }

@@ -1,10 +1,8 @@
 //! `specstate.Context` and `specstate.Batch`: llama.cpp contexts from Python.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::MutexGuard;
 use std::thread::ThreadId;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -16,29 +14,6 @@ use super::validators::ContextCapacity;
 use crate::native::{Batch, Context, ContextKind, ContextParams, NativeResult};
 use crate::speculative::SpeculativeContextCapacity;
 
-/// Stamps of batch contents: never reused in a process, unlike addresses.
-static NEXT_CONTENTS: AtomicU64 = AtomicU64::new(1);
-
-fn next_contents() -> u64 {
-    NEXT_CONTENTS.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A batch's rows and the stamp of their contents, behind the batch's lock.
-pub(crate) struct BatchRows {
-    pub(crate) rows: Batch,
-    /// A process-wide unique stamp, renewed on every change, so a decoded
-    /// batch can be told from a refilled one or from a new batch at the same
-    /// address after the old one was freed.
-    contents: u64,
-}
-
-impl BatchRows {
-    /// The stamp of the batch's current contents.
-    pub(crate) fn key(&self) -> u64 {
-        self.contents
-    }
-}
-
 /// A batch of token rows to decode, reusable across calls, from any thread.
 ///
 /// Its rows are behind a lock: a decode or a session's `process` holds it
@@ -46,7 +21,7 @@ impl BatchRows {
 /// for that call (the class is frozen, so Python never sees a borrow error).
 #[pyclass(name = "Batch", module = "specstate._native", frozen)]
 pub(crate) struct PyBatch {
-    pub(crate) rows: Guarded<BatchRows>,
+    pub(crate) rows: Guarded<Batch>,
     /// Row capacity (fixed).
     capacity: usize,
 }
@@ -59,10 +34,7 @@ impl PyBatch {
         let rows = Batch::new(capacity)?;
         Ok(Self {
             capacity: rows.capacity(),
-            rows: Guarded::new(BatchRows {
-                rows,
-                contents: next_contents(),
-            }),
+            rows: Guarded::new(rows),
         })
     }
 
@@ -79,16 +51,15 @@ impl PyBatch {
         let token: i32 = token.narrow("token")?;
         let pos: i32 = pos.narrow("pos")?;
         let seq_id: i32 = seq_id.narrow("seq_id")?;
-        let mut batch = self.rows.lock_waiting(py);
-        batch.contents = next_contents();
-        Ok(batch.rows.push(token, pos, seq_id, logits)?)
+        Ok(self
+            .rows
+            .lock_waiting(py)
+            .push(token, pos, seq_id, logits)?)
     }
 
     /// Remove every row.
     fn clear(&self, py: Python<'_>) {
-        let mut batch = self.rows.lock_waiting(py);
-        batch.contents = next_contents();
-        batch.rows.clear();
+        self.rows.lock_waiting(py).clear();
     }
 
     /// Row capacity.
@@ -98,20 +69,17 @@ impl PyBatch {
     }
 
     fn __len__(&self, py: Python<'_>) -> usize {
-        self.rows.lock_waiting(py).rows.len()
+        self.rows.lock_waiting(py).len()
     }
 }
 
-/// What a context's calls change: the native context and the decode
-/// bookkeeping, behind the context's lock.
+/// What a context's calls change: the native context (which keeps the
+/// decode bookkeeping a session checks) and the batch `decode` fills, behind
+/// the context's lock.
 pub(crate) struct ContextState {
     pub(crate) native: Context,
     /// The batch `decode` fills.
     scratch: Batch,
-    /// Decodes run on this context so far.
-    decodes: u64,
-    /// The `PyBatch` key of the last decode, if it was a user batch.
-    last_batch: Option<u64>,
 }
 
 impl ContextState {
@@ -125,24 +93,7 @@ impl ContextState {
         all_logits: bool,
     ) -> NativeResult<()> {
         self.scratch.fill(tokens, start_pos, seq_id, all_logits)?;
-        self.note_external_decode();
         self.native.decode(&self.scratch)
-    }
-
-    /// Record a decode made outside `decode`/`decode_batch` (the generation loop's).
-    pub(crate) fn note_external_decode(&mut self) {
-        self.decodes += 1;
-        self.last_batch = None;
-    }
-
-    /// Decodes run on this context so far.
-    pub(crate) fn decode_count(&self) -> u64 {
-        self.decodes
-    }
-
-    /// The `PyBatch` key of the last decode, if it was a user batch.
-    pub(crate) fn last_batch(&self) -> Option<u64> {
-        self.last_batch
     }
 
     /// The scratch batch that the last `decode_tokens` filled.
@@ -171,16 +122,6 @@ pub(crate) struct PyContext {
     pub(crate) owner: ThreadId,
     /// The linked source context (`other`), kept alive as long as this one.
     _other: Option<Py<PyContext>>,
-}
-
-fn parse_kind(kind: &str) -> PyResult<ContextKind> {
-    match kind {
-        "default" => Ok(ContextKind::Default),
-        "mtp" => Ok(ContextKind::Mtp),
-        other => Err(PyValueError::new_err(format!(
-            "kind must be 'default' or 'mtp', not {other:?}"
-        ))),
-    }
 }
 
 impl PyContext {
@@ -213,11 +154,6 @@ impl PyContext {
         self.check_thread()?;
         Ok(py.detach(|| work(&mut self.state.lock())))
     }
-
-    /// Rows one decode call may hold (llama.cpp's `n_batch`).
-    pub(crate) fn batch_rows(&self) -> usize {
-        self.capacity.batch as usize
-    }
 }
 
 #[pymethods]
@@ -247,7 +183,7 @@ impl PyContext {
             n_ubatch: n_ubatch.narrow("n_ubatch")?,
             n_seq_max: n_seq_max.narrow("n_seq_max")?,
             n_rs_seq: n_rs_seq.narrow("n_rs_seq")?,
-            kind: parse_kind(kind)?,
+            kind: ContextKind::parse(kind)?,
             n_threads: n_threads.narrow("n_threads")?,
         };
         let shared = model.get().inner.clone();
@@ -268,12 +204,7 @@ impl PyContext {
             params: *native.params(),
             n_ctx: native.n_ctx(),
             capacity,
-            state: Guarded::new(ContextState {
-                native,
-                scratch,
-                decodes: 0,
-                last_batch: None,
-            }),
+            state: Guarded::new(ContextState { native, scratch }),
             model,
             owner: std::thread::current().id(),
             _other: other,
@@ -295,10 +226,7 @@ impl PyContext {
     /// `'default'` or `'mtp'`.
     #[getter]
     fn kind(&self) -> &'static str {
-        match self.params.kind {
-            ContextKind::Default => "default",
-            ContextKind::Mtp => "mtp",
-        }
+        self.params.kind.name()
     }
 
     /// The capacities that bound a speculative batch, read from llama.cpp.
@@ -333,12 +261,7 @@ impl PyContext {
     /// the decode, so changes from other threads wait for it).
     fn decode_batch(&self, py: Python<'_>, batch: &Bound<'_, PyBatch>) -> PyResult<()> {
         let batch = batch.get();
-        Ok(self.run(py, |state| {
-            let batch = batch.rows.lock();
-            state.decodes += 1;
-            state.last_batch = Some(batch.key());
-            state.native.decode(&batch.rows)
-        })??)
+        Ok(self.run(py, |state| state.native.decode(&batch.rows.lock()))??)
     }
 
     /// The logits of output row `row` of the last decode (`-1`: the last row).

@@ -153,16 +153,6 @@ impl From<EngineError> for PyErr {
     }
 }
 
-/// A `ContextError` with `message`: contexts that do not fit together.
-pub(crate) fn context_error(message: impl Into<String>) -> PyErr {
-    classes::ContextError::new_err((message.into(),))
-}
-
-/// A `SessionError` with `message`: a session call out of order.
-pub(crate) fn session_error(message: impl Into<String>) -> PyErr {
-    classes::SessionError::new_err((message.into(),))
-}
-
 /// `ExcessiveStateError(size, maximum)` for a size given as a Python integer,
 /// which may exceed every native integer type.
 pub(crate) fn excessive_state_error(size: Bound<'_, PyAny>, maximum: usize) -> PyErr {

@@ -2,16 +2,15 @@
 
 use std::thread::ThreadId;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::arguments::{f32_argument, TokenIds, WideInt};
 use super::context::{PyBatch, PyContext};
-use super::errors::{context_error, ensure_thread, session_error};
+use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use crate::generation::{self, SessionGeneration, SessionParts};
-use crate::session::{DraftSession, SessionConfig, SpecType};
+use crate::session::{check_distinct, DraftSession, SessionConfig, SpecType};
 
 /// A speculative draft session pairing a target context with a draft context.
 ///
@@ -47,9 +46,6 @@ pub(crate) struct PySession {
     pub(crate) target: Py<PyContext>,
     pub(crate) draft: Py<PyContext>,
     owner: ThreadId,
-    /// The target's decode count when the session was created: only batches
-    /// decoded after it carry the hidden states the session extracts.
-    created_at_decode: u64,
 }
 
 impl PySession {
@@ -92,20 +88,11 @@ impl PySession {
             n_draft_max: n_draft_max.saturate(),
             n_min: n_min.saturate(),
             p_min: p_min.map_or(Ok(0.0), |p| f32_argument(p, "p_min"))?,
-            spec_type: SpecType::parse(spec_type).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "spec_type must be 'mtp' or 'eagle3', not {spec_type:?}"
-                ))
-            })?,
+            spec_type: SpecType::parse(spec_type)?,
         };
-        if target.is(&draft) {
-            return Err(context_error(
-                "the target and draft contexts must be two different contexts",
-            ));
-        }
+        check_distinct(target.get(), draft.get())?;
         let mut target_state = target.get().owned(py)?;
         let mut draft_state = draft.get().owned(py)?;
-        let created_at_decode = target_state.decode_count();
         // SAFETY: this object keeps both contexts alive through `target` and
         // `draft` and drops `core` first; llama.cpp's contexts live on the
         // heap, so they stay at the same address while the `Context` values
@@ -127,7 +114,6 @@ impl PySession {
             target,
             draft,
             owner: std::thread::current().id(),
-            created_at_decode,
         })
     }
 
@@ -188,51 +174,29 @@ impl PySession {
     ) -> PyResult<()> {
         let (tokens, start_pos) = (tokens.0, start_pos.narrow("start_pos")?);
         let seq_id = self.sequence(seq_id)?;
-        let draft_rows = self.draft.get().batch_rows();
-        if tokens.len() > draft_rows {
-            return Err(session_error(format!(
-                "{} tokens exceed the draft context's n_batch of {draft_rows}",
-                tokens.len()
-            )));
-        }
         let target = self.target.get();
         target.check_thread()?;
-        let decoded = py.detach(|| {
+        py.detach(|| {
             let mut core = self.core.lock();
+            core.check_rows(tokens.len())?;
             let mut target = target.state.lock();
-            target
-                .decode_tokens(&tokens, start_pos, seq_id, all_logits)
-                .map(|()| core.process(target.scratch()))
-        });
-        Ok(decoded??)
+            target.decode_tokens(&tokens, start_pos, seq_id, all_logits)?;
+            Ok(core.process_decoded(&target.native, target.scratch())?)
+        })
     }
 
     /// Tell the session about `batch`, which the target decoded last (`Context.decode_batch`).
     ///
-    /// Checked first, so llama.cpp never reads hidden states it never
-    /// extracted; the batch's lock is held from the check to the end.
+    /// Checked first (`DraftSession::process_decoded`), so llama.cpp never
+    /// reads hidden states it never extracted; the batch's lock is held from
+    /// the check to the end.
     fn process(&self, py: Python<'_>, batch: &Bound<'_, PyBatch>) -> PyResult<()> {
         self.check_thread()?;
         let (target, batch) = (self.target.get(), batch.get());
-        let draft_rows = self.draft.get().batch_rows();
         py.detach(|| {
             let mut core = self.core.lock();
             let target = target.state.lock();
-            let batch = batch.rows.lock();
-            if target.decode_count() <= self.created_at_decode
-                || target.last_batch() != Some(batch.key())
-            {
-                return Err(session_error(
-                    "process() takes the batch the target decoded last, after the session was created",
-                ));
-            }
-            if batch.rows.len() > draft_rows {
-                return Err(session_error(format!(
-                    "a batch of {} rows exceeds the draft context's n_batch of {draft_rows}",
-                    batch.rows.len(),
-                )));
-            }
-            Ok(core.process(&batch.rows)?)
+            Ok(core.process_decoded(&target.native, &batch.rows.lock())?)
         })
     }
 
@@ -346,9 +310,7 @@ impl PyGreedyGeneration {
                 draft: &mut draft.native,
                 session: &mut session_core,
             };
-            let result = call(&mut core, &mut parts);
-            target.note_external_decode();
-            result
+            call(&mut core, &mut parts)
         });
         Ok(result?)
     }
@@ -393,16 +355,10 @@ impl PyGreedyGeneration {
     ) -> PyResult<()> {
         let n_past: usize = n_past.narrow("n_past")?;
         let id_last: i32 = id_last.narrow("id_last")?;
-        self.check_thread()?;
-        let tokens = tokens.map_or_else(|| vec![id_last], |t| t.0);
-        if tokens.last() != Some(&id_last) {
-            return Err(PyValueError::new_err(
-                "tokens must end with id_last, the last committed token",
-            ));
-        }
         let target = self.session.get().target.get();
         let finished = target.model.get().inner.is_eog(id_last);
-        Ok(self.owned(py)?.resume(n_past, tokens, finished)?)
+        let tokens = tokens.map(|t| t.0);
+        Ok(self.owned(py)?.resume(n_past, id_last, tokens, finished)?)
     }
 
     /// Run one round (draft, verify, accept, roll back); returns the tokens it

@@ -1,5 +1,7 @@
 //! An owned `llama_batch` of token rows for one sequence per row.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use llama_cpp_sys_4 as sys;
 
 use super::{NativeError, NativeResult};
@@ -9,10 +11,19 @@ use super::{NativeError, NativeResult};
 /// so the capacity is bounded before it is called.
 pub const MAX_BATCH_ROWS: usize = 1 << 20;
 
+/// Stamps of batch contents: never reused in a process, unlike addresses.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+fn next_stamp() -> u64 {
+    NEXT_STAMP.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A token batch with a fixed row capacity (`llama_batch_init`/`llama_batch_free`).
 pub struct Batch {
     raw: sys::llama_batch,
     capacity: usize,
+    /// The stamp of the current rows (see [`Batch::stamp`]).
+    stamp: u64,
 }
 
 impl Batch {
@@ -35,12 +46,24 @@ impl Batch {
                 "llama_batch_init failed to allocate".into(),
             ));
         }
-        Ok(Self { raw, capacity })
+        Ok(Self {
+            raw,
+            capacity,
+            stamp: next_stamp(),
+        })
+    }
+
+    /// A process-wide unique stamp of the batch's rows, renewed on every
+    /// change: a decoded batch can be told from a refilled one, or from a new
+    /// batch at the same address after the old one was freed.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
 
     /// Remove every row.
     pub fn clear(&mut self) {
         self.raw.n_tokens = 0;
+        self.stamp = next_stamp();
     }
 
     /// Rows in the batch.
@@ -78,6 +101,7 @@ impl Batch {
             *self.raw.logits.add(row) = i8::from(logits);
         }
         self.raw.n_tokens += 1;
+        self.stamp = next_stamp();
         Ok(())
     }
 
@@ -126,5 +150,26 @@ impl Drop for Batch {
         // `llama_batch_free` frees by the pointers; it must see the full batch.
         // SAFETY: `raw` came from `llama_batch_init` and is freed exactly once.
         unsafe { sys::llama_batch_free(self.raw) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_change_renews_the_stamp_and_no_two_batches_share_one() {
+        let (mut batch, other) = (Batch::new(4).unwrap(), Batch::new(4).unwrap());
+        assert_ne!(batch.stamp(), other.stamp());
+        let mut seen = vec![batch.stamp(), other.stamp()];
+        batch.push(1, 0, 0, true).unwrap();
+        seen.push(batch.stamp());
+        batch.fill(&[1, 2], 0, 0, false).unwrap();
+        seen.push(batch.stamp());
+        batch.clear();
+        seen.push(batch.stamp());
+        let count = seen.len();
+        seen.dedup();
+        assert_eq!(seen.len(), count);
     }
 }

@@ -18,6 +18,28 @@ pub enum ContextKind {
     Mtp,
 }
 
+impl ContextKind {
+    /// The kind called `default` or `mtp`.
+    pub fn parse(name: &str) -> Result<Self, crate::settings::SettingError> {
+        match name {
+            "default" => Ok(Self::Default),
+            "mtp" => Ok(Self::Mtp),
+            other => Err(crate::settings::SettingError {
+                field: "kind",
+                reason: format!("must be 'default' or 'mtp', not {other:?}"),
+            }),
+        }
+    }
+
+    /// `default` or `mtp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::Mtp => "mtp",
+        }
+    }
+}
+
 /// Parameters of a new context; zero means llama.cpp's default where it has one.
 #[derive(Clone, Copy, Debug)]
 pub struct ContextParams {
@@ -120,6 +142,10 @@ pub struct Context {
     raw: NonNull<sys::llama_context>,
     model: Arc<Model>,
     params: ContextParams,
+    /// Decodes run so far (failed ones included).
+    decodes: u64,
+    /// The stamp of the batch the last decode ran, if it succeeded.
+    last_decoded: Option<u64>,
 }
 
 impl Context {
@@ -195,7 +221,13 @@ impl Context {
                 model.path().display()
             ))
         })?;
-        Ok(Self { raw, model, params })
+        Ok(Self {
+            raw,
+            model,
+            params,
+            decodes: 0,
+            last_decoded: None,
+        })
     }
 
     /// The model this context runs.
@@ -292,13 +324,28 @@ impl Context {
                 self.capacity().batch
             )));
         }
+        self.decodes += 1;
+        self.last_decoded = None;
         // SAFETY: the context is live and exclusively borrowed; the batch's
         // arrays hold `n_tokens` valid rows (see `Batch::push`).
         let status = unsafe { sys::llama_decode(self.raw.as_ptr(), *batch.raw()) };
         match status {
-            0 => Ok(()),
+            0 => {
+                self.last_decoded = Some(batch.stamp());
+                Ok(())
+            }
             status => Err(NativeError::Decode(status)),
         }
+    }
+
+    /// Decodes run on this context so far (failed ones included).
+    pub fn decode_count(&self) -> u64 {
+        self.decodes
+    }
+
+    /// Whether the last decode ran `batch`, as it is now, and succeeded.
+    pub fn decoded_last(&self, batch: &Batch) -> bool {
+        self.last_decoded == Some(batch.stamp())
     }
 
     /// The logits of output row `index` of the last decode (`n_vocab` floats).
