@@ -12,19 +12,19 @@ pub const MAX_SPECULATIVE_DRAFT_TOKENS: i32 = 4_096;
 pub const MAX_SPECULATIVE_PROMPT_TOKENS: usize = 1_048_576;
 
 /// Failure while capturing or restoring versioned speculative state.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+///
+/// Each variant's message is written once, in [`SpeculativeStateError::MESSAGES`]:
+/// `Display` fills it in here, and the Python exceptions of `specstate.errors`
+/// read the same templates from `specstate._native`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpeculativeStateError {
     /// A required native session or output pointer was null.
-    #[error("speculative state operation received a null native value")]
     Null,
     /// The sequence id is outside the configured session range.
-    #[error("speculative state sequence id is outside the configured range")]
     BadSequence,
     /// A draft proposal has not yet been completed with `accept`.
-    #[error("speculative state is available only at a quiescent boundary")]
     NotQuiescent,
     /// Native state changed size between the size and copy calls.
-    #[error("speculative state size changed from {expected} to {actual} bytes")]
     SizeChanged {
         /// Size returned by the initial query.
         expected: usize,
@@ -32,22 +32,16 @@ pub enum SpeculativeStateError {
         actual: usize,
     },
     /// Native reported that the supplied buffer was too small without a size.
-    #[error("the speculative state buffer was too small")]
     BufferTooSmall,
     /// The active native implementation did not expose complete state.
-    #[error("the active speculative implementation did not expose complete state")]
     Unavailable,
     /// The supplied state failed its exact version/configuration checks.
-    #[error("speculative state is invalid for this session")]
     Invalid,
     /// Native state size arithmetic overflowed.
-    #[error("speculative state size overflowed")]
     Overflow,
     /// A C++ exception was contained by the speculative-state shim.
-    #[error("the native speculative-state operation raised an exception")]
     Exception,
     /// State exceeded the safe allocation/input bound.
-    #[error("speculative state is {size} bytes, exceeding the {maximum}-byte bound")]
     Excessive {
         /// Requested or supplied byte count.
         size: usize,
@@ -55,9 +49,105 @@ pub enum SpeculativeStateError {
         maximum: usize,
     },
     /// Native returned a status unknown to this binding revision.
-    #[error("unknown speculative state status {0}")]
     Unknown(u32),
 }
+
+impl SpeculativeStateError {
+    /// Each variant's message by variant name, the one place it is written:
+    /// `{name}` stands for the variant's field `name` (`{status}` for
+    /// `Unknown`'s), as in Python's `str.format`.
+    pub const MESSAGES: [(&'static str, &'static str); 11] = [
+        (
+            "Null",
+            "speculative state operation received a null native value",
+        ),
+        (
+            "BadSequence",
+            "speculative state sequence id is outside the configured range",
+        ),
+        (
+            "NotQuiescent",
+            "speculative state is available only at a quiescent boundary",
+        ),
+        (
+            "SizeChanged",
+            "speculative state size changed from {expected} to {actual} bytes",
+        ),
+        (
+            "BufferTooSmall",
+            "the speculative state buffer was too small",
+        ),
+        (
+            "Unavailable",
+            "the active speculative implementation did not expose complete state",
+        ),
+        ("Invalid", "speculative state is invalid for this session"),
+        ("Overflow", "speculative state size overflowed"),
+        (
+            "Exception",
+            "the native speculative-state operation raised an exception",
+        ),
+        (
+            "Excessive",
+            "speculative state is {size} bytes, exceeding the {maximum}-byte bound",
+        ),
+        ("Unknown", "unknown speculative state status {status}"),
+    ];
+
+    /// The variant's name, as in [`SpeculativeStateError::MESSAGES`].
+    pub fn variant(&self) -> &'static str {
+        match self {
+            Self::Null => "Null",
+            Self::BadSequence => "BadSequence",
+            Self::NotQuiescent => "NotQuiescent",
+            Self::SizeChanged { .. } => "SizeChanged",
+            Self::BufferTooSmall => "BufferTooSmall",
+            Self::Unavailable => "Unavailable",
+            Self::Invalid => "Invalid",
+            Self::Overflow => "Overflow",
+            Self::Exception => "Exception",
+            Self::Excessive { .. } => "Excessive",
+            Self::Unknown(_) => "Unknown",
+        }
+    }
+
+    /// The variant's message template.
+    pub fn template(&self) -> &'static str {
+        let variant = self.variant();
+        Self::MESSAGES
+            .iter()
+            .find(|(name, _)| *name == variant)
+            .map_or("", |(_, template)| template)
+    }
+
+    /// The variant's fields by name, as its template names them.
+    fn fields(&self) -> Vec<(&'static str, u64)> {
+        match *self {
+            Self::SizeChanged { expected, actual } => {
+                vec![("expected", expected as u64), ("actual", actual as u64)]
+            }
+            Self::Excessive { size, maximum } => {
+                vec![("size", size as u64), ("maximum", maximum as u64)]
+            }
+            Self::Unknown(status) => vec![("status", u64::from(status))],
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for SpeculativeStateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self
+            .fields()
+            .into_iter()
+            .fold(self.template().to_owned(), |text, (name, value)| {
+                text.replace(&format!("{{{name}}}"), &value.to_string())
+            });
+        f.write_str(&text)
+    }
+}
+
+impl std::error::Error for SpeculativeStateError {}
 
 pub(crate) fn capture_state(
     raw: NonNull<llama_cpp_sys_4::mtp_session>,
@@ -454,6 +544,36 @@ mod tests {
             SpeculativeStateError::NotQuiescent.to_string(),
             "speculative state is available only at a quiescent boundary"
         );
+    }
+
+    #[test]
+    fn every_variant_has_one_message_and_fills_every_placeholder() {
+        use SpeculativeStateError as E;
+        let all = [
+            E::Null,
+            E::BadSequence,
+            E::NotQuiescent,
+            E::SizeChanged {
+                expected: 1,
+                actual: 2,
+            },
+            E::BufferTooSmall,
+            E::Unavailable,
+            E::Invalid,
+            E::Overflow,
+            E::Exception,
+            E::Excessive {
+                size: 3,
+                maximum: 4,
+            },
+            E::Unknown(5),
+        ];
+        let names: Vec<&str> = E::MESSAGES.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, all.iter().map(E::variant).collect::<Vec<_>>());
+        for error in all {
+            let text = error.to_string();
+            assert!(!text.is_empty() && !text.contains('{'), "{text}");
+        }
     }
 
     #[test]

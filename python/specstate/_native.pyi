@@ -21,6 +21,7 @@ __all__ = [
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
     "MAX_THREADS",
+    "SPECULATIVE_STATE_MESSAGES",
     "Batch",
     "ChatTemplate",
     "Context",
@@ -55,6 +56,9 @@ MAX_SPECULATIVE_DRAFT_TOKENS: Final[int]
 MAX_SPECULATIVE_PROMPT_TOKENS: Final[int]
 #: The most threads a context may use (ggml's limit, 512); every thread count is 0 (the CPUs available) to this.
 MAX_THREADS: Final[int]
+#: The message template of each variant of the seed's ``SpeculativeStateError`` by variant name (``{field}``
+#: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
+SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
 
 @final
 class ContextCapacity:

@@ -3,8 +3,10 @@
 Each class of the :class:`SpeculativeStateError` family mirrors one variant of
 the seed's ``SpeculativeStateError`` enum: its fields are attributes, it can be
 built from them as keyword arguments, its ``str()`` is the seed's ``Display``
-text, and it pickles. :class:`ConfigError` and :class:`CapacityError` carry the
-seed validators' messages and are :class:`ValueError` subclasses.
+text (the message template written once, in Rust, read from
+``specstate._native.SPECULATIVE_STATE_MESSAGES``), and it pickles.
+:class:`ConfigError` and :class:`CapacityError` carry the seed validators'
+messages and are :class:`ValueError` subclasses.
 """
 
 from __future__ import annotations
@@ -256,6 +258,13 @@ class AllocationLimitError(ConfigMismatchError):
     maximum: int
 
 
+def _message(variant: str) -> str:
+    """The message template of the seed enum's ``variant`` (``{field}`` placeholders), as the native core writes it."""
+    from specstate import _native  # imported here: the native module's initialisation imports this one
+
+    return _native.SPECULATIVE_STATE_MESSAGES[variant]
+
+
 class SpeculativeStateError(Exception):
     """Base of the failures of capturing or restoring speculative state.
 
@@ -264,15 +273,16 @@ class SpeculativeStateError(Exception):
     """
 
     _fields: ClassVar[tuple[str, ...]] = ()
-    _template: ClassVar[str] = ""
+    #: The seed enum's variant the class mirrors (its message template is the native core's).
+    _variant: ClassVar[str] = ""
 
     def __str__(self) -> str:
-        if not self._template:
+        if not self._variant:
             return super().__str__()
-        return self._template.format(**{name: getattr(self, name) for name in self._fields})
+        return _message(self._variant).format(**{name: getattr(self, name) for name in self._fields})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if not self._template:
+        if not self._variant:
             return (type(self), self.args, self.__dict__ or None)
         return (type(self), tuple(getattr(self, name) for name in self._fields))
 
@@ -281,55 +291,55 @@ class _FieldlessStateError(SpeculativeStateError):
     """A variant without fields: constructed with no arguments."""
 
     def __init__(self) -> None:
-        super().__init__(self._template)
+        super().__init__(_message(self._variant))
 
 
 class NullStateError(_FieldlessStateError):
     """A required native session or output pointer was null."""
 
-    _template = "speculative state operation received a null native value"
+    _variant = "Null"
 
 
 class BadSequenceError(_FieldlessStateError):
     """The sequence id is outside the configured session range."""
 
-    _template = "speculative state sequence id is outside the configured range"
+    _variant = "BadSequence"
 
 
 class NotQuiescentError(_FieldlessStateError):
     """A draft proposal has not yet been completed with ``accept``."""
 
-    _template = "speculative state is available only at a quiescent boundary"
+    _variant = "NotQuiescent"
 
 
 class BufferTooSmallError(_FieldlessStateError):
     """Native reported that the supplied buffer was too small without a size."""
 
-    _template = "the speculative state buffer was too small"
+    _variant = "BufferTooSmall"
 
 
 class StateUnavailableError(_FieldlessStateError):
     """The active native implementation did not expose complete state."""
 
-    _template = "the active speculative implementation did not expose complete state"
+    _variant = "Unavailable"
 
 
 class InvalidStateError(_FieldlessStateError):
     """The supplied state failed its exact version/configuration checks."""
 
-    _template = "speculative state is invalid for this session"
+    _variant = "Invalid"
 
 
 class StateOverflowError(_FieldlessStateError):
     """Native state size arithmetic overflowed."""
 
-    _template = "speculative state size overflowed"
+    _variant = "Overflow"
 
 
 class NativeExceptionError(_FieldlessStateError):
     """A C++ exception was contained by the speculative-state shim."""
 
-    _template = "the native speculative-state operation raised an exception"
+    _variant = "Exception"
 
 
 class StateSizeChangedError(SpeculativeStateError):
@@ -341,7 +351,7 @@ class StateSizeChangedError(SpeculativeStateError):
     """
 
     _fields = ("expected", "actual")
-    _template = "speculative state size changed from {expected} to {actual} bytes"
+    _variant = "SizeChanged"
 
     def __init__(self, expected: int, actual: int) -> None:
         self.expected = expected
@@ -358,7 +368,7 @@ class ExcessiveStateError(SpeculativeStateError):
     """
 
     _fields = ("size", "maximum")
-    _template = "speculative state is {size} bytes, exceeding the {maximum}-byte bound"
+    _variant = "Excessive"
 
     def __init__(self, size: int, maximum: int) -> None:
         self.size = size
@@ -374,7 +384,7 @@ class UnknownStatusError(SpeculativeStateError):
     """
 
     _fields = ("status",)
-    _template = "unknown speculative state status {status}"
+    _variant = "Unknown"
 
     def __init__(self, status: int) -> None:
         self.status = status

@@ -15,8 +15,8 @@ use pyo3::prelude::*;
 
 use crate::checkpoint::MAX_CHECKPOINT_BYTES;
 use crate::speculative::{
-    MAX_SPECULATIVE_DRAFT_TOKENS, MAX_SPECULATIVE_PROMPT_TOKENS, MAX_SPECULATIVE_SEQUENCES,
-    MAX_SPECULATIVE_STATE_BYTES,
+    SpeculativeStateError, MAX_SPECULATIVE_DRAFT_TOKENS, MAX_SPECULATIVE_PROMPT_TOKENS,
+    MAX_SPECULATIVE_SEQUENCES, MAX_SPECULATIVE_STATE_BYTES,
 };
 
 #[pymodule]
@@ -26,6 +26,10 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("MAX_CHECKPOINT_BYTES", MAX_CHECKPOINT_BYTES)?;
     module.add("MAX_GRAMMAR_BYTES", crate::native::MAX_GRAMMAR_BYTES)?;
     module.add("MAX_THREADS", crate::settings::MAX_THREADS)?;
+    module.add(
+        "SPECULATIVE_STATE_MESSAGES",
+        std::collections::BTreeMap::from(SpeculativeStateError::MESSAGES),
+    )?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;
