@@ -20,20 +20,67 @@ pub fn argmax(logits: &[f32]) -> i32 {
 }
 
 /// The `k` largest logits as `(token, logit)`, largest first, lowest id first on ties.
+///
+/// One pass keeping the `k` best seen in a heap (the sampler chain's `top_k` of 40 over a vocabulary of tens of
+/// thousands), or a selection over every index when `k` is a large part of the vocabulary: the same tokens in the
+/// same order either way.
 pub fn top_k(logits: &[f32], k: usize) -> Vec<(i32, f32)> {
-    let mut order: Vec<usize> = (0..logits.len()).collect();
     let k = k.min(logits.len());
     if k == 0 {
         return Vec::new();
     }
     let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
-    order.select_nth_unstable_by(k - 1, by_logit);
-    order.truncate(k);
+    let mut order: Vec<usize> = if k * 16 < logits.len() {
+        best_indices(logits, k)
+    } else {
+        let mut all: Vec<usize> = (0..logits.len()).collect();
+        all.select_nth_unstable_by(k - 1, by_logit);
+        all.truncate(k);
+        all
+    };
     order.sort_by(by_logit);
     order
         .into_iter()
         .map(|index| (index as i32, logits[index]))
         .collect()
+}
+
+/// A candidate kept by [`best_indices`], ordered worst first: the smaller logit, then the larger id.
+#[derive(Clone, Copy, Debug)]
+struct Kept(f32, usize);
+
+impl PartialEq for Kept {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Kept {}
+
+impl PartialOrd for Kept {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Kept {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.0.total_cmp(&self.0).then(self.1.cmp(&other.1))
+    }
+}
+
+/// The ids of the `k` largest logits (`0 < k <= logits.len()`), in no particular order: a heap of the `k` best
+/// seen, its top the worst of them. A later id never beats an equal logit, so only a larger one enters.
+fn best_indices(logits: &[f32], k: usize) -> Vec<usize> {
+    let mut kept: std::collections::BinaryHeap<Kept> = (0..k).map(|i| Kept(logits[i], i)).collect();
+    for (index, &logit) in logits.iter().enumerate().skip(k) {
+        let worst = kept.peek().map_or(f32::NEG_INFINITY, |w| w.0);
+        if logit.total_cmp(&worst) == std::cmp::Ordering::Greater {
+            kept.pop();
+            kept.push(Kept(logit, index));
+        }
+    }
+    kept.into_iter().map(|Kept(_, index)| index).collect()
 }
 
 /// The probability of the most likely token under the softmax of `logits`.
@@ -646,6 +693,28 @@ mod tests {
         );
         assert_eq!(top_k(&[1.0], 5), vec![(0, 1.0)]);
         assert!(top_k(&[1.0], 0).is_empty());
+    }
+
+    #[test]
+    fn top_k_keeps_the_same_tokens_as_a_full_sort() {
+        let mut rng = Rng::new(5);
+        for case in 0..200 {
+            let n = 1 + case * 7 % 900;
+            // Few distinct values, so that ties are common.
+            let logits: Vec<f32> = (0..n)
+                .map(|_| (rng.uniform() * 12.0).floor() as f32)
+                .collect();
+            let mut sorted: Vec<usize> = (0..n).collect();
+            sorted.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+            for k in [1, 2, 5, 40, n / 2, n] {
+                let expected: Vec<(i32, f32)> = sorted
+                    .iter()
+                    .take(k)
+                    .map(|&i| (i as i32, logits[i]))
+                    .collect();
+                assert_eq!(top_k(&logits, k), expected, "n {n}, k {k}");
+            }
+        }
     }
 
     #[test]
