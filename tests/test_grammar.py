@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 import checkpoint_codec as codec
+from generator_worker import resume_elsewhere
 from specstate import CorruptCheckpointError, Generator, Model, inspect_checkpoint, json_schema_to_grammar
 from specstate_testkit.generator_support import MODES, tiny_generator
 
@@ -57,21 +56,6 @@ def test_greedy_speculation_with_a_grammar_equals_plain_decoding(tiny_map: dict[
         assert speculative.drafted > speculative.accepted  # the grammar rejected drafted tokens
 
 
-def _resume_elsewhere(paths: dict[str, Path], mode: str, checkpoint: Path, n_tokens: int) -> list[int]:
-    """The tokens of `checkpoint` continued to `n_tokens` in a fresh process."""
-    worker = TESTS / "generator_worker.py"
-    models = [str(paths[name]) for name in ("qwen35", "llama", "eagle3_draft")]
-    result = subprocess.run(
-        [sys.executable, str(worker), mode, *models, str(checkpoint), str(n_tokens)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=TESTS,
-    )
-    tokens: list[int] = json.loads(result.stdout.strip().splitlines()[-1])
-    return tokens
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_sampled_generation_with_a_grammar_resumes_in_another_process(
     tiny_map: dict[str, Path], mode: str, tmp_path: Path
@@ -88,7 +72,7 @@ def test_a_sampled_generation_with_a_grammar_resumes_in_another_process(
     path = tmp_path / "grammar.ckpt"
     generator.save(path)
     assert inspect_checkpoint(path.read_bytes())["config"]["grammar"] == grammar
-    assert _resume_elsewhere(tiny_map, mode, path, 60) == reference.tokens
+    assert resume_elsewhere(tiny_map, mode, path, 60) == reference.tokens
 
 
 def test_rejection_sampling_keeps_the_constrained_distribution(tiny_map: dict[str, Path]) -> None:

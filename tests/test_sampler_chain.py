@@ -10,15 +10,13 @@ are checked in Rust: ``cargo test --lib sampling``.)
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from generator_worker import resume_elsewhere
 from specstate import inspect_checkpoint
 from specstate_testkit.generator_support import MODES, tiny_generator
 
@@ -69,28 +67,6 @@ def test_greedy_speculation_with_penalties_and_bias_equals_plain_decoding(tiny_m
     assert speculative.tokens == plain.tokens
 
 
-def _resume_elsewhere(paths: dict[str, Path], mode: str, checkpoint: Path, n_tokens: int) -> list[int]:
-    """The tokens of `checkpoint` continued to `n_tokens` in a fresh process."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(TESTS / "generator_worker.py"),
-            mode,
-            str(paths["qwen35"]),
-            str(paths["llama"]),
-            str(paths["eagle3_draft"]),
-            str(checkpoint),
-            str(n_tokens),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=TESTS,
-    )
-    tokens: list[int] = json.loads(result.stdout.strip().splitlines()[-1])
-    return tokens
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_sampled_generation_with_every_sampler_resumes_in_another_process(
     tiny_map: dict[str, Path], mode: str, tmp_path: Path
@@ -111,7 +87,7 @@ def test_sampled_generation_with_every_sampler_resumes_in_another_process(
     generator.save(path)
     config = inspect_checkpoint(path.read_bytes())["config"]
     assert config["repeat_penalty"] == settings["repeat_penalty"] and config["logit_bias"] == settings["logit_bias"]
-    assert _resume_elsewhere(tiny_map, mode, path, 80) == reference.tokens
+    assert resume_elsewhere(tiny_map, mode, path, 80) == reference.tokens
 
 
 def test_set_sampling_checks_everything_first(tiny_map: dict[str, Path]) -> None:
