@@ -362,6 +362,15 @@ def test_chat_only_and_completion_only_parameters(llm: Llama) -> None:
         llm.create_chat_completion(messages, echo=True)  # type: ignore[call-overload]
 
 
+def test_n_ctx_zero_is_the_trained_length(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    assert llm.n_ctx() == N_CTX
+    trained = Llama(str(tiny_chat), n_ctx=0, n_threads=1)
+    assert trained.n_ctx() == trained.model.n_ctx_train > 0
+    reply = trained.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert reply["usage"]["completion_tokens"] == 3
+
+
 def test_constructor_arguments(tiny_chat: Path) -> None:
     with pytest.raises(ValueError, match="chat_format"):
         Llama(str(tiny_chat), chat_format="llama-2")

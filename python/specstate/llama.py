@@ -720,8 +720,9 @@ class Llama:
     # --- llama-cpp-python's helpers --------------------------------------------------------------
 
     def n_ctx(self) -> int:
-        """The context length each generation is created with, as given (llama.cpp may round it up)."""
-        return self._settings["n_ctx"]
+        """The context length each generation is created with: as given, or the model's trained length for 0
+        (llama.cpp may round it up)."""
+        return self._settings["n_ctx"] or self.model.n_ctx_train
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of UTF-8 ``text``; ``add_bos`` adds BOS as the model says, ``special`` parses special tokens."""
