@@ -205,13 +205,13 @@ impl GrammarState {
             self.restart();
         }
         for (index, &token) in reply.iter().enumerate().skip(self.covers) {
-            if !self.grammar.allows(token) {
+            // `accept` checks that the grammar allows the token first.
+            if self.grammar.accept(token).is_err() {
                 self.restart();
                 return Err(NativeError::InvalidArgument(format!(
                     "the reply does not follow the grammar: token {token} at reply position {index} is not allowed there"
                 )));
             }
-            self.grammar.accept(token)?;
             self.covers = index + 1;
         }
         Ok(())

@@ -286,8 +286,7 @@ fn recorded_logprobs(
     checkpoint: &Checkpoint<'_>,
     target: &Model,
 ) -> Result<Option<LogprobLog>, CheckpointError> {
-    let state = &checkpoint.state;
-    let reply = state.history.len().saturating_sub(state.n_prompt);
+    let reply = checkpoint.state.reply().len();
     (checkpoint.meta.logprobs.as_ref())
         .map(|entry| entry.log(reply, target.n_vocab()))
         .transpose()
@@ -315,11 +314,9 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
     let mut grammar = generator
         .check_sampling(&sampling)
         .map_err(|e| CheckpointError::Corrupt(format!("meta.{e}")))?;
-    let state = &checkpoint.state;
-    let reply = &state.history[state.n_prompt.min(state.history.len())..];
     if let Some(grammar) = grammar.as_mut() {
         grammar
-            .follow(reply)
+            .follow(checkpoint.state.reply())
             .map_err(|e| CheckpointError::Corrupt(format!("meta.grammar: {e}")))?;
     }
     let logprobs = recorded_logprobs(checkpoint, generator.target_model())?;

@@ -79,6 +79,11 @@ impl GeneratorState {
         }
     }
 
+    /// The tokens of the current reply: those generated after the prompt or the latest turn.
+    pub fn reply(&self) -> &[i32] {
+        &self.history[self.n_prompt.min(self.history.len())..]
+    }
+
     /// Add a round's outcome.
     fn apply(&mut self, round: &Round) {
         self.history.extend_from_slice(&round.committed);
@@ -178,7 +183,7 @@ impl Generator {
             ))),
             Some(n) if self.logprobs.as_ref().is_some_and(|log| log.top_n == n) => Ok(()),
             Some(n) => {
-                self.logprobs = Some(LogprobLog::new(n, self.reply().len()));
+                self.logprobs = Some(LogprobLog::new(n, self.state.reply().len()));
                 Ok(())
             }
             None => {
@@ -195,18 +200,12 @@ impl Generator {
 
     /// Follow the reply so far with the grammar (a restored boundary's reply).
     pub(crate) fn follow_grammar(&mut self) -> std::result::Result<(), crate::native::NativeError> {
-        let reply = &self.state.history[self.state.n_prompt.min(self.state.history.len())..];
-        self.sampler.follow(reply)
+        self.sampler.follow(self.state.reply())
     }
 
     /// Keep `log` (a restored boundary's records).
     pub(crate) fn put_logprobs(&mut self, log: Option<LogprobLog>) {
         self.logprobs = log;
-    }
-
-    /// The tokens of the current reply (generated after the prompt or the latest turn).
-    pub fn reply(&self) -> &[i32] {
-        &self.state.history[self.state.n_prompt.min(self.state.history.len())..]
     }
 
     /// The state at the current boundary.
@@ -467,8 +466,7 @@ impl Generator {
     /// Run one round of the engine and add it to the state; a round that
     /// commits nothing (finished, or a full context) leaves the state as it is.
     fn round(&mut self, max_commit: usize) -> Result<()> {
-        let reply = &self.state.history[self.state.n_prompt..];
-        self.sampler.follow(reply)?;
+        self.follow_grammar()?;
         let round = self.with_engine(|engine, at| engine.round_within(at, max_commit))?;
         if !round.committed.is_empty() {
             self.state.apply(&round);
