@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain chain-runs \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -182,6 +182,7 @@ gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
 
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
+	@$(MAKE) --no-print-directory chain-runs
 	$(BIN)/python benchmarks/report.py
 
 # docs/benchmarks.md from benchmarks/results/*.json and the text of benchmarks/benchmarks.md.template, measuring
@@ -205,7 +206,10 @@ bench-chat: develop
 # llama-cpp-python's full default chat chain (temperature 0.2, top-p 0.95, top-k 40, min-p 0.05), specstate none and
 # ngram against llama-cpp-python's create_completion, interleaved (the peer from the benchmark venv); then JSON
 # generation constrained by the same grammar on both sides (--workload json).
-bench-chain: develop
+bench-chain: develop chain-runs
+	$(BIN)/python benchmarks/report.py
+
+chain-runs:
 	$(BIN)/python benchmarks/chain_bench.py --json benchmarks/results/chain.json
 	$(BIN)/python benchmarks/chain_bench.py --workload json --json benchmarks/results/chain-json.json
 

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if peer is not None:
             peer.close()
     result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
         "workload": args.workload,
         "tokens": args.tokens,
         "threads": args.threads,

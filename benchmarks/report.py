@@ -29,7 +29,7 @@ RESULTS = BENCHMARKS / "results"
 TEMPLATE = BENCHMARKS / "benchmarks.md.template"
 PAGE = BENCHMARKS.parent / "docs" / "benchmarks.md"
 #: The results files the page reads, by the name its fields use.
-PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp")
+PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json")
 
 Row = tuple[str, str, str, str]
 
@@ -417,6 +417,38 @@ def _openmp_fields(openmp: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _chain_ratio(result: dict[str, Any], name: str) -> str:
+    ratio = result.get(f"{name} / llama-cpp-python")
+    return "n/a" if ratio is None else f"x{ratio['median']:.2f} ({ratio['low']:.2f}-{ratio['high']:.2f})"
+
+
+def _chain_fields(code: dict[str, Any], constrained: dict[str, Any]) -> dict[str, Any]:
+    """`make bench`'s sampling with llama-cpp-python's chat chain (chain_bench.py): the table and the target."""
+    contenders = ("specstate none", "specstate ngram", "llama-cpp-python")
+    lines = [
+        "| workload (tokens/s) | "
+        + " | ".join(contenders)
+        + " | "
+        + " | ".join(f"`{mode}` / llama-cpp-python" for mode in ("none", "ngram"))
+        + " |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, result in (("code prompt", code), ("JSON under a JSON-schema grammar", constrained)):
+        medians = [sorted(result["figures"][name])[len(result["figures"][name]) // 2] for name in contenders]
+        ratios = [_chain_ratio(result, f"specstate {mode}") for mode in ("none", "ngram")]
+        lines.append(f"| {label} | " + " | ".join(f"{m:.1f}" for m in medians) + " | " + " | ".join(ratios) + " |")
+    none, ngram = (code[f"specstate {mode} / llama-cpp-python"]["median"] for mode in ("none", "ngram"))
+    verdict = "met" if none >= 1.10 and ngram > none else "**missed**"
+    return {
+        "chain_table": "\n".join(lines),
+        "chain_threads": code["threads"],
+        "chain_rounds": len(code["figures"]["specstate none"]),
+        "chain_date": code.get("date", "an earlier run"),
+        "chain_verdict": f"Target (issue 22): `none` at least x1.10 of llama-cpp-python on the code prompt and `ngram` "
+        f"more: {verdict} (x{none:.2f} and x{ngram:.2f}).",
+    }
+
+
 def load_results(directory: Path = RESULTS) -> dict[str, Any]:
     """The results files the page reads, by name."""
     return {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
@@ -429,6 +461,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **_latest_fields(results["latest"], results["speculation"], results["verify_cost"]),
         **_verify_fields(results["verify_cost"]),
         **_openmp_fields(results["openmp"]),
+        **_chain_fields(results["chain"], results["chain-json"]),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
 
