@@ -2,8 +2,9 @@
 //!
 //! Layout: [`speculative`] is the seed contract (bounds, errors, validators and
 //! the capture/restore protocol over the `mtp_session_*` shim);
-//! [`native`] is the safe layer of RAII owners over llama.cpp's handles;
-//! [`native_info`] describes the native build; [`settings`] holds the one
+//! [`native`] is the safe layer of RAII owners over llama.cpp's handles,
+//! the only module that calls llama.cpp (its `info` describes the native
+//! build); [`settings`] holds the one
 //! validating rule for each generation setting; [`engine`] is the one
 //! speculative round engine with a drafter per mode; [`generator`] (five
 //! modes) and [`generation`] (a session over caller-built contexts) drive it;
@@ -21,7 +22,6 @@ pub mod engine;
 pub mod generation;
 pub mod generator;
 pub mod native;
-pub mod native_info;
 pub mod sampling;
 pub mod session;
 pub mod settings;

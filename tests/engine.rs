@@ -251,7 +251,6 @@ fn a_session_refuses_a_configuration_or_contexts_that_cannot_work() {
 }
 
 fn refused(target: &mut Context, draft: &mut Context, config: SessionConfig) -> SessionError {
-    // SAFETY: both contexts outlive the call, and no session is created.
-    let session = unsafe { DraftSession::new(target, draft, config) };
+    let session = DraftSession::new(target, draft, config);
     session.err().expect("refused")
 }

@@ -117,11 +117,11 @@ pub trait Drafter {
     /// Most tokens one draft may hold.
     fn max_draft(&self) -> usize;
     /// The target has just decoded `batch` (a prompt chunk or a verify batch).
-    fn observe(&mut self, _batch: &Batch) -> Result<()> {
+    fn observe(&mut self, _target: &Context, _batch: &Batch) -> Result<()> {
         Ok(())
     }
     /// The prompt has been decoded: a generation begins.
-    fn begin(&mut self, _prompt: &[i32]) -> Result<()> {
+    fn begin(&mut self, _target: &Context, _prompt: &[i32]) -> Result<()> {
         Ok(())
     }
     /// Whether proposing costs next to nothing (no model runs), so that a
@@ -130,13 +130,18 @@ pub trait Drafter {
         false
     }
     /// Propose up to `request.limit` tokens to follow the history.
-    fn propose(&mut self, request: DraftRequest<'_>, sampler: &mut Sampler) -> Result<Draft>;
+    fn propose(
+        &mut self,
+        target: &Context,
+        request: DraftRequest<'_>,
+        sampler: &mut Sampler,
+    ) -> Result<Draft>;
     /// The round kept target positions `0..keep`, of which `accepted` were drafted.
-    fn settle(&mut self, _keep: usize, _accepted: usize) -> Result<()> {
+    fn settle(&mut self, _target: &Context, _keep: usize, _accepted: usize) -> Result<()> {
         Ok(())
     }
     /// Verification failed: leave the drafter quiescent again.
-    fn abandon(&mut self) -> Result<()> {
+    fn abandon(&mut self, _target: &Context) -> Result<()> {
         Ok(())
     }
 }
@@ -239,7 +244,7 @@ impl Engine<'_> {
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
         self.check_prompt(prompt)?;
         self.decode_prompt(prompt, 0)?;
-        self.drafter.begin(prompt)?;
+        self.drafter.begin(self.target, prompt)?;
         self.choose_first(prompt)
     }
 
@@ -262,7 +267,7 @@ impl Engine<'_> {
         let prompt = [at.history, tokens].concat();
         self.check_prompt(&prompt)?;
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
-        self.drafter.begin(&prompt)?;
+        self.drafter.begin(self.target, &prompt)?;
         self.choose_first(&prompt)
     }
 
@@ -273,7 +278,7 @@ impl Engine<'_> {
             self.batch
                 .fill(piece, position(start + index * chunk)?, self.seq_id, false)?;
             self.target.decode(self.batch)?;
-            self.drafter.observe(self.batch)?;
+            self.drafter.observe(self.target, self.batch)?;
         }
         Ok(())
     }
@@ -312,7 +317,7 @@ impl Engine<'_> {
             0 => Draft::default(),
             _ => self
                 .drafter
-                .propose(request, self.sampler)?
+                .propose(self.target, request, self.sampler)?
                 .truncated(request.limit),
         };
         let shadow = self.shadow_proposal(&request, limit)?;
@@ -323,7 +328,8 @@ impl Engine<'_> {
             Ok(round) => round,
             Err(error) => return Err(self.abandon_round(&at, error)),
         };
-        self.drafter.settle(round.n_past, round.accepted)?;
+        self.drafter
+            .settle(self.target, round.n_past, round.accepted)?;
         if round.accepted < draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
         }
@@ -356,7 +362,7 @@ impl Engine<'_> {
         };
         Ok(self
             .drafter
-            .propose(probe, self.sampler)?
+            .propose(self.target, probe, self.sampler)?
             .tokens
             .first()
             .copied())
@@ -411,9 +417,9 @@ impl Engine<'_> {
             .target
             .decode(self.batch)
             .map_err(EngineError::from)
-            .and_then(|()| self.drafter.observe(self.batch));
+            .and_then(|()| self.drafter.observe(self.target, self.batch));
         if let Err(error) = decoded {
-            self.drafter.abandon()?;
+            self.drafter.abandon(self.target)?;
             return Err(error);
         }
         Ok(())
@@ -454,7 +460,7 @@ impl Engine<'_> {
     fn abandon_round(&mut self, at: &Cursor<'_>, error: EngineError) -> EngineError {
         let undone = self
             .drafter
-            .settle(at.n_past, 0)
+            .settle(self.target, at.n_past, 0)
             .and_then(|()| self.roll_back_target(at.n_past));
         undone.err().unwrap_or(error)
     }

@@ -94,9 +94,7 @@ fn draft_context(
         }
         (Mode::Eagle3, Some(model)) => {
             let params = context_params(&model, config, runtime, ContextKind::Default);
-            // SAFETY: the generator owns both contexts and drops the draft
-            // context before the target (field order), so `target` outlives it.
-            unsafe { Context::with_other(model, params, target)? }
+            Context::with_other(model, params, target)?
         }
         (Mode::Draft, Some(model)) => {
             let params = context_params(&model, config, runtime, ContextKind::Default);
@@ -108,11 +106,7 @@ fn draft_context(
 }
 
 /// The MTP or EAGLE-3 session over the two contexts, if the mode has one.
-///
-/// # Safety
-/// `target` and `draft` must outlive the session and stay where they are on
-/// the heap (as [`DraftSession::new`] requires).
-unsafe fn draft_session(
+fn draft_session(
     target: &mut Context,
     draft: Option<&mut Context>,
     config: &GeneratorConfig,
@@ -132,10 +126,7 @@ unsafe fn draft_session(
         p_min: 0.0,
         spec_type,
     };
-    // SAFETY: the caller keeps both contexts alive and in place (see above).
-    Ok(Some(unsafe {
-        DraftSession::new(target, draft, session_config)?
-    }))
+    Ok(Some(DraftSession::new(target, draft, session_config)?))
 }
 
 impl Generator {
@@ -155,10 +146,7 @@ impl Generator {
         let params = context_params(&target_model, &config, runtime, ContextKind::Default);
         let mut target = Context::new(target_model, params)?;
         let mut draft = draft_context(&target, draft_model, &config, runtime)?;
-        // SAFETY: the generator owns both contexts and drops the session first
-        // (field order); llama.cpp's contexts live on the heap, so moving the
-        // `Context` values into the generator does not move them.
-        let session = unsafe { draft_session(&mut target, draft.as_mut(), &config)? };
+        let session = draft_session(&mut target, draft.as_mut(), &config)?;
         let draft_batch = match config.mode {
             Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
             _ => None,

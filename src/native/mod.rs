@@ -1,4 +1,6 @@
-//! The safe native layer: RAII owners of llama.cpp's handles.
+//! The safe native layer: RAII owners of llama.cpp's handles (models,
+//! contexts, batches, grammars, chat templates, speculative sessions) and
+//! safe functions over its other calls (the build's description).
 //!
 //! Every `unsafe` call into `llama-cpp-sys-4` lives in this module tree, next
 //! to a `// SAFETY:` note. Types here are plain Rust: the Python bindings wrap
@@ -9,8 +11,10 @@ mod batch;
 mod chat;
 mod context;
 mod grammar;
+pub mod info;
 mod model;
 mod seq_state;
+mod session;
 
 pub use backend::ensure_backend;
 pub use batch::{Batch, MAX_BATCH_ROWS};
@@ -21,6 +25,7 @@ pub use context::{
 };
 pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;
+pub use session::{OtherContexts, SessionConfig, SessionHandle, SpecType, StateStatus};
 
 use std::path::PathBuf;
 
