@@ -65,7 +65,7 @@ pub struct Capture {
     meta: Vec<u8>,
     state: EncodedState,
     target_len: usize,
-    draft_len: Option<usize>,
+    draft_state_len: Option<usize>,
     speculative_state: Option<Vec<u8>>,
 }
 
@@ -100,7 +100,7 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
         state: EncodedState::new(generator.state()),
         speculative_state: generator.speculative_state()?,
         target_len: generator.target_state_size()?,
-        draft_len: generator.draft_state_size()?,
+        draft_state_len: generator.draft_state_size()?,
     })
 }
 
@@ -110,7 +110,7 @@ impl Capture {
             meta: &self.meta,
             state: &self.state,
             target_state: Payload::Written(self.target_len),
-            draft_state: self.draft_len.map(Payload::Written),
+            draft_state: self.draft_state_len.map(Payload::Written),
             speculative_state: self.speculative_state.as_deref().map(Payload::Bytes),
         }
     }

@@ -11,7 +11,7 @@ use crate::settings::NgramConfig;
 pub struct NoDrafter;
 
 impl Drafter for NoDrafter {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         0
     }
 
@@ -34,7 +34,7 @@ pub struct NgramDrafter {
 }
 
 impl Drafter for NgramDrafter {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         self.n_draft
     }
 
@@ -49,7 +49,7 @@ impl Drafter for NgramDrafter {
         _sampler: &mut Sampler,
     ) -> Result<Draft> {
         Ok(Draft {
-            tokens: ngram::propose(request.history, self.config, request.limit),
+            tokens: ngram::propose(request.history, self.config, request.n_draft),
             distributions: None,
         })
     }
@@ -90,7 +90,7 @@ impl DraftModelDrafter<'_> {
 }
 
 impl Drafter for DraftModelDrafter<'_> {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         self.n_draft
     }
 
@@ -101,8 +101,8 @@ impl Drafter for DraftModelDrafter<'_> {
         sampler: &mut Sampler,
     ) -> Result<Draft> {
         self.catch_up(request.history)?;
-        let mut tokens = Vec::with_capacity(request.limit);
-        let mut dists = Vec::with_capacity(request.limit);
+        let mut tokens = Vec::with_capacity(request.n_draft);
+        let mut dists = Vec::with_capacity(request.n_draft);
         // The draft chooses as the target would after the same history.
         let mut seen = sampler.params.penalty_window(request.history).to_vec();
         loop {
@@ -118,7 +118,7 @@ impl Drafter for DraftModelDrafter<'_> {
             seen.push(token);
             tokens.push(token);
             dists.push(dist);
-            if tokens.len() == request.limit {
+            if tokens.len() == request.n_draft {
                 break;
             }
             self.batch
@@ -161,7 +161,7 @@ impl SessionDrafter<'_> {
 }
 
 impl Drafter for SessionDrafter<'_> {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         usize::try_from(self.session.config().n_draft_max).unwrap_or(0)
     }
 

@@ -1,7 +1,7 @@
 //! The one speculative round engine behind every generation.
 //!
 //! A generation advances in rounds over a target context and a [`Drafter`]:
-//! draft up to a limit, verify the draft in one target batch through
+//! draft up to `n_draft` tokens, verify the draft in one target batch through
 //! [`Sampler::verify`], commit the accepted draft tokens and the target's own
 //! next token, and roll back what was rejected. [`Engine::prefill`] decodes a
 //! prompt and chooses the first token, [`Engine::extend`] does the same for a
@@ -10,7 +10,7 @@
 //! the caller built) drive these two functions.
 //!
 //! The rules, decided once for every drafter:
-//! - **Draft limit.** A round drafts at most `n_ctx - n_past - 2` tokens (so
+//! - **Draft length (`n_draft`).** A round drafts at most `n_ctx - n_past - 2` tokens (so
 //!   that every committed token fits the context, the last one included), at
 //!   most the batch's rows minus one (the verify batch holds the last token
 //!   and the draft), and at most the drafter's own maximum. A caller that
@@ -81,7 +81,7 @@ pub struct DraftRequest<'a> {
     /// Tokens in the target's memory.
     pub n_past: usize,
     /// Most tokens the round can verify (at least 1).
-    pub limit: usize,
+    pub n_draft: usize,
 }
 
 impl DraftRequest<'_> {
@@ -103,10 +103,10 @@ pub struct Draft {
 }
 
 impl Draft {
-    fn truncated(mut self, limit: usize) -> Self {
-        self.tokens.truncate(limit);
+    fn truncated(mut self, n_draft: usize) -> Self {
+        self.tokens.truncate(n_draft);
         if let Some(dists) = self.distributions.as_mut() {
-            dists.truncate(limit);
+            dists.truncate(n_draft);
         }
         self
     }
@@ -115,7 +115,7 @@ impl Draft {
 /// A source of drafts: one implementation per way of drafting.
 pub trait Drafter {
     /// Most tokens one draft may hold.
-    fn max_draft(&self) -> usize;
+    fn n_draft(&self) -> usize;
     /// The target has just decoded `batch` (a prompt chunk or a verify batch).
     fn observe(&mut self, _target: &Context, _batch: &Batch) -> Result<()> {
         Ok(())
@@ -129,7 +129,7 @@ pub trait Drafter {
     fn proposes_freely(&self) -> bool {
         false
     }
-    /// Propose up to `request.limit` tokens to follow the history.
+    /// Propose up to `request.n_draft` tokens to follow the history.
     fn propose(
         &mut self,
         target: &Context,
@@ -232,7 +232,7 @@ pub struct Engine<'a> {
     pub sampler: &'a mut Sampler,
     /// The sequence generated on.
     pub seq_id: i32,
-    /// The adaptive draft length's state (`None`: every round drafts up to its limit).
+    /// The adaptive draft length's state (`None`: every round drafts its `n_draft`).
     pub policy: Option<&'a mut AdaptiveState>,
     /// Where committed tokens' log-probabilities go (`None`: not asked for).
     pub logprobs: Option<&'a mut LogprobLog>,
@@ -305,22 +305,22 @@ impl Engine<'_> {
     /// [`Engine::round`] committing at most `max_commit` tokens: the draft is
     /// limited to `max_commit - 1` tokens (none when `max_commit` is 0).
     pub fn round_within(&mut self, at: Cursor<'_>, max_commit: usize) -> Result<Round> {
-        let Some(limit) = self.draft_limit(&at, max_commit) else {
+        let Some(n_draft) = self.round_n_draft(&at, max_commit) else {
             return Ok(Round::nothing(&at));
         };
         let request = DraftRequest {
             history: at.history,
             n_past: at.n_past,
-            limit: self.chosen_length(limit),
+            n_draft: self.chosen_n_draft(n_draft),
         };
-        let draft = match request.limit {
+        let draft = match request.n_draft {
             0 => Draft::default(),
             _ => self
                 .drafter
                 .propose(self.target, request, self.sampler)?
-                .truncated(request.limit),
+                .truncated(request.n_draft),
         };
-        let shadow = self.shadow_proposal(&request, limit)?;
+        let shadow = self.shadow_proposal(&request, n_draft)?;
         let started = std::time::Instant::now();
         self.decode_verify_batch(request, &draft.tokens)?;
         let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -333,31 +333,35 @@ impl Engine<'_> {
         if round.accepted < draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
         }
-        self.learn(&round, limit, request.limit, shadow);
+        self.learn(&round, n_draft, request.n_draft, shadow);
         self.learn_cost(draft.tokens.len() + 1, verify_micros);
         Ok(round)
     }
 
-    /// The adaptive policy's draft length within `limit`, or `limit` without a policy.
-    fn chosen_length(&self, limit: usize) -> usize {
+    /// The adaptive policy's draft length within `n_draft`, or `n_draft` without a policy.
+    fn chosen_n_draft(&self, n_draft: usize) -> usize {
         let freely = self.drafter.proposes_freely();
         self.policy
             .as_deref()
-            .map_or(limit, |policy| policy.choose(limit, freely))
+            .map_or(n_draft, |policy| policy.choose(n_draft, freely))
     }
 
     /// In a round the policy chose to keep plain, the first token a free
     /// drafter would have proposed (to compare with the committed one).
-    fn shadow_proposal(&mut self, request: &DraftRequest<'_>, limit: usize) -> Result<Option<i32>> {
+    fn shadow_proposal(
+        &mut self,
+        request: &DraftRequest<'_>,
+        n_draft: usize,
+    ) -> Result<Option<i32>> {
         if self.policy.is_none()
-            || request.limit > 0
-            || limit == 0
+            || request.n_draft > 0
+            || n_draft == 0
             || !self.drafter.proposes_freely()
         {
             return Ok(None);
         }
         let probe = DraftRequest {
-            limit: 1,
+            n_draft: 1,
             ..*request
         };
         Ok(self
@@ -369,11 +373,11 @@ impl Engine<'_> {
     }
 
     /// Give the policy what the round showed.
-    fn learn(&mut self, round: &Round, limit: usize, chosen: usize, shadow: Option<i32>) {
+    fn learn(&mut self, round: &Round, n_draft: usize, chosen: usize, shadow: Option<i32>) {
         let Some(policy) = self.policy.as_deref_mut() else {
             return;
         };
-        let evidence = match (limit, chosen, shadow) {
+        let evidence = match (n_draft, chosen, shadow) {
             (0, ..) => Evidence::Forced,
             (_, 0, Some(token)) => Evidence::Shadow(round.committed.first() == Some(&token)),
             (_, 0, None) => Evidence::Nothing,
@@ -395,14 +399,14 @@ impl Engine<'_> {
     }
 
     /// How many tokens this round may draft, or `None` when it can commit nothing.
-    fn draft_limit(&self, at: &Cursor<'_>, max_commit: usize) -> Option<usize> {
+    fn round_n_draft(&self, at: &Cursor<'_>, max_commit: usize) -> Option<usize> {
         let room = (self.target.n_ctx() as usize).saturating_sub(at.n_past + 1);
         if at.finished || room == 0 || at.history.is_empty() || max_commit == 0 {
             return None;
         }
         let rows = self.batch.capacity().saturating_sub(1);
-        let limit = (room - 1).min(rows).min(self.drafter.max_draft());
-        Some(limit.min(max_commit - 1))
+        let n_draft = (room - 1).min(rows).min(self.drafter.n_draft());
+        Some(n_draft.min(max_commit - 1))
     }
 
     /// Decode the last token and the draft at `n_past..`; the drafter observes

@@ -183,9 +183,9 @@ impl AdaptiveState {
         f64::from(self.cost_us[rows - 1])
     }
 
-    /// How many tokens to draft this round, at most `limit`.
-    pub fn choose(&self, limit: usize, proposes_freely: bool) -> usize {
-        let most = limit.min(self.cost_us.len() - 1);
+    /// How many tokens to draft this round, at most `n_draft`.
+    pub fn choose(&self, n_draft: usize, proposes_freely: bool) -> usize {
+        let most = n_draft.min(self.cost_us.len() - 1);
         let best = best_draft_length(self.acceptance(), most, |rows| self.cost(rows));
         if best == 0 && most > 0 && !proposes_freely && self.idle >= PROBE_AFTER {
             return 1;
