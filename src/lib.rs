@@ -10,7 +10,8 @@
 //! modes) and [`generation`] (a session over caller-built contexts) drive it;
 //! [`chat`] renders conversations with llama.cpp's chat templates and
 //! continues them turn by turn; [`checkpoint`] is the byte format and the
-//! capture/restore operations; and
+//! capture/restore operations; [`Error`] is the one error of the core, which
+//! every layer's error converts into; and
 //! `bindings` (feature `python`) is the thin PyO3 layer that exposes all of it
 //! to Python as `specstate._native`.
 
@@ -19,6 +20,7 @@ mod bindings;
 pub mod chat;
 pub mod checkpoint;
 pub mod engine;
+mod error;
 pub mod generation;
 pub mod generator;
 pub mod native;
@@ -26,3 +28,5 @@ pub mod sampling;
 pub mod session;
 pub mod settings;
 pub mod speculative;
+
+pub use error::{Error, Result};

@@ -304,8 +304,7 @@ impl PyGreedyGeneration {
     fn run<T: Send>(
         &self,
         py: Python<'_>,
-        call: impl FnOnce(&mut SessionGeneration, &mut SessionParts<'_>) -> crate::engine::Result<T>
-            + Send,
+        call: impl FnOnce(&mut SessionGeneration, &mut SessionParts<'_>) -> crate::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_thread()?;
         let session = self.session.get();

@@ -23,7 +23,7 @@
 //!   its own state every round.
 //! - **End of generation.** A committed end-of-generation token ends the
 //!   generation: what would follow it in the round is not committed.
-//! - **Decode failures** keep their type ([`NativeError::Decode`]), and the
+//! - **Decode failures** keep their type ([`crate::native::NativeError::Decode`]), and the
 //!   drafter abandons its proposal so its state stays quiescent.
 
 mod drafters;
@@ -35,42 +35,9 @@ pub use policy::AdaptiveState;
 
 use policy::Evidence;
 
-use crate::native::{Batch, Context, NativeError, OutOfVocabulary};
+use crate::native::{Batch, Context};
 use crate::sampling::{Distribution, Sampler, TokenLogprobs};
-use crate::session::SessionError;
-use crate::settings::SettingError;
-
-/// Failures of a generation call.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// Bad configuration or arguments.
-    #[error("{0}")]
-    Invalid(String),
-    /// The call does not fit the generation's state.
-    #[error("{0}")]
-    Usage(String),
-    /// A native failure (a failed decode included).
-    #[error(transparent)]
-    Native(#[from] NativeError),
-    /// A speculative session failure.
-    #[error(transparent)]
-    Session(#[from] SessionError),
-}
-
-impl From<SettingError> for EngineError {
-    fn from(error: SettingError) -> Self {
-        Self::Invalid(error.to_string())
-    }
-}
-
-impl From<OutOfVocabulary> for EngineError {
-    fn from(error: OutOfVocabulary) -> Self {
-        Self::Invalid(error.to_string())
-    }
-}
-
-/// Shorthand for results of the engine.
-pub type Result<T> = std::result::Result<T, EngineError>;
+use crate::{Error, Result};
 
 /// What a drafter is asked for at the start of a round.
 #[derive(Clone, Copy, Debug)]
@@ -262,7 +229,7 @@ impl Engine<'_> {
     /// it. The rules of [`Engine::prefill`] apply to that new prompt.
     pub fn extend(&mut self, at: Cursor<'_>, tokens: &[i32]) -> Result<i32> {
         if tokens.is_empty() {
-            return Err(EngineError::Invalid("the new turn is empty".into()));
+            return Err(Error::Invalid("the new turn is empty".into()));
         }
         let prompt = [at.history, tokens].concat();
         self.check_prompt(&prompt)?;
@@ -285,11 +252,11 @@ impl Engine<'_> {
 
     fn check_prompt(&self, prompt: &[i32]) -> Result<()> {
         if prompt.is_empty() {
-            return Err(EngineError::Invalid("the prompt is empty".into()));
+            return Err(Error::Invalid("the prompt is empty".into()));
         }
         let n_ctx = self.target.n_ctx() as usize;
         if prompt.len() >= n_ctx {
-            return Err(EngineError::Invalid(format!(
+            return Err(Error::Invalid(format!(
                 "the prompt has {} tokens, which leaves no room in the {n_ctx}-token context",
                 prompt.len()
             )));
@@ -420,7 +387,7 @@ impl Engine<'_> {
         let decoded = self
             .target
             .decode(self.batch)
-            .map_err(EngineError::from)
+            .map_err(Error::from)
             .and_then(|()| self.drafter.observe(self.target, self.batch));
         if let Err(error) = decoded {
             self.drafter.abandon(self.target)?;
@@ -461,7 +428,7 @@ impl Engine<'_> {
 
     /// Verification failed after the verify batch was decoded (a grammar that
     /// allows no token): leave the target and the drafter as before the round.
-    fn abandon_round(&mut self, at: &Cursor<'_>, error: EngineError) -> EngineError {
+    fn abandon_round(&mut self, at: &Cursor<'_>, error: Error) -> Error {
         let undone = self
             .drafter
             .settle(self.target, at.n_past, 0)
@@ -473,7 +440,7 @@ impl Engine<'_> {
         if self.target.seq_rm(self.seq_id, position(keep)?, -1) {
             return Ok(());
         }
-        Err(EngineError::Usage(format!(
+        Err(Error::Usage(format!(
             "the target could not roll back to position {keep} (a recurrent target needs n_rs_seq >= the draft length)"
         )))
     }
@@ -481,6 +448,5 @@ impl Engine<'_> {
 
 /// A history index as a llama.cpp position.
 pub(crate) fn position(index: usize) -> Result<i32> {
-    i32::try_from(index)
-        .map_err(|_| EngineError::Invalid(format!("position {index} overflows i32")))
+    i32::try_from(index).map_err(|_| Error::Invalid(format!("position {index} overflows i32")))
 }

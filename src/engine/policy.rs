@@ -39,7 +39,7 @@
 
 use std::time::Instant;
 
-use super::{position, EngineError, Result, Round};
+use super::{position, Error, Result, Round};
 use crate::native::{Batch, Context};
 
 /// Fixed-point scale of the acceptance counts.
@@ -260,7 +260,7 @@ pub fn measure_cost_curve(
     max_rows: usize,
 ) -> Result<Vec<u32>> {
     if max_rows == 0 || max_rows > batch.capacity() {
-        return Err(EngineError::Invalid(format!(
+        return Err(Error::Invalid(format!(
             "cannot time {max_rows} rows in a batch of {}",
             batch.capacity()
         )));

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use super::{Generator, GeneratorError, GeneratorState, Result};
+use super::{Generator, GeneratorState};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};
 use crate::settings::{GeneratorConfig, Mode, RuntimeOptions};
+use crate::{Error, Result};
 
 /// The recurrent-state snapshots per sequence that a context of `model`
 /// keeps for `config`: rollback of rejected drafts needs them on a recurrent
@@ -50,10 +51,8 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
     config.sampling.check_vocabulary(target.n_vocab())?;
     let mode = config.mode.name();
     match (config.mode.needs_draft_model(), draft) {
-        (true, None) => Err(GeneratorError::Invalid(format!(
-            "mode '{mode}' needs a draft model"
-        ))),
-        (false, Some(_)) => Err(GeneratorError::Invalid(format!(
+        (true, None) => Err(Error::Invalid(format!("mode '{mode}' needs a draft model"))),
+        (false, Some(_)) => Err(Error::Invalid(format!(
             "mode '{mode}' takes no draft model"
         ))),
         (_, Some(draft))
@@ -61,7 +60,7 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
         {
             // The draft context decodes its tokens one at a time, and a
             // recurrent memory can roll back only within its last batch.
-            Err(GeneratorError::Invalid(format!(
+            Err(Error::Invalid(format!(
                 "the draft model ({}) is recurrent or hybrid: mode 'draft' cannot roll its state back \
                  after a rejected draft; use an attention-only draft model, or this model as the target \
                  (its own MTP head drafts in mode 'mtp' where it has one)",
@@ -69,7 +68,7 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
             )))
         }
         (_, Some(draft)) if config.mode == Mode::Draft && draft.n_vocab() != target.n_vocab() => {
-            Err(GeneratorError::Invalid(format!(
+            Err(Error::Invalid(format!(
                 "the draft model has {} tokens and the target {}: vocabularies differ",
                 draft.n_vocab(),
                 target.n_vocab()

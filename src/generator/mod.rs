@@ -16,7 +16,6 @@ mod restore;
 
 use std::sync::Arc;
 
-pub use crate::engine::EngineError as GeneratorError;
 pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, SettingError};
 pub(crate) use build::rollback_snapshots;
 pub use restore::{Boundary, Positions, RestoreError};
@@ -31,6 +30,7 @@ use crate::native::Grammar;
 use crate::native::{Batch, Context, Model};
 use crate::sampling::{GrammarState, Rng, Sampler, SamplingParams};
 use crate::session::DraftSession;
+use crate::{Error, Result};
 
 /// Where a generation stands at a round boundary (everything but the contexts).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,8 +94,6 @@ impl GeneratorState {
         self.accepted += round.accepted as u64;
     }
 }
-
-type Result<T> = std::result::Result<T, GeneratorError>;
 
 /// The grammar of `params` compiled for `model`'s vocabulary, at the start of a reply.
 fn compiled_grammar(
@@ -178,7 +176,7 @@ impl Generator {
     pub fn set_logprobs(&mut self, top_n: Option<usize>) -> Result<()> {
         let most = crate::sampling::MAX_TOP_LOGPROBS;
         match top_n {
-            Some(n) if n > most => Err(GeneratorError::Invalid(format!(
+            Some(n) if n > most => Err(Error::Invalid(format!(
                 "top_logprobs must be from 0 to {most}, not {n}"
             ))),
             Some(n) if self.logprobs.as_ref().is_some_and(|log| log.top_n == n) => Ok(()),
@@ -278,7 +276,7 @@ impl Generator {
                 })
             }
             (mode, ..) => {
-                return Err(GeneratorError::Usage(format!(
+                return Err(Error::Usage(format!(
                     "this generator lacks the draft parts of mode '{}'",
                     mode.name()
                 )))
@@ -304,9 +302,7 @@ impl Generator {
     /// Decode `prompt` and commit the first generated token; returns it.
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
         if self.started() {
-            return Err(GeneratorError::Usage(
-                "the generator already has a prompt".into(),
-            ));
+            return Err(Error::Usage("the generator already has a prompt".into()));
         }
         self.measure_cost_curve(prompt)?;
         self.new_reply();
@@ -332,7 +328,7 @@ impl Generator {
         }
         let token = *prompt
             .first()
-            .ok_or_else(|| GeneratorError::Invalid("the prompt is empty".into()))?;
+            .ok_or_else(|| Error::Invalid("the prompt is empty".into()))?;
         self.target.model().check_tokens(&[token])?;
         let rows = self.config.n_draft as usize + 1;
         let curve = crate::engine::policy::measure_cost_curve(
@@ -351,19 +347,19 @@ impl Generator {
     /// so that it is not measured: two generations pinned alike choose alike.
     pub fn pin_cost_curve(&mut self, cost_us: Vec<u32>) -> Result<()> {
         if !self.config.adaptive {
-            return Err(GeneratorError::Invalid(
+            return Err(Error::Invalid(
                 "cost_curve: only an adaptive draft policy uses a cost curve".into(),
             ));
         }
         if self.started() {
-            return Err(GeneratorError::Usage(
+            return Err(Error::Usage(
                 "cost_curve: the generation has started; its curve is set".into(),
             ));
         }
         let state = AdaptiveState::new(cost_us);
         state
             .validate(self.config.n_draft)
-            .map_err(|e| GeneratorError::Invalid(format!("cost_curve: {e}")))?;
+            .map_err(|e| Error::Invalid(format!("cost_curve: {e}")))?;
         self.state.adaptive = Some(state);
         Ok(())
     }
@@ -392,7 +388,7 @@ impl Generator {
     /// drafted, accepted and delivered counters start again from zero.
     pub fn extend(&mut self, tokens: &[i32]) -> Result<i32> {
         if !self.started() {
-            return Err(GeneratorError::Usage("call prefill() first".into()));
+            return Err(Error::Usage("call prefill() first".into()));
         }
         self.new_reply();
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
@@ -449,7 +445,7 @@ impl Generator {
     /// between any two, still bounds the round by its whole budget).
     pub fn take_rounds(&mut self, max_n: usize, max_commit: usize) -> Result<Vec<i32>> {
         if !self.started() {
-            return Err(GeneratorError::Usage("call prefill() first".into()));
+            return Err(Error::Usage("call prefill() first".into()));
         }
         if max_n == 0 {
             return Ok(Vec::new());

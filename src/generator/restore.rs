@@ -1,11 +1,12 @@
 //! A generator's boundary: its state and the contexts' and session's states,
 //! captured as bytes and put back with every part checked against the others.
 
-use super::{Generator, GeneratorError, GeneratorState, Result};
+use super::{Generator, GeneratorState};
 use crate::native::Context;
 use crate::sampling::Rng;
 use crate::session::{SessionError, SpeculativeStateView};
 use crate::settings::Mode;
+use crate::{Error, Result};
 
 impl Generator {
     /// Bytes of the target context's sequence state.
@@ -32,7 +33,7 @@ impl Generator {
         let draft = self
             .draft
             .as_mut()
-            .ok_or_else(|| GeneratorError::Usage("this mode has no draft context".into()))?;
+            .ok_or_else(|| Error::Usage("this mode has no draft context".into()))?;
         Ok(draft.seq_state_into(0, out)?)
     }
 
@@ -42,7 +43,7 @@ impl Generator {
             .as_ref()
             .map(|session| session.state(0))
             .transpose()
-            .map_err(|error| GeneratorError::Session(SessionError::State(error)))
+            .map_err(|error| Error::Session(SessionError::State(error)))
     }
 
     /// Everything at the current boundary, as owned copies (to put back with [`Generator::restore`]).
