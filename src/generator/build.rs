@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Generator, GeneratorState};
+use super::{DraftParts, Generator, GeneratorState};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};
@@ -78,45 +78,35 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
     }
 }
 
-/// The draft context of `config.mode`, if it has one.
-fn draft_context(
-    target: &Context,
+/// The draft side of `config.mode` over `target`: the draft model's context
+/// and batch (`draft`), or a session and its draft context (`mtp`, `eagle3`).
+fn draft_parts(
+    target: &mut Context,
     draft_model: Option<Arc<Model>>,
     config: &GeneratorConfig,
     runtime: RuntimeOptions,
-) -> Result<Option<Context>> {
-    let context = match (config.mode, draft_model) {
+) -> Result<DraftParts> {
+    let (spec_type, mut context) = match (config.mode, draft_model) {
         (Mode::Mtp, _) => {
             let model = Arc::clone(target.model());
             let params = context_params(&model, config, runtime, ContextKind::Mtp);
-            Context::new(model, params)?
+            (SpecType::Mtp, Context::new(model, params)?)
         }
         (Mode::Eagle3, Some(model)) => {
             let params = context_params(&model, config, runtime, ContextKind::Default);
-            Context::with_other(model, params, target)?
+            (
+                SpecType::Eagle3,
+                Context::with_other(model, params, target)?,
+            )
         }
         (Mode::Draft, Some(model)) => {
             let params = context_params(&model, config, runtime, ContextKind::Default);
-            Context::new(model, params)?
+            return Ok(DraftParts::Model {
+                context: Context::new(model, params)?,
+                batch: Batch::new(config.n_batch as usize)?,
+            });
         }
-        _ => return Ok(None),
-    };
-    Ok(Some(context))
-}
-
-/// The MTP or EAGLE-3 session over the two contexts, if the mode has one.
-fn draft_session(
-    target: &mut Context,
-    draft: Option<&mut Context>,
-    config: &GeneratorConfig,
-) -> Result<Option<DraftSession>> {
-    let spec_type = match config.mode {
-        Mode::Mtp => SpecType::Mtp,
-        Mode::Eagle3 => SpecType::Eagle3,
-        _ => return Ok(None),
-    };
-    let Some(draft) = draft else {
-        return Ok(None);
+        _ => return Ok(DraftParts::History),
     };
     let session_config = SessionConfig {
         n_seq: 1,
@@ -125,7 +115,8 @@ fn draft_session(
         p_min: 0.0,
         spec_type,
     };
-    Ok(Some(DraftSession::new(target, draft, session_config)?))
+    let session = DraftSession::new(target, &mut context, session_config)?;
+    Ok(DraftParts::Session { session, context })
 }
 
 impl Generator {
@@ -144,20 +135,13 @@ impl Generator {
         let grammar = super::compiled_grammar(&target_model, &config.sampling)?;
         let params = context_params(&target_model, &config, runtime, ContextKind::Default);
         let mut target = Context::new(target_model, params)?;
-        let mut draft = draft_context(&target, draft_model, &config, runtime)?;
-        let session = draft_session(&mut target, draft.as_mut(), &config)?;
-        let draft_batch = match config.mode {
-            Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
-            _ => None,
-        };
+        let parts = draft_parts(&mut target, draft_model, &config, runtime)?;
         let mut sampler = Sampler::new(config.sampling.clone());
         sampler.grammar = grammar;
         Ok(Self {
-            session,
-            draft,
             target,
             batch: Batch::new(config.n_batch as usize)?,
-            draft_batch,
+            parts,
             config,
             state: GeneratorState::empty(sampler.rng.state()),
             sampler,

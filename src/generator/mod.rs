@@ -110,15 +110,67 @@ fn compiled_grammar(
     Ok(Some(GrammarState::new(grammar)))
 }
 
+/// What a generator drafts with beside its target, one variant per kind of
+/// drafter (built by [`Generator::new`] for its mode).
+enum DraftParts {
+    /// `none` and `ngram` modes: the history alone.
+    History,
+    /// `draft` mode: the draft model's context and the batch it decodes through.
+    Model {
+        /// The draft model's context.
+        context: Context,
+        /// The batch the draft context decodes through.
+        batch: Batch,
+    },
+    /// `mtp` and `eagle3` modes: a session over the target and its draft context.
+    Session {
+        /// The session (which keeps both contexts alive).
+        session: DraftSession,
+        /// The session's draft context.
+        context: Context,
+    },
+}
+
+impl DraftParts {
+    /// The draft context (`draft`, `mtp`, `eagle3` modes).
+    fn context(&self) -> Option<&Context> {
+        match self {
+            Self::History => None,
+            Self::Model { context, .. } | Self::Session { context, .. } => Some(context),
+        }
+    }
+
+    /// The draft context, to change (`draft`, `mtp`, `eagle3` modes).
+    fn context_mut(&mut self) -> Option<&mut Context> {
+        match self {
+            Self::History => None,
+            Self::Model { context, .. } | Self::Session { context, .. } => Some(context),
+        }
+    }
+
+    /// The session (`mtp`, `eagle3` modes).
+    fn session(&self) -> Option<&DraftSession> {
+        match self {
+            Self::Session { session, .. } => Some(session),
+            _ => None,
+        }
+    }
+
+    /// The session, to change (`mtp`, `eagle3` modes).
+    fn session_mut(&mut self) -> Option<&mut DraftSession> {
+        match self {
+            Self::Session { session, .. } => Some(session),
+            _ => None,
+        }
+    }
+}
+
 /// A generation over a target model (and, by mode, a draft model or session).
 pub struct Generator {
-    // Field order is drop order: the session points into both contexts, and an
-    // EAGLE-3 draft context into the target context.
-    session: Option<DraftSession>,
-    draft: Option<Context>,
     target: Context,
     batch: Batch,
-    draft_batch: Option<Batch>,
+    /// The drafter's parts, by mode.
+    parts: DraftParts,
     config: GeneratorConfig,
     state: GeneratorState,
     sampler: Sampler,
@@ -219,7 +271,7 @@ impl Generator {
     /// The draft model (`draft` and `eagle3` modes).
     pub fn draft_model(&self) -> Option<&Arc<Model>> {
         match self.config.mode {
-            Mode::Draft | Mode::Eagle3 => self.draft.as_ref().map(Context::model),
+            Mode::Draft | Mode::Eagle3 => self.parts.context().map(Context::model),
             _ => None,
         }
     }
@@ -246,11 +298,9 @@ impl Generator {
         call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
     ) -> Result<T> {
         let Self {
-            session,
-            draft,
             target,
             batch,
-            draft_batch,
+            parts,
             config,
             state,
             sampler,
@@ -258,24 +308,22 @@ impl Generator {
             ..
         } = self;
         let n_draft = config.n_draft as usize;
-        let mut drafter: Box<dyn Drafter + '_> = match (config.mode, session, draft, draft_batch) {
-            (Mode::None, ..) => Box::new(NoDrafter),
-            (Mode::Ngram(config), ..) => Box::new(NgramDrafter { config, n_draft }),
-            (Mode::Draft, _, Some(context), Some(batch)) => Box::new(DraftModelDrafter {
+        let mut drafter: Box<dyn Drafter + '_> = match (config.mode, parts) {
+            (Mode::None, _) => Box::new(NoDrafter),
+            (Mode::Ngram(config), _) => Box::new(NgramDrafter { config, n_draft }),
+            (_, DraftParts::Model { context, batch }) => Box::new(DraftModelDrafter {
                 context,
                 batch,
                 decoded: &mut state.draft_past,
                 n_draft,
                 seq_id: 0,
             }),
-            (Mode::Mtp | Mode::Eagle3, Some(session), Some(context), _) => {
-                Box::new(SessionDrafter {
-                    session,
-                    context,
-                    seq_id: 0,
-                })
-            }
-            (mode, ..) => {
+            (_, DraftParts::Session { session, context }) => Box::new(SessionDrafter {
+                session,
+                context,
+                seq_id: 0,
+            }),
+            (mode, DraftParts::History) => {
                 return Err(Error::Usage(format!(
                     "this generator lacks the draft parts of mode '{}'",
                     mode.name()
