@@ -98,6 +98,6 @@ fn main() {
         tokens,
         threads,
         runs,
-        specstate::native_info::compiled_simd_features().join(",")
+        specstate::native::info::compiled_simd_features().join(",")
     );
 }

@@ -68,7 +68,7 @@ def main() -> None:
     print(f"specstate from {Path(specstate.__file__).parent}")
     info = specstate.native_info()
     print("native_info():", json.dumps(info, indent=1))
-    baseline = "x86-64-v3" if platform.machine() == "x86_64" else "target default"  # src/native_info.rs
+    baseline = "x86-64-v3" if platform.machine() == "x86_64" else "target default"  # src/native/info.rs
     check(info["cpu_baseline"] == baseline, f"native_info(): cpu_baseline {baseline}")
     check_api(model_path, workdir)
     check_cli(model_path, workdir)

@@ -7,10 +7,11 @@
 //! token is not yet decoded. `n_past`, that token and the two contexts'
 //! sequence states plus the speculative state are a complete checkpoint.
 
-use crate::engine::{Cursor, Engine, EngineError, Result, Round, SessionDrafter};
+use crate::engine::{Cursor, Engine, Round, SessionDrafter};
 use crate::native::{Batch, Context};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionError};
+use crate::{Error, Result};
 
 /// The contexts and session a generation runs on, borrowed for one call.
 pub struct SessionParts<'a> {
@@ -43,8 +44,8 @@ pub struct SessionGeneration {
     accepted: u64,
 }
 
-fn usage(message: &str) -> EngineError {
-    EngineError::Session(SessionError::Usage(message.into()))
+fn usage(message: &str) -> Error {
+    Error::Session(SessionError::Usage(message.into()))
 }
 
 impl SessionGeneration {
@@ -109,7 +110,7 @@ impl SessionGeneration {
     ) -> Result<()> {
         let tokens = tokens.unwrap_or_else(|| vec![id_last]);
         if tokens.last() != Some(&id_last) {
-            return Err(EngineError::Invalid(
+            return Err(Error::Invalid(
                 "tokens must end with id_last, the last committed token".into(),
             ));
         }
@@ -117,7 +118,7 @@ impl SessionGeneration {
             return Err(usage("this generation has already started"));
         }
         if n_past == 0 || tokens.is_empty() {
-            return Err(EngineError::Invalid(
+            return Err(Error::Invalid(
                 "n_past must be positive and the last committed token known".into(),
             ));
         }

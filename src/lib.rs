@@ -2,14 +2,16 @@
 //!
 //! Layout: [`speculative`] is the seed contract (bounds, errors, validators and
 //! the capture/restore protocol over the `mtp_session_*` shim);
-//! [`native`] is the safe layer of RAII owners over llama.cpp's handles;
-//! [`native_info`] describes the native build; [`settings`] holds the one
+//! [`native`] is the safe layer of RAII owners over llama.cpp's handles,
+//! the only module that calls llama.cpp (its `info` describes the native
+//! build); [`settings`] holds the one
 //! validating rule for each generation setting; [`engine`] is the one
 //! speculative round engine with a drafter per mode; [`generator`] (five
 //! modes) and [`generation`] (a session over caller-built contexts) drive it;
 //! [`chat`] renders conversations with llama.cpp's chat templates and
 //! continues them turn by turn; [`checkpoint`] is the byte format and the
-//! capture/restore operations; and
+//! capture/restore operations; [`Error`] is the one error of the core, which
+//! every layer's error converts into; and
 //! `bindings` (feature `python`) is the thin PyO3 layer that exposes all of it
 //! to Python as `specstate._native`.
 
@@ -18,11 +20,13 @@ mod bindings;
 pub mod chat;
 pub mod checkpoint;
 pub mod engine;
+mod error;
 pub mod generation;
 pub mod generator;
 pub mod native;
-pub mod native_info;
 pub mod sampling;
 pub mod session;
 pub mod settings;
 pub mod speculative;
+
+pub use error::{Error, Result};

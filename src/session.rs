@@ -4,67 +4,10 @@
 //! restore go through the seed's protocol (`speculative::capture_state` and
 //! `speculative::restore_state`).
 
-use std::ptr::NonNull;
-
-use llama_cpp_sys_4 as sys;
-
-use crate::native::{Batch, Context};
-use crate::settings::SettingError;
+use crate::native::{Batch, Context, OtherContexts, SessionHandle};
 use crate::speculative::{self, SpeculativeStateError, MAX_SPECULATIVE_PROMPT_TOKENS};
 
-/// Which draft strategy a session drives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SpecType {
-    /// Multi-token prediction: the draft context is the target model's own
-    /// nextn head, in a context of kind `Mtp`.
-    Mtp,
-    /// EAGLE-3: the draft context runs a separate EAGLE-3 draft model.
-    Eagle3,
-}
-
-impl SpecType {
-    /// The strategy called `mtp` or `eagle3`.
-    pub fn parse(name: &str) -> Result<Self, SettingError> {
-        match name {
-            "mtp" => Ok(Self::Mtp),
-            "eagle3" => Ok(Self::Eagle3),
-            _ => Err(SettingError {
-                field: "spec_type",
-                reason: format!("must be 'mtp' or 'eagle3', not {name:?}"),
-            }),
-        }
-    }
-
-    /// `mtp` or `eagle3`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Mtp => "mtp",
-            Self::Eagle3 => "eagle3",
-        }
-    }
-
-    fn raw(self) -> i32 {
-        match self {
-            Self::Mtp => sys::MTP_SPEC_TYPE_MTP as i32,
-            Self::Eagle3 => sys::MTP_SPEC_TYPE_EAGLE3 as i32,
-        }
-    }
-}
-
-/// A session's configuration, validated by the seed's `validate_config`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SessionConfig {
-    /// Sequence slots.
-    pub n_seq: u32,
-    /// Most tokens one draft may propose.
-    pub n_draft_max: i32,
-    /// Fewest tokens a draft must have to be proposed.
-    pub n_min: i32,
-    /// Smallest draft-token probability kept.
-    pub p_min: f32,
-    /// The draft strategy.
-    pub spec_type: SpecType,
-}
+pub use crate::native::{SessionConfig, SpecType};
 
 /// Failures of a session call.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -97,13 +40,11 @@ pub enum SessionError {
     State(#[from] SpeculativeStateError),
 }
 
-/// A native speculative session (`mtp_session_new`/`mtp_session_free`).
-///
-/// llama.cpp keeps pointers to both contexts inside the session: the owner of
-/// a `DraftSession` must keep the target and draft contexts alive, and must
-/// not move them, for as long as the session lives (see [`DraftSession::new`]).
+/// A speculative session over a target and a draft context
+/// ([`SessionHandle`], which keeps both alive): its calls that reach the
+/// contexts take them, the ones it was created over.
 pub struct DraftSession {
-    raw: NonNull<sys::mtp_session>,
+    native: SessionHandle,
     config: SessionConfig,
     /// Tokens proposed by the pending draft of each sequence (0: none pending).
     proposed: Vec<usize>,
@@ -119,10 +60,6 @@ pub struct DraftSession {
     /// Tokens in the target's vocabulary (llama.cpp aborts on ids outside it).
     n_vocab: usize,
 }
-
-// SAFETY: the native session has no thread affinity; every call goes through
-// `&mut self` or reads through `&self` that no `&mut` call can overlap.
-unsafe impl Send for DraftSession {}
 
 /// A session's target and draft are two contexts. Rust's borrows guarantee
 /// it to [`DraftSession::new`]; a caller that holds contexts by shared
@@ -209,12 +146,7 @@ fn check_contexts(
 
 impl DraftSession {
     /// Validate `config` and both contexts, then create the native session.
-    ///
-    /// # Safety
-    /// `target` and `draft` must stay alive, at the same address, and must
-    /// not be used by another session, for as long as the returned session
-    /// lives: llama.cpp keeps pointers to them.
-    pub unsafe fn new(
+    pub fn new(
         target: &mut Context,
         draft: &mut Context,
         config: SessionConfig,
@@ -226,24 +158,14 @@ impl DraftSession {
         speculative::validate_context_capacities(target.capacity(), draft.capacity(), maximum)
             .map_err(SessionError::Capacity)?;
         check_contexts(target, draft, &config)?;
-        let raw_config = sys::mtp_session_config {
-            n_seq: config.n_seq,
-            n_draft_max: config.n_draft_max,
-            n_min: config.n_min,
-            p_min: config.p_min,
-            spec_type: config.spec_type.raw(),
-        };
-        // SAFETY: both contexts are live (the caller keeps them so, see the
-        // contract above); `raw_config` lives for the call; null means failure.
-        let raw = unsafe { sys::mtp_session_new(target.raw(), draft.raw(), &raw const raw_config) };
-        let raw = NonNull::new(raw).ok_or_else(|| {
+        let native = SessionHandle::new(target, draft, config).ok_or_else(|| {
             SessionError::Incompatible(format!(
                 "llama.cpp could not create a {:?} session for these contexts (missing draft heads or target layers)",
                 config.spec_type
             ))
         })?;
         Ok(Self {
-            raw,
+            native,
             config,
             proposed: vec![0; config.n_seq as usize],
             drafted: 0,
@@ -287,7 +209,13 @@ impl DraftSession {
     }
 
     /// Start a generation on `seq_id` whose `prompt` was decoded into the target.
-    pub fn begin(&mut self, seq_id: i32, prompt: &[i32]) -> Result<(), SessionError> {
+    pub fn begin(
+        &mut self,
+        target: &Context,
+        draft: &mut Context,
+        seq_id: i32,
+        prompt: &[i32],
+    ) -> Result<(), SessionError> {
         let slot = self.slot(seq_id)?;
         self.check_tokens(prompt)?;
         if prompt.len() > MAX_SPECULATIVE_PROMPT_TOKENS {
@@ -301,11 +229,7 @@ impl DraftSession {
                 "cannot begin while a proposal is pending; accept it first".into(),
             ));
         }
-        // SAFETY: the session is live and exclusively borrowed; `prompt` is
-        // readable for `len` tokens during the call.
-        let ok = unsafe {
-            sys::mtp_session_begin(self.raw.as_ptr(), seq_id, prompt.as_ptr(), prompt.len())
-        };
+        let ok = self.native.begin(target, draft, seq_id, prompt)?;
         ok.then_some(())
             .ok_or_else(|| SessionError::Native("mtp_session_begin failed".into()))
     }
@@ -328,22 +252,31 @@ impl DraftSession {
     /// session was created (checked first, so llama.cpp never reads hidden
     /// states it never extracted): the order for a caller that does not run
     /// the decodes itself.
-    pub fn process_decoded(&mut self, target: &Context, batch: &Batch) -> Result<(), SessionError> {
+    pub fn process_decoded(
+        &mut self,
+        target: &Context,
+        draft: &mut Context,
+        batch: &Batch,
+    ) -> Result<(), SessionError> {
         if target.decode_count() <= self.created_at_decode || !target.decoded_last(batch) {
             return Err(SessionError::Usage(
                 "process() takes the batch the target decoded last, after the session was created"
                     .into(),
             ));
         }
-        self.process(batch)
+        self.process(target, draft, batch)
     }
 
     /// Tell the session about `batch`, which was just decoded on the target
     /// (see [`DraftSession::process_decoded`] for a caller that cannot be sure).
-    pub fn process(&mut self, batch: &Batch) -> Result<(), SessionError> {
+    pub fn process(
+        &mut self,
+        target: &Context,
+        draft: &mut Context,
+        batch: &Batch,
+    ) -> Result<(), SessionError> {
         self.check_rows(batch.len())?;
-        // SAFETY: the session and the batch are live; the shim only reads the batch.
-        let ok = unsafe { sys::mtp_session_process(self.raw.as_ptr(), batch.raw()) };
+        let ok = self.native.process(target, draft, batch)?;
         ok.then_some(())
             .ok_or_else(|| SessionError::Native("mtp_session_process failed".into()))
     }
@@ -351,6 +284,8 @@ impl DraftSession {
     /// Draft up to `n_draft_max` tokens for `seq_id` after `id_last` at `n_past`.
     pub fn draft(
         &mut self,
+        target: &Context,
+        draft: &mut Context,
         seq_id: i32,
         n_past: i32,
         id_last: i32,
@@ -368,32 +303,22 @@ impl DraftSession {
                     .into(),
             ));
         }
-        let capacity = self.config.n_draft_max;
-        let mut tokens = vec![0_i32; capacity as usize];
-        let mut written = capacity;
-        // SAFETY: `tokens` has `capacity` writable slots and `written` says so
-        // on entry, as the shim requires; the session is exclusively borrowed.
-        let ok = unsafe {
-            sys::mtp_session_draft(
-                self.raw.as_ptr(),
-                seq_id,
-                n_past,
-                id_last,
-                tokens.as_mut_ptr(),
-                &raw mut written,
-            )
-        };
-        if !ok {
+        let Some(tokens) = self.native.draft(target, draft, seq_id, n_past, id_last)? else {
             return Err(SessionError::Native("mtp_session_draft failed".into()));
-        }
-        tokens.truncate(usize::try_from(written).unwrap_or(0).min(capacity as usize));
+        };
         self.proposed[slot] = tokens.len();
         self.drafted += tokens.len() as u64;
         Ok(tokens)
     }
 
     /// Complete the pending proposal of `seq_id`: `n_accepted` of its tokens were verified.
-    pub fn accept(&mut self, seq_id: i32, n_accepted: usize) -> Result<(), SessionError> {
+    pub fn accept(
+        &mut self,
+        target: &Context,
+        draft: &mut Context,
+        seq_id: i32,
+        n_accepted: usize,
+    ) -> Result<(), SessionError> {
         let slot = self.slot(seq_id)?;
         let proposed = self.proposed[slot];
         if proposed == 0 {
@@ -409,9 +334,7 @@ impl DraftSession {
         // `proposed <= n_draft_max <= 4096`, so the count fits u16.
         let count = u16::try_from(n_accepted)
             .map_err(|_| SessionError::Usage("n_accepted exceeds u16".into()))?;
-        // SAFETY: the session is live and exclusively borrowed.
-        let ok = unsafe { sys::mtp_session_accept(self.raw.as_ptr(), seq_id, count) };
-        if !ok {
+        if !self.native.accept(target, draft, seq_id, count)? {
             return Err(SessionError::Native("mtp_session_accept failed".into()));
         }
         self.proposed[slot] = 0;
@@ -421,27 +344,23 @@ impl DraftSession {
 
     /// Whether no sequence has a pending proposal.
     pub fn is_quiescent(&self) -> bool {
-        // SAFETY: the session is live.
-        unsafe { sys::mtp_session_is_quiescent(self.raw.as_ptr()) }
+        self.native.is_quiescent()
     }
 
     /// Whether `seq_id` has a pending proposal.
     pub fn has_pending_proposal(&self, seq_id: i32) -> Result<bool, SessionError> {
         self.slot(seq_id)?;
-        // SAFETY: the session is live.
-        Ok(unsafe { sys::mtp_session_has_pending_proposal(self.raw.as_ptr(), seq_id) })
+        Ok(self.native.has_pending_proposal(seq_id))
     }
 
     /// Whether the target must keep post-norm embeddings.
     pub fn need_embd(&self) -> bool {
-        // SAFETY: the session is live.
-        unsafe { sys::mtp_session_need_embd(self.raw.as_ptr()) }
+        self.native.need_embd()
     }
 
     /// Whether the target must keep pre-norm hidden states.
     pub fn need_embd_pre_norm(&self) -> bool {
-        // SAFETY: the session is live.
-        unsafe { sys::mtp_session_need_embd_pre_norm(self.raw.as_ptr()) }
+        self.native.need_embd_pre_norm()
     }
 
     /// Tokens drafted so far.
@@ -456,7 +375,7 @@ impl DraftSession {
 
     /// The exact speculative state of `seq_id` (quiescent sessions only).
     pub fn state(&self, seq_id: i32) -> Result<Vec<u8>, SpeculativeStateError> {
-        let state = speculative::capture_state(self.raw, seq_id)?;
+        let state = speculative::capture_state(&self.native, seq_id)?;
         if !self.state_is_complete() {
             return Err(SpeculativeStateError::Unavailable);
         }
@@ -465,15 +384,13 @@ impl DraftSession {
 
     /// Restore `seq_id`'s speculative state; invalid bytes leave it unchanged.
     pub fn restore(&mut self, seq_id: i32, state: &[u8]) -> Result<(), SpeculativeStateError> {
-        speculative::restore_state(self.raw, seq_id, state)
+        speculative::restore_state(&mut self.native, seq_id, state)
     }
 }
 
-impl Drop for DraftSession {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from `mtp_session_new` and is freed once, while
-        // the contexts it points to are still alive (the owner's contract).
-        unsafe { sys::mtp_session_free(self.raw.as_ptr()) };
+impl From<OtherContexts> for SessionError {
+    fn from(error: OtherContexts) -> Self {
+        Self::Usage(error.to_string())
     }
 }
 

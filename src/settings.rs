@@ -471,11 +471,11 @@ impl GeneratorConfig {
     }
 
     fn validate_n_draft(&self) -> Result<(), SettingError> {
-        let max_draft = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32;
-        if self.n_draft > max_draft {
+        let most = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32;
+        if self.n_draft > most {
             return refuse(
                 "n_draft",
-                format!("must be at most {max_draft}, not {}", self.n_draft),
+                format!("must be at most {most}, not {}", self.n_draft),
             );
         }
         // The rows a generator runs: n_batch, clamped to a given n_ctx.

@@ -1,6 +1,6 @@
 //! Shared exact-state contracts for speculative draft sessions.
 
-use std::ptr::NonNull;
+use crate::native::SessionHandle;
 
 /// Maximum speculative continuation bytes copied through the safe API.
 pub const MAX_SPECULATIVE_STATE_BYTES: usize = 64 * 1024 * 1024;
@@ -150,30 +150,15 @@ impl std::fmt::Display for SpeculativeStateError {
 impl std::error::Error for SpeculativeStateError {}
 
 pub(crate) fn capture_state(
-    raw: NonNull<llama_cpp_sys_4::mtp_session>,
+    session: &SessionHandle,
     seq_id: i32,
 ) -> Result<Vec<u8>, SpeculativeStateError> {
-    let mut size = 0_usize;
-    // SAFETY: `raw` is owned by the calling safe session and `size` is a live
-    // output for the duration of the synchronous call.
-    let status =
-        unsafe { llama_cpp_sys_4::mtp_session_state_size(raw.as_ptr(), seq_id, &raw mut size) };
+    let (status, size) = session.state_size(seq_id);
     status_result(status)?;
     validate_size(size)?;
 
     let mut state = vec![0_u8; size];
-    let mut written = 0_usize;
-    // SAFETY: the vector has exactly `size` writable bytes and the session
-    // remains exclusively borrowed by the caller.
-    let status = unsafe {
-        llama_cpp_sys_4::mtp_session_state_get(
-            raw.as_ptr(),
-            seq_id,
-            state.as_mut_ptr(),
-            state.len(),
-            &raw mut written,
-        )
-    };
+    let (status, written) = session.state_get(seq_id, &mut state);
     if status == llama_cpp_sys_4::MTP_STATE_STATUS_BUFFER_SMALL {
         return Err(SpeculativeStateError::SizeChanged {
             expected: size,
@@ -191,7 +176,7 @@ pub(crate) fn capture_state(
 }
 
 pub(crate) fn restore_state(
-    raw: NonNull<llama_cpp_sys_4::mtp_session>,
+    session: &mut SessionHandle,
     seq_id: i32,
     state: &[u8],
 ) -> Result<(), SpeculativeStateError> {
@@ -199,12 +184,7 @@ pub(crate) fn restore_state(
     if state.is_empty() {
         return Err(SpeculativeStateError::Invalid);
     }
-    // SAFETY: `state` remains live and immutable for the synchronous call; the
-    // owning safe session provides exclusive native access.
-    let status = unsafe {
-        llama_cpp_sys_4::mtp_session_state_set(raw.as_ptr(), seq_id, state.as_ptr(), state.len())
-    };
-    status_result(status)
+    status_result(session.state_set(seq_id, state))
 }
 
 pub(crate) fn validate_size(size: usize) -> Result<(), SpeculativeStateError> {

@@ -7,11 +7,11 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use specstate::engine::EngineError;
 use specstate::generator::{Generator, GeneratorConfig, Mode, NgramConfig, RuntimeOptions};
 use specstate::native::{Context, ContextKind, ContextParams, Model};
 use specstate::sampling::SamplingParams;
 use specstate::session::{DraftSession, SessionConfig, SessionError, SpecType};
+use specstate::Error;
 
 const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const REPETITIVE: &str = "one two three four, one two three four, one two three four, one two";
@@ -195,11 +195,13 @@ fn an_end_of_generation_token_is_the_last_committed() {
 fn bad_prompts_and_calls_are_refused_with_their_kind() {
     let _serial = serial();
     let mut generator = generator(Mode::None, 0.0);
-    let invalid = |result: Result<i32, EngineError>, needle: &str| match result {
-        Err(EngineError::Invalid(message)) => assert!(message.contains(needle), "{message}"),
+    let invalid = |result: Result<i32, Error>, needle: &str| match result {
+        Err(error @ (Error::Invalid(_) | Error::Vocabulary(_))) => {
+            assert!(error.to_string().contains(needle), "{error}");
+        }
         other => panic!("expected Invalid({needle}), got {other:?}"),
     };
-    assert!(matches!(generator.take(1), Err(EngineError::Usage(_))));
+    assert!(matches!(generator.take(1), Err(Error::Usage(_))));
     invalid(generator.prefill(&[]), "empty");
     invalid(generator.prefill(&[1, -1]), "vocabulary");
     invalid(generator.prefill(&[1; 256]), "no room");
@@ -208,10 +210,7 @@ fn bad_prompts_and_calls_are_refused_with_their_kind() {
         "a refused prompt leaves nothing behind"
     );
     generator.prefill(&prompt("hello")).expect("prefill");
-    assert!(matches!(
-        generator.prefill(&[1]),
-        Err(EngineError::Usage(_))
-    ));
+    assert!(matches!(generator.prefill(&[1]), Err(Error::Usage(_))));
 }
 
 #[test]
@@ -251,7 +250,6 @@ fn a_session_refuses_a_configuration_or_contexts_that_cannot_work() {
 }
 
 fn refused(target: &mut Context, draft: &mut Context, config: SessionConfig) -> SessionError {
-    // SAFETY: both contexts outlive the call, and no session is created.
-    let session = unsafe { DraftSession::new(target, draft, config) };
+    let session = DraftSession::new(target, draft, config);
     session.err().expect("refused")
 }

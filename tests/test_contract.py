@@ -503,3 +503,20 @@ def test_valid_state_sizes_pass(size: int) -> None:
 def test_excessive_state_sizes_fail(size: int) -> None:
     with pytest.raises(ExcessiveStateError):
         specstate.validate_state_size(size)
+
+
+def test_native_error_messages_are_written_once_in_rust(tmp_path: Path) -> None:
+    """ModelLoadError, DecodeError and ModelChangedError format the core's templates (_native.NATIVE_MESSAGES)."""
+    from specstate import _native
+
+    assert sorted(_native.NATIVE_MESSAGES) == ["Decode", "ModelChanged", "ModelLoad"]
+    missing = tmp_path / "{reason}.gguf"
+    with pytest.raises(errors_module.ModelLoadError) as raised:
+        specstate.Model(str(missing))
+    assert str(raised.value) == _native.NATIVE_MESSAGES["ModelLoad"].format(path=missing, reason=raised.value.reason)
+    assert str(raised.value).startswith(f"cannot load model {missing}: ")
+    assert str(errors_module.DecodeError(2)) == "llama_decode failed with status 2"
+    changed = errors_module.ModelChangedError("m.gguf", "size")
+    assert str(pickle.loads(pickle.dumps(changed))) == _native.NATIVE_MESSAGES["ModelChanged"].format(
+        path="m.gguf", change="size"
+    )

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
     "MAX_THREADS",
+    "NATIVE_MESSAGES",
     "SPECULATIVE_STATE_MESSAGES",
     "Batch",
     "ChatTemplate",
@@ -59,6 +60,10 @@ MAX_THREADS: Final[int]
 #: The message template of each variant of the seed's ``SpeculativeStateError`` by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
 SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
+#: The message template of the native errors whose exceptions have fields (``ModelLoad``: ``ModelLoadError``,
+#: ``Decode``: ``DecodeError``, ``ModelChanged``: ``ModelChangedError``) by variant name (``{field}``
+#: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
+NATIVE_MESSAGES: Final[dict[str, str]]
 
 @final
 class ContextCapacity:

@@ -5,6 +5,8 @@ the seed's ``SpeculativeStateError`` enum: its fields are attributes, it can be
 built from them as keyword arguments, its ``str()`` is the seed's ``Display``
 text (the message template written once, in Rust, read from
 ``specstate._native.SPECULATIVE_STATE_MESSAGES``), and it pickles.
+:class:`ModelLoadError`, :class:`ModelChangedError` and :class:`DecodeError`
+format their messages the same way, from ``specstate._native.NATIVE_MESSAGES``.
 :class:`ConfigError` and :class:`CapacityError` carry the seed validators'
 messages and are :class:`ValueError` subclasses.
 """
@@ -66,6 +68,14 @@ class CapacityError(ValueError):
     """
 
 
+def _message(variant: str, *, native: bool = False) -> str:
+    """The message template (``{field}`` placeholders) of the seed enum's ``variant``, or with ``native`` of the
+    native error's, as the native core writes it."""
+    from specstate import _native  # imported here: the native module's initialisation imports this one
+
+    return (_native.NATIVE_MESSAGES if native else _native.SPECULATIVE_STATE_MESSAGES)[variant]
+
+
 class ModelLoadError(OSError):
     """A model file is missing, unreadable, not GGUF, or refused by llama.cpp.
 
@@ -80,7 +90,7 @@ class ModelLoadError(OSError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"cannot load model {self.path}: {self.reason}"
+        return _message("ModelLoad", native=True).format(path=self.path, reason=self.reason)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.reason))
@@ -104,11 +114,7 @@ class ModelChangedError(OSError):
         self.change = change
 
     def __str__(self) -> str:
-        return (
-            f"model {self.path} was loaded with use_mmap=True and its file has changed since ({self.change}): "
-            "its weights may no longer be the ones its fingerprint names, so no checkpoint is written or "
-            "restored with it; load the model again"
-        )
+        return _message("ModelChanged", native=True).format(path=self.path, change=self.change)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.change))
@@ -157,7 +163,7 @@ class DecodeError(RuntimeError):
         self.status = status
 
     def __str__(self) -> str:
-        return f"llama_decode failed with status {self.status}"
+        return _message("Decode", native=True).format(status=self.status)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.status,))
@@ -256,13 +262,6 @@ class AllocationLimitError(ConfigMismatchError):
 
     requested: int
     maximum: int
-
-
-def _message(variant: str) -> str:
-    """The message template of the seed enum's ``variant`` (``{field}`` placeholders), as the native core writes it."""
-    from specstate import _native  # imported here: the native module's initialisation imports this one
-
-    return _native.SPECULATIVE_STATE_MESSAGES[variant]
 
 
 class SpeculativeStateError(Exception):

@@ -191,11 +191,7 @@ impl PyContext {
             None => Context::new(shared, params)?,
             Some(other) => {
                 let source = other.get().owned(py)?;
-                // SAFETY: the new `PyContext` holds `other` in `_other`, so the
-                // linked context outlives it; llama.cpp's context lives on the
-                // heap, so it stays where it is (moving the `Context` value
-                // into `other`'s lock moved only the pointer to it).
-                unsafe { Context::with_other(shared, params, &source.native)? }
+                Context::with_other(shared, params, &source.native)?
             }
         };
         let capacity = native.capacity();

@@ -2,10 +2,13 @@
 //!
 //! The exception classes live in Python (so that they carry fields, accept
 //! keyword arguments and pickle like any Python exception). They are reached
-//! through PyO3's typed import ([`classes`]), and every Rust error type has
-//! one `From<...> for PyErr`, so the bindings use `?`. The module's init
-//! imports every class named here, so a misspelt one fails at import, not
-//! when that error first happens.
+//! through PyO3's typed import ([`classes`]). The core's one error,
+//! [`crate::Error`], becomes an exception in one place, its
+//! `From<Error> for PyErr` (as polars-python's `PyPolarsErr`); each layer's
+//! own error reaches it through its `From` into [`crate::Error`], so the
+//! bindings use `?` on any of them. The module's init imports every class
+//! named here, so a misspelt one fails at import, not when that error first
+//! happens.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -13,12 +16,12 @@ use pyo3::types::PyDict;
 use pyo3::PyTypeInfo;
 
 use crate::chat::ChatError;
-use crate::checkpoint::{self, CheckpointError};
-use crate::engine::EngineError;
-use crate::native::NativeError;
+use crate::checkpoint::CheckpointError;
+use crate::native::{NativeError, OutOfVocabulary};
 use crate::session::SessionError;
 use crate::settings::SettingError;
 use crate::speculative::SpeculativeStateError;
+use crate::Error;
 
 macro_rules! python_exceptions {
     ($($name:ident),* $(,)?) => {
@@ -72,86 +75,105 @@ pub(crate) mod classes {
     );
 }
 
-impl From<SpeculativeStateError> for PyErr {
-    fn from(error: SpeculativeStateError) -> Self {
-        use classes as c;
-        use SpeculativeStateError as E;
+/// The exception of the seed's speculative-state error: one class per variant.
+fn speculative_state_error(error: SpeculativeStateError) -> PyErr {
+    use classes as c;
+    use SpeculativeStateError as E;
+    match error {
+        E::Null => c::NullStateError::new_err(()),
+        E::BadSequence => c::BadSequenceError::new_err(()),
+        E::NotQuiescent => c::NotQuiescentError::new_err(()),
+        E::SizeChanged { expected, actual } => {
+            c::StateSizeChangedError::new_err((expected, actual))
+        }
+        E::BufferTooSmall => c::BufferTooSmallError::new_err(()),
+        E::Unavailable => c::StateUnavailableError::new_err(()),
+        E::Invalid => c::InvalidStateError::new_err(()),
+        E::Overflow => c::StateOverflowError::new_err(()),
+        E::Exception => c::NativeExceptionError::new_err(()),
+        E::Excessive { size, maximum } => c::ExcessiveStateError::new_err((size, maximum)),
+        E::Unknown(status) => c::UnknownStatusError::new_err((status,)),
+    }
+}
+
+/// A native failure's exception.
+fn native_error(error: NativeError) -> PyErr {
+    match error {
+        NativeError::ModelLoad { path, reason } => {
+            classes::ModelLoadError::new_err((path.display().to_string(), reason))
+        }
+        NativeError::ContextInit(message) => classes::ContextError::new_err((message,)),
+        NativeError::InvalidArgument(message) => PyValueError::new_err(message),
+        NativeError::Decode(status) => classes::DecodeError::new_err((status,)),
+        NativeError::SequenceState(message) => classes::SequenceStateError::new_err((message,)),
+        NativeError::ModelChanged { path, change } => {
+            classes::ModelChangedError::new_err((path.display().to_string(), change))
+        }
+    }
+}
+
+/// A session failure's exception.
+fn session_error(error: SessionError) -> PyErr {
+    match error {
+        SessionError::Config(message) => classes::ConfigError::new_err((message,)),
+        SessionError::Capacity(message) => classes::CapacityError::new_err((message,)),
+        SessionError::Incompatible(message) => classes::ContextError::new_err((message,)),
+        SessionError::BadSequence { .. } => {
+            speculative_state_error(SpeculativeStateError::BadSequence)
+        }
+        SessionError::Usage(message) | SessionError::Native(message) => {
+            classes::SessionError::new_err((message,))
+        }
+        SessionError::State(state) => speculative_state_error(state),
+    }
+}
+
+/// A chat failure's exception.
+fn chat_error(error: ChatError) -> PyErr {
+    match error {
+        ChatError::Messages(message) => PyValueError::new_err(message),
+        ChatError::Template(message) => classes::ChatTemplateError::new_err((message,)),
+        ChatError::Native(error) => native_error(error),
+    }
+}
+
+/// The one conversion of the core's error into a Python exception.
+impl From<Error> for PyErr {
+    fn from(error: Error) -> Self {
         match error {
-            E::Null => c::NullStateError::new_err(()),
-            E::BadSequence => c::BadSequenceError::new_err(()),
-            E::NotQuiescent => c::NotQuiescentError::new_err(()),
-            E::SizeChanged { expected, actual } => {
-                c::StateSizeChangedError::new_err((expected, actual))
+            Error::Invalid(message) => PyValueError::new_err(message),
+            Error::Setting(error) => PyValueError::new_err(error.to_string()),
+            Error::Vocabulary(error) => PyValueError::new_err(error.to_string()),
+            Error::Usage(message) => classes::GenerationError::new_err((message,)),
+            Error::Native(error) => native_error(error),
+            Error::Session(error) => session_error(error),
+            Error::Checkpoint(error) => checkpoint_error(&error),
+            Error::Chat(error) => chat_error(error),
+        }
+    }
+}
+
+/// Each layer's error becomes an exception through [`Error`] (so that `?`
+/// works on it in the bindings).
+macro_rules! through_core_error {
+    ($($error:ty),* $(,)?) => {
+        $(impl From<$error> for PyErr {
+            fn from(error: $error) -> Self {
+                Error::from(error).into()
             }
-            E::BufferTooSmall => c::BufferTooSmallError::new_err(()),
-            E::Unavailable => c::StateUnavailableError::new_err(()),
-            E::Invalid => c::InvalidStateError::new_err(()),
-            E::Overflow => c::StateOverflowError::new_err(()),
-            E::Exception => c::NativeExceptionError::new_err(()),
-            E::Excessive { size, maximum } => c::ExcessiveStateError::new_err((size, maximum)),
-            E::Unknown(status) => c::UnknownStatusError::new_err((status,)),
-        }
-    }
+        })*
+    };
 }
 
-impl From<NativeError> for PyErr {
-    fn from(error: NativeError) -> Self {
-        match error {
-            NativeError::ModelLoad { path, reason } => {
-                classes::ModelLoadError::new_err((path.display().to_string(), reason))
-            }
-            NativeError::ContextInit(message) => classes::ContextError::new_err((message,)),
-            NativeError::InvalidArgument(message) => PyValueError::new_err(message),
-            NativeError::Decode(status) => classes::DecodeError::new_err((status,)),
-            NativeError::SequenceState(message) => classes::SequenceStateError::new_err((message,)),
-            NativeError::ModelChanged { path, change } => {
-                classes::ModelChangedError::new_err((path.display().to_string(), change))
-            }
-        }
-    }
-}
-
-impl From<SessionError> for PyErr {
-    fn from(error: SessionError) -> Self {
-        match error {
-            SessionError::Config(message) => classes::ConfigError::new_err((message,)),
-            SessionError::Capacity(message) => classes::CapacityError::new_err((message,)),
-            SessionError::Incompatible(message) => classes::ContextError::new_err((message,)),
-            SessionError::BadSequence { .. } => SpeculativeStateError::BadSequence.into(),
-            SessionError::Usage(message) | SessionError::Native(message) => {
-                classes::SessionError::new_err((message,))
-            }
-            SessionError::State(state) => state.into(),
-        }
-    }
-}
-
-impl From<ChatError> for PyErr {
-    fn from(error: ChatError) -> Self {
-        match error {
-            ChatError::Messages(message) => PyValueError::new_err(message),
-            ChatError::Template(message) => classes::ChatTemplateError::new_err((message,)),
-            ChatError::Native(error) => error.into(),
-        }
-    }
-}
-
-impl From<SettingError> for PyErr {
-    fn from(error: SettingError) -> Self {
-        PyValueError::new_err(error.to_string())
-    }
-}
-
-impl From<EngineError> for PyErr {
-    fn from(error: EngineError) -> Self {
-        match error {
-            EngineError::Invalid(message) => PyValueError::new_err(message),
-            EngineError::Usage(message) => classes::GenerationError::new_err((message,)),
-            EngineError::Native(error) => error.into(),
-            EngineError::Session(error) => error.into(),
-        }
-    }
-}
+through_core_error!(
+    ChatError,
+    CheckpointError,
+    NativeError,
+    OutOfVocabulary,
+    SessionError,
+    SettingError,
+    SpeculativeStateError,
+);
 
 /// `ExcessiveStateError(size, maximum)` for a size given as a Python integer,
 /// which may exceed every native integer type.
@@ -243,24 +265,14 @@ fn checkpoint_fields<'py>(
     Ok((class, fields))
 }
 
-impl From<CheckpointError> for PyErr {
-    fn from(error: CheckpointError) -> Self {
-        Python::attach(|py| {
-            let raised = checkpoint_fields(py, &error)
-                .and_then(|(class, fields)| class.call((error.to_string(),), Some(&fields)));
-            match raised {
-                Ok(instance) => PyErr::from_value(instance),
-                Err(failure) => failure,
-            }
-        })
-    }
-}
-
-impl From<checkpoint::Error> for PyErr {
-    fn from(error: checkpoint::Error) -> Self {
-        match error {
-            checkpoint::Error::Checkpoint(error) => error.into(),
-            checkpoint::Error::Generator(error) => error.into(),
+/// A refused checkpoint's exception, its fields as keyword arguments.
+fn checkpoint_error(error: &CheckpointError) -> PyErr {
+    Python::attach(|py| {
+        let raised = checkpoint_fields(py, error)
+            .and_then(|(class, fields)| class.call((error.to_string(),), Some(&fields)));
+        match raised {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(failure) => failure,
         }
-    }
+    })
 }

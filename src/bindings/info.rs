@@ -4,7 +4,7 @@ use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::native_info as build;
+use crate::native::info as build;
 
 /// A description of the native build, as a dict of plain values.
 #[pyfunction]

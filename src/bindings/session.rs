@@ -6,10 +6,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::arguments::{f32_argument, TokenIds, WideInt};
-use super::context::{PyBatch, PyContext};
+use super::context::{ContextState, PyBatch, PyContext};
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use crate::generation::{self, SessionGeneration, SessionParts};
+use crate::native::Context;
 use crate::session::{check_distinct, DraftSession, SessionConfig, SpecType};
 
 /// A speculative draft session pairing a target context with a draft context.
@@ -65,6 +66,24 @@ impl PySession {
         self.check_thread()?;
         Ok(self.core.lock_waiting(py))
     }
+
+    /// Run `call` on the native session and both contexts, locked in the
+    /// fixed order (session, target, draft) with the GIL released, after the
+    /// thread check.
+    fn with_contexts<T: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&mut DraftSession, &mut ContextState, &mut Context) -> PyResult<T> + Send,
+    ) -> PyResult<T> {
+        self.check_thread()?;
+        let (target, draft) = (self.target.get(), self.draft.get());
+        py.detach(|| {
+            let mut core = self.core.lock();
+            let mut target = target.state.lock();
+            let mut draft = draft.state.lock();
+            call(&mut core, &mut target, &mut draft.native)
+        })
+    }
 }
 
 #[pymethods]
@@ -93,16 +112,7 @@ impl PySession {
         check_distinct(target.get(), draft.get())?;
         let mut target_state = target.get().owned(py)?;
         let mut draft_state = draft.get().owned(py)?;
-        // SAFETY: this object keeps both contexts alive through `target` and
-        // `draft` and drops `core` first; llama.cpp's contexts live on the
-        // heap, so they stay at the same address while the `Context` values
-        // owning them sit in their `PyContext`s' locks. The session reaches
-        // them natively, in `draft` and `accept` without those locks, but
-        // only from calls on the thread that owns it and both contexts (each
-        // call checks), one call at a time.
-        let core = unsafe {
-            DraftSession::new(&mut target_state.native, &mut draft_state.native, config)?
-        };
+        let core = DraftSession::new(&mut target_state.native, &mut draft_state.native, config)?;
         drop((target_state, draft_state));
         Ok(Self {
             core: Guarded::new(core),
@@ -157,7 +167,9 @@ impl PySession {
     #[pyo3(signature = (prompt, *, seq_id = WideInt(0)), text_signature = "(self, /, prompt, *, seq_id=0)")]
     fn begin(&self, py: Python<'_>, prompt: TokenIds, seq_id: WideInt) -> PyResult<()> {
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.owned(py)?.begin(seq_id, &prompt.0)?)
+        self.with_contexts(py, |core, target, draft| {
+            Ok(core.begin(&target.native, draft, seq_id, &prompt.0)?)
+        })
     }
 
     /// Decode `tokens` on the target at `start_pos..` of `seq_id`, then
@@ -174,14 +186,11 @@ impl PySession {
     ) -> PyResult<()> {
         let (tokens, start_pos) = (tokens.0, start_pos.narrow("start_pos")?);
         let seq_id = self.sequence(seq_id)?;
-        let target = self.target.get();
-        target.check_thread()?;
-        py.detach(|| {
-            let mut core = self.core.lock();
+        self.target.get().check_thread()?;
+        self.with_contexts(py, |core, target, draft| {
             core.check_rows(tokens.len())?;
-            let mut target = target.state.lock();
             target.decode_tokens(&tokens, start_pos, seq_id, all_logits)?;
-            Ok(core.process_decoded(&target.native, target.scratch())?)
+            Ok(core.process_decoded(&target.native, draft, target.scratch())?)
         })
     }
 
@@ -191,12 +200,9 @@ impl PySession {
     /// reads hidden states it never extracted; the batch's lock is held from
     /// the check to the end.
     fn process(&self, py: Python<'_>, batch: &Bound<'_, PyBatch>) -> PyResult<()> {
-        self.check_thread()?;
-        let (target, batch) = (self.target.get(), batch.get());
-        py.detach(|| {
-            let mut core = self.core.lock();
-            let target = target.state.lock();
-            Ok(core.process_decoded(&target.native, &batch.rows.lock())?)
+        let batch = batch.get();
+        self.with_contexts(py, |core, target, draft| {
+            Ok(core.process_decoded(&target.native, draft, &batch.rows.lock())?)
         })
     }
 
@@ -212,7 +218,9 @@ impl PySession {
         let n_past: i32 = n_past.narrow("n_past")?;
         let id_last: i32 = id_last.narrow("id_last")?;
         let seq_id = self.sequence(seq_id)?;
-        Ok(py.detach(|| self.core.lock().draft(seq_id, n_past, id_last))?)
+        self.with_contexts(py, |core, target, draft| {
+            Ok(core.draft(&target.native, draft, seq_id, n_past, id_last)?)
+        })
     }
 
     /// Complete the pending proposal: `n_accepted` of its tokens were verified.
@@ -220,7 +228,9 @@ impl PySession {
     fn accept(&self, py: Python<'_>, n_accepted: WideInt, seq_id: WideInt) -> PyResult<()> {
         let n_accepted: usize = n_accepted.narrow("n_accepted")?;
         let seq_id = self.sequence(seq_id)?;
-        Ok(self.owned(py)?.accept(seq_id, n_accepted)?)
+        self.with_contexts(py, |core, target, draft| {
+            Ok(core.accept(&target.native, draft, seq_id, n_accepted)?)
+        })
     }
 
     /// Whether no sequence has a pending proposal.
@@ -294,8 +304,7 @@ impl PyGreedyGeneration {
     fn run<T: Send>(
         &self,
         py: Python<'_>,
-        call: impl FnOnce(&mut SessionGeneration, &mut SessionParts<'_>) -> crate::engine::Result<T>
-            + Send,
+        call: impl FnOnce(&mut SessionGeneration, &mut SessionParts<'_>) -> crate::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_thread()?;
         let session = self.session.get();

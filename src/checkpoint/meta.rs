@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::format::{corrupt, CheckpointError};
 use crate::chat::Conversation;
 use crate::engine::{AdaptiveState, LogprobLog};
-use crate::native_info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
+use crate::native::info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::settings::{check_threads, NgramConfig};
 use crate::settings::{draft_policy_name, GeneratorConfig, Mode};

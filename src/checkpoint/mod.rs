@@ -12,7 +12,8 @@
 //!   bytes. It uses the generator's plain data types but never llama.cpp, a
 //!   [`Generator`](crate::generator::Generator) or a model;
 //! * the operations (`operations.rs`) capture a generator, write its
-//!   checkpoint, and restore or load one, with their own [`Error`].
+//!   checkpoint, and restore or load one, returning the core's
+//!   [`crate::Error`] (a refused checkpoint is its `Checkpoint` variant).
 
 mod codec;
 mod format;
@@ -28,17 +29,3 @@ pub use operations::{
     DEFAULT_MAX_N_BATCH, DEFAULT_MAX_N_CTX,
 };
 pub use state::EncodedState;
-
-use crate::generator::GeneratorError;
-
-/// Failures of the checkpoint operations: a refused checkpoint, or a
-/// failure of the generator itself.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The checkpoint was refused (it is untrusted input).
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The generator failed (or was used wrongly).
-    #[error(transparent)]
-    Generator(#[from] GeneratorError),
-}

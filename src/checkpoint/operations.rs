@@ -7,12 +7,11 @@ use super::codec::{Checkpoint, EncodeError, Payload, Sections};
 use super::format::{CheckpointError, SectionKind};
 use super::meta::{check_n_ctx_cap, LogprobsMeta, Meta, ModelFingerprint};
 use super::state::EncodedState;
-use super::Error;
 use crate::generator::{
-    rollback_snapshots, Generator, GeneratorConfig, GeneratorError, LogprobLog, RestoreError,
-    RuntimeOptions,
+    rollback_snapshots, Generator, GeneratorConfig, LogprobLog, RestoreError, RuntimeOptions,
 };
 use crate::native::{recurrent_state_bytes, Model};
+use crate::Error;
 
 /// The cap on a restored context when neither the caller nor the model names one.
 pub const DEFAULT_MAX_N_CTX: u32 = 8192;
@@ -51,9 +50,9 @@ pub fn fingerprint(model: &Model) -> ModelFingerprint {
 /// were loaded: their weights may no longer be the bytes their fingerprints
 /// name, so they take part in no checkpoint, written or restored.
 fn check_unchanged(target: &Model, draft: Option<&Model>) -> Result<(), Error> {
-    target.check_unchanged().map_err(GeneratorError::from)?;
+    target.check_unchanged()?;
     if let Some(draft) = draft {
-        draft.check_unchanged().map_err(GeneratorError::from)?;
+        draft.check_unchanged()?;
     }
     Ok(())
 }
@@ -65,17 +64,16 @@ pub struct Capture {
     meta: Vec<u8>,
     state: EncodedState,
     target_len: usize,
-    draft_len: Option<usize>,
+    draft_state_len: Option<usize>,
     speculative_state: Option<Vec<u8>>,
 }
 
 /// Capture a generator at its current boundary.
 pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
     if !generator.started() {
-        return Err(GeneratorError::Usage(
+        return Err(Error::Usage(
             "nothing to checkpoint: the generator has no prompt yet".into(),
-        )
-        .into());
+        ));
     }
     check_unchanged(
         generator.target_model(),
@@ -92,15 +90,13 @@ pub fn capture(generator: &mut Generator) -> Result<Capture, Error> {
     meta.logprobs = generator
         .logprobs()
         .map(|log| LogprobsMeta::pending(log, generator.state().delivered));
-    let meta = meta
-        .to_json()
-        .map_err(|e| GeneratorError::Invalid(e.to_string()))?;
+    let meta = meta.to_json().map_err(|e| Error::Invalid(e.to_string()))?;
     Ok(Capture {
         meta,
         state: EncodedState::new(generator.state()),
         speculative_state: generator.speculative_state()?,
         target_len: generator.target_state_size()?,
-        draft_len: generator.draft_state_size()?,
+        draft_state_len: generator.draft_state_size()?,
     })
 }
 
@@ -110,7 +106,7 @@ impl Capture {
             meta: &self.meta,
             state: &self.state,
             target_state: Payload::Written(self.target_len),
-            draft_state: self.draft_len.map(Payload::Written),
+            draft_state: self.draft_state_len.map(Payload::Written),
             speculative_state: self.speculative_state.as_deref().map(Payload::Bytes),
         }
     }
@@ -129,14 +125,14 @@ impl Capture {
             .encode_into(out, |kind, payload| match kind {
                 SectionKind::TargetState => generator.write_target_state(payload),
                 SectionKind::DraftState => generator.write_draft_state(payload),
-                kind => Err(GeneratorError::Usage(format!(
+                kind => Err(Error::Usage(format!(
                     "no writer for the {} section",
                     kind.name()
                 ))),
             });
         written.map_err(|error| match error {
-            EncodeError::BufferSize { .. } => GeneratorError::Usage(error.to_string()).into(),
-            EncodeError::Write(error) => error.into(),
+            EncodeError::BufferSize { .. } => Error::Usage(error.to_string()),
+            EncodeError::Write(error) => error,
         })
     }
 }
@@ -209,7 +205,7 @@ fn check_allocation(
     if max_n_batch.is_some() || snapshots == 0 {
         return Ok(());
     }
-    let state = recurrent_state_bytes(target).map_err(GeneratorError::from)?;
+    let state = recurrent_state_bytes(target)?;
     let (bytes, weights) = (snapshots.saturating_mul(state), target.size_bytes());
     if bytes <= weights {
         return Ok(());
@@ -253,7 +249,7 @@ pub fn restore(
     runtime: RuntimeOptions,
     limits: RestoreLimits,
 ) -> Result<Generator, Error> {
-    runtime.validate().map_err(GeneratorError::from)?;
+    runtime.validate()?;
     check_models(checkpoint, &target, draft.as_deref())?;
     check_unchanged(&target, draft.as_deref())?;
     let config = checkpoint.meta.config()?;
@@ -334,6 +330,6 @@ pub fn load_into(generator: &mut Generator, checkpoint: &Checkpoint<'_>) -> Resu
     };
     generator
         .put_back(kept)
-        .map_err(|e| GeneratorError::Usage(format!("could not put the generation back: {e}")))?;
+        .map_err(|e| Error::Usage(format!("could not put the generation back: {e}")))?;
     Err(refused(error).into())
 }

@@ -11,11 +11,16 @@ use crate::settings::NgramConfig;
 pub struct NoDrafter;
 
 impl Drafter for NoDrafter {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         0
     }
 
-    fn propose(&mut self, _request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
+    fn propose(
+        &mut self,
+        _target: &Context,
+        _request: DraftRequest<'_>,
+        _sampler: &mut Sampler,
+    ) -> Result<Draft> {
         Ok(Draft::default())
     }
 }
@@ -29,7 +34,7 @@ pub struct NgramDrafter {
 }
 
 impl Drafter for NgramDrafter {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         self.n_draft
     }
 
@@ -37,9 +42,14 @@ impl Drafter for NgramDrafter {
         true
     }
 
-    fn propose(&mut self, request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
+    fn propose(
+        &mut self,
+        _target: &Context,
+        request: DraftRequest<'_>,
+        _sampler: &mut Sampler,
+    ) -> Result<Draft> {
         Ok(Draft {
-            tokens: ngram::propose(request.history, self.config, request.limit),
+            tokens: ngram::propose(request.history, self.config, request.n_draft),
             distributions: None,
         })
     }
@@ -80,14 +90,19 @@ impl DraftModelDrafter<'_> {
 }
 
 impl Drafter for DraftModelDrafter<'_> {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         self.n_draft
     }
 
-    fn propose(&mut self, request: DraftRequest<'_>, sampler: &mut Sampler) -> Result<Draft> {
+    fn propose(
+        &mut self,
+        _target: &Context,
+        request: DraftRequest<'_>,
+        sampler: &mut Sampler,
+    ) -> Result<Draft> {
         self.catch_up(request.history)?;
-        let mut tokens = Vec::with_capacity(request.limit);
-        let mut dists = Vec::with_capacity(request.limit);
+        let mut tokens = Vec::with_capacity(request.n_draft);
+        let mut dists = Vec::with_capacity(request.n_draft);
         // The draft chooses as the target would after the same history.
         let mut seen = sampler.params.penalty_window(request.history).to_vec();
         loop {
@@ -103,7 +118,7 @@ impl Drafter for DraftModelDrafter<'_> {
             seen.push(token);
             tokens.push(token);
             dists.push(dist);
-            if tokens.len() == request.limit {
+            if tokens.len() == request.n_draft {
                 break;
             }
             self.batch
@@ -117,7 +132,7 @@ impl Drafter for DraftModelDrafter<'_> {
         })
     }
 
-    fn settle(&mut self, keep: usize, _accepted: usize) -> Result<()> {
+    fn settle(&mut self, _target: &Context, keep: usize, _accepted: usize) -> Result<()> {
         self.context.seq_rm(self.seq_id, position(keep)?, -1);
         *self.decoded = (*self.decoded).min(keep);
         Ok(())
@@ -136,30 +151,40 @@ pub struct SessionDrafter<'a> {
 
 impl SessionDrafter<'_> {
     /// Complete a pending proposal with `accepted` of its tokens.
-    fn complete(&mut self, accepted: usize) -> Result<()> {
+    fn complete(&mut self, target: &Context, accepted: usize) -> Result<()> {
         if self.session.has_pending_proposal(self.seq_id)? {
-            self.session.accept(self.seq_id, accepted)?;
+            self.session
+                .accept(target, self.context, self.seq_id, accepted)?;
         }
         Ok(())
     }
 }
 
 impl Drafter for SessionDrafter<'_> {
-    fn max_draft(&self) -> usize {
+    fn n_draft(&self) -> usize {
         usize::try_from(self.session.config().n_draft_max).unwrap_or(0)
     }
 
-    fn observe(&mut self, batch: &Batch) -> Result<()> {
-        Ok(self.session.process(batch)?)
+    fn observe(&mut self, target: &Context, batch: &Batch) -> Result<()> {
+        Ok(self.session.process(target, self.context, batch)?)
     }
 
-    fn begin(&mut self, prompt: &[i32]) -> Result<()> {
-        Ok(self.session.begin(self.seq_id, prompt)?)
+    fn begin(&mut self, target: &Context, prompt: &[i32]) -> Result<()> {
+        Ok(self
+            .session
+            .begin(target, self.context, self.seq_id, prompt)?)
     }
 
-    fn propose(&mut self, request: DraftRequest<'_>, _sampler: &mut Sampler) -> Result<Draft> {
+    fn propose(
+        &mut self,
+        target: &Context,
+        request: DraftRequest<'_>,
+        _sampler: &mut Sampler,
+    ) -> Result<Draft> {
         let n_past = position(request.n_past)?;
-        let tokens = self.session.draft(self.seq_id, n_past, request.id_last())?;
+        let tokens =
+            self.session
+                .draft(target, self.context, self.seq_id, n_past, request.id_last())?;
         // The draft context holds the drafted positions; the verify batch goes at n_past.
         self.context.seq_rm(self.seq_id, n_past, -1);
         Ok(Draft {
@@ -168,13 +193,13 @@ impl Drafter for SessionDrafter<'_> {
         })
     }
 
-    fn settle(&mut self, keep: usize, accepted: usize) -> Result<()> {
-        self.complete(accepted)?;
+    fn settle(&mut self, target: &Context, keep: usize, accepted: usize) -> Result<()> {
+        self.complete(target, accepted)?;
         self.context.seq_rm(self.seq_id, position(keep)?, -1);
         Ok(())
     }
 
-    fn abandon(&mut self) -> Result<()> {
-        self.complete(0)
+    fn abandon(&mut self, target: &Context) -> Result<()> {
+        self.complete(target, 0)
     }
 }

@@ -1,7 +1,7 @@
 //! The one speculative round engine behind every generation.
 //!
 //! A generation advances in rounds over a target context and a [`Drafter`]:
-//! draft up to a limit, verify the draft in one target batch through
+//! draft up to `n_draft` tokens, verify the draft in one target batch through
 //! [`Sampler::verify`], commit the accepted draft tokens and the target's own
 //! next token, and roll back what was rejected. [`Engine::prefill`] decodes a
 //! prompt and chooses the first token, [`Engine::extend`] does the same for a
@@ -10,7 +10,7 @@
 //! the caller built) drive these two functions.
 //!
 //! The rules, decided once for every drafter:
-//! - **Draft limit.** A round drafts at most `n_ctx - n_past - 2` tokens (so
+//! - **Draft length (`n_draft`).** A round drafts at most `n_ctx - n_past - 2` tokens (so
 //!   that every committed token fits the context, the last one included), at
 //!   most the batch's rows minus one (the verify batch holds the last token
 //!   and the draft), and at most the drafter's own maximum. A caller that
@@ -23,7 +23,7 @@
 //!   its own state every round.
 //! - **End of generation.** A committed end-of-generation token ends the
 //!   generation: what would follow it in the round is not committed.
-//! - **Decode failures** keep their type ([`NativeError::Decode`]), and the
+//! - **Decode failures** keep their type ([`crate::native::NativeError::Decode`]), and the
 //!   drafter abandons its proposal so its state stays quiescent.
 
 mod drafters;
@@ -35,42 +35,9 @@ pub use policy::AdaptiveState;
 
 use policy::Evidence;
 
-use crate::native::{Batch, Context, NativeError, OutOfVocabulary};
+use crate::native::{Batch, Context};
 use crate::sampling::{Distribution, Sampler, TokenLogprobs};
-use crate::session::SessionError;
-use crate::settings::SettingError;
-
-/// Failures of a generation call.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// Bad configuration or arguments.
-    #[error("{0}")]
-    Invalid(String),
-    /// The call does not fit the generation's state.
-    #[error("{0}")]
-    Usage(String),
-    /// A native failure (a failed decode included).
-    #[error(transparent)]
-    Native(#[from] NativeError),
-    /// A speculative session failure.
-    #[error(transparent)]
-    Session(#[from] SessionError),
-}
-
-impl From<SettingError> for EngineError {
-    fn from(error: SettingError) -> Self {
-        Self::Invalid(error.to_string())
-    }
-}
-
-impl From<OutOfVocabulary> for EngineError {
-    fn from(error: OutOfVocabulary) -> Self {
-        Self::Invalid(error.to_string())
-    }
-}
-
-/// Shorthand for results of the engine.
-pub type Result<T> = std::result::Result<T, EngineError>;
+use crate::{Error, Result};
 
 /// What a drafter is asked for at the start of a round.
 #[derive(Clone, Copy, Debug)]
@@ -81,7 +48,7 @@ pub struct DraftRequest<'a> {
     /// Tokens in the target's memory.
     pub n_past: usize,
     /// Most tokens the round can verify (at least 1).
-    pub limit: usize,
+    pub n_draft: usize,
 }
 
 impl DraftRequest<'_> {
@@ -103,10 +70,10 @@ pub struct Draft {
 }
 
 impl Draft {
-    fn truncated(mut self, limit: usize) -> Self {
-        self.tokens.truncate(limit);
+    fn truncated(mut self, n_draft: usize) -> Self {
+        self.tokens.truncate(n_draft);
         if let Some(dists) = self.distributions.as_mut() {
-            dists.truncate(limit);
+            dists.truncate(n_draft);
         }
         self
     }
@@ -115,13 +82,13 @@ impl Draft {
 /// A source of drafts: one implementation per way of drafting.
 pub trait Drafter {
     /// Most tokens one draft may hold.
-    fn max_draft(&self) -> usize;
+    fn n_draft(&self) -> usize;
     /// The target has just decoded `batch` (a prompt chunk or a verify batch).
-    fn observe(&mut self, _batch: &Batch) -> Result<()> {
+    fn observe(&mut self, _target: &Context, _batch: &Batch) -> Result<()> {
         Ok(())
     }
     /// The prompt has been decoded: a generation begins.
-    fn begin(&mut self, _prompt: &[i32]) -> Result<()> {
+    fn begin(&mut self, _target: &Context, _prompt: &[i32]) -> Result<()> {
         Ok(())
     }
     /// Whether proposing costs next to nothing (no model runs), so that a
@@ -129,14 +96,19 @@ pub trait Drafter {
     fn proposes_freely(&self) -> bool {
         false
     }
-    /// Propose up to `request.limit` tokens to follow the history.
-    fn propose(&mut self, request: DraftRequest<'_>, sampler: &mut Sampler) -> Result<Draft>;
+    /// Propose up to `request.n_draft` tokens to follow the history.
+    fn propose(
+        &mut self,
+        target: &Context,
+        request: DraftRequest<'_>,
+        sampler: &mut Sampler,
+    ) -> Result<Draft>;
     /// The round kept target positions `0..keep`, of which `accepted` were drafted.
-    fn settle(&mut self, _keep: usize, _accepted: usize) -> Result<()> {
+    fn settle(&mut self, _target: &Context, _keep: usize, _accepted: usize) -> Result<()> {
         Ok(())
     }
     /// Verification failed: leave the drafter quiescent again.
-    fn abandon(&mut self) -> Result<()> {
+    fn abandon(&mut self, _target: &Context) -> Result<()> {
         Ok(())
     }
 }
@@ -227,7 +199,7 @@ pub struct Engine<'a> {
     pub sampler: &'a mut Sampler,
     /// The sequence generated on.
     pub seq_id: i32,
-    /// The adaptive draft length's state (`None`: every round drafts up to its limit).
+    /// The adaptive draft length's state (`None`: every round drafts its `n_draft`).
     pub policy: Option<&'a mut AdaptiveState>,
     /// Where committed tokens' log-probabilities go (`None`: not asked for).
     pub logprobs: Option<&'a mut LogprobLog>,
@@ -239,7 +211,7 @@ impl Engine<'_> {
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
         self.check_prompt(prompt)?;
         self.decode_prompt(prompt, 0)?;
-        self.drafter.begin(prompt)?;
+        self.drafter.begin(self.target, prompt)?;
         self.choose_first(prompt)
     }
 
@@ -257,12 +229,12 @@ impl Engine<'_> {
     /// it. The rules of [`Engine::prefill`] apply to that new prompt.
     pub fn extend(&mut self, at: Cursor<'_>, tokens: &[i32]) -> Result<i32> {
         if tokens.is_empty() {
-            return Err(EngineError::Invalid("the new turn is empty".into()));
+            return Err(Error::Invalid("the new turn is empty".into()));
         }
         let prompt = [at.history, tokens].concat();
         self.check_prompt(&prompt)?;
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
-        self.drafter.begin(&prompt)?;
+        self.drafter.begin(self.target, &prompt)?;
         self.choose_first(&prompt)
     }
 
@@ -273,18 +245,18 @@ impl Engine<'_> {
             self.batch
                 .fill(piece, position(start + index * chunk)?, self.seq_id, false)?;
             self.target.decode(self.batch)?;
-            self.drafter.observe(self.batch)?;
+            self.drafter.observe(self.target, self.batch)?;
         }
         Ok(())
     }
 
     fn check_prompt(&self, prompt: &[i32]) -> Result<()> {
         if prompt.is_empty() {
-            return Err(EngineError::Invalid("the prompt is empty".into()));
+            return Err(Error::Invalid("the prompt is empty".into()));
         }
         let n_ctx = self.target.n_ctx() as usize;
         if prompt.len() >= n_ctx {
-            return Err(EngineError::Invalid(format!(
+            return Err(Error::Invalid(format!(
                 "the prompt has {} tokens, which leaves no room in the {n_ctx}-token context",
                 prompt.len()
             )));
@@ -300,22 +272,22 @@ impl Engine<'_> {
     /// [`Engine::round`] committing at most `max_commit` tokens: the draft is
     /// limited to `max_commit - 1` tokens (none when `max_commit` is 0).
     pub fn round_within(&mut self, at: Cursor<'_>, max_commit: usize) -> Result<Round> {
-        let Some(limit) = self.draft_limit(&at, max_commit) else {
+        let Some(n_draft) = self.round_n_draft(&at, max_commit) else {
             return Ok(Round::nothing(&at));
         };
         let request = DraftRequest {
             history: at.history,
             n_past: at.n_past,
-            limit: self.chosen_length(limit),
+            n_draft: self.chosen_n_draft(n_draft),
         };
-        let draft = match request.limit {
+        let draft = match request.n_draft {
             0 => Draft::default(),
             _ => self
                 .drafter
-                .propose(request, self.sampler)?
-                .truncated(request.limit),
+                .propose(self.target, request, self.sampler)?
+                .truncated(request.n_draft),
         };
-        let shadow = self.shadow_proposal(&request, limit)?;
+        let shadow = self.shadow_proposal(&request, n_draft)?;
         let started = std::time::Instant::now();
         self.decode_verify_batch(request, &draft.tokens)?;
         let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -323,51 +295,56 @@ impl Engine<'_> {
             Ok(round) => round,
             Err(error) => return Err(self.abandon_round(&at, error)),
         };
-        self.drafter.settle(round.n_past, round.accepted)?;
+        self.drafter
+            .settle(self.target, round.n_past, round.accepted)?;
         if round.accepted < draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
         }
-        self.learn(&round, limit, request.limit, shadow);
+        self.learn(&round, n_draft, request.n_draft, shadow);
         self.learn_cost(draft.tokens.len() + 1, verify_micros);
         Ok(round)
     }
 
-    /// The adaptive policy's draft length within `limit`, or `limit` without a policy.
-    fn chosen_length(&self, limit: usize) -> usize {
+    /// The adaptive policy's draft length within `n_draft`, or `n_draft` without a policy.
+    fn chosen_n_draft(&self, n_draft: usize) -> usize {
         let freely = self.drafter.proposes_freely();
         self.policy
             .as_deref()
-            .map_or(limit, |policy| policy.choose(limit, freely))
+            .map_or(n_draft, |policy| policy.choose(n_draft, freely))
     }
 
     /// In a round the policy chose to keep plain, the first token a free
     /// drafter would have proposed (to compare with the committed one).
-    fn shadow_proposal(&mut self, request: &DraftRequest<'_>, limit: usize) -> Result<Option<i32>> {
+    fn shadow_proposal(
+        &mut self,
+        request: &DraftRequest<'_>,
+        n_draft: usize,
+    ) -> Result<Option<i32>> {
         if self.policy.is_none()
-            || request.limit > 0
-            || limit == 0
+            || request.n_draft > 0
+            || n_draft == 0
             || !self.drafter.proposes_freely()
         {
             return Ok(None);
         }
         let probe = DraftRequest {
-            limit: 1,
+            n_draft: 1,
             ..*request
         };
         Ok(self
             .drafter
-            .propose(probe, self.sampler)?
+            .propose(self.target, probe, self.sampler)?
             .tokens
             .first()
             .copied())
     }
 
     /// Give the policy what the round showed.
-    fn learn(&mut self, round: &Round, limit: usize, chosen: usize, shadow: Option<i32>) {
+    fn learn(&mut self, round: &Round, n_draft: usize, chosen: usize, shadow: Option<i32>) {
         let Some(policy) = self.policy.as_deref_mut() else {
             return;
         };
-        let evidence = match (limit, chosen, shadow) {
+        let evidence = match (n_draft, chosen, shadow) {
             (0, ..) => Evidence::Forced,
             (_, 0, Some(token)) => Evidence::Shadow(round.committed.first() == Some(&token)),
             (_, 0, None) => Evidence::Nothing,
@@ -389,14 +366,14 @@ impl Engine<'_> {
     }
 
     /// How many tokens this round may draft, or `None` when it can commit nothing.
-    fn draft_limit(&self, at: &Cursor<'_>, max_commit: usize) -> Option<usize> {
+    fn round_n_draft(&self, at: &Cursor<'_>, max_commit: usize) -> Option<usize> {
         let room = (self.target.n_ctx() as usize).saturating_sub(at.n_past + 1);
         if at.finished || room == 0 || at.history.is_empty() || max_commit == 0 {
             return None;
         }
         let rows = self.batch.capacity().saturating_sub(1);
-        let limit = (room - 1).min(rows).min(self.drafter.max_draft());
-        Some(limit.min(max_commit - 1))
+        let n_draft = (room - 1).min(rows).min(self.drafter.n_draft());
+        Some(n_draft.min(max_commit - 1))
     }
 
     /// Decode the last token and the draft at `n_past..`; the drafter observes
@@ -410,10 +387,10 @@ impl Engine<'_> {
         let decoded = self
             .target
             .decode(self.batch)
-            .map_err(EngineError::from)
-            .and_then(|()| self.drafter.observe(self.batch));
+            .map_err(Error::from)
+            .and_then(|()| self.drafter.observe(self.target, self.batch));
         if let Err(error) = decoded {
-            self.drafter.abandon()?;
+            self.drafter.abandon(self.target)?;
             return Err(error);
         }
         Ok(())
@@ -451,10 +428,10 @@ impl Engine<'_> {
 
     /// Verification failed after the verify batch was decoded (a grammar that
     /// allows no token): leave the target and the drafter as before the round.
-    fn abandon_round(&mut self, at: &Cursor<'_>, error: EngineError) -> EngineError {
+    fn abandon_round(&mut self, at: &Cursor<'_>, error: Error) -> Error {
         let undone = self
             .drafter
-            .settle(at.n_past, 0)
+            .settle(self.target, at.n_past, 0)
             .and_then(|()| self.roll_back_target(at.n_past));
         undone.err().unwrap_or(error)
     }
@@ -463,7 +440,7 @@ impl Engine<'_> {
         if self.target.seq_rm(self.seq_id, position(keep)?, -1) {
             return Ok(());
         }
-        Err(EngineError::Usage(format!(
+        Err(Error::Usage(format!(
             "the target could not roll back to position {keep} (a recurrent target needs n_rs_seq >= the draft length)"
         )))
     }
@@ -471,6 +448,5 @@ impl Engine<'_> {
 
 /// A history index as a llama.cpp position.
 pub(crate) fn position(index: usize) -> Result<i32> {
-    i32::try_from(index)
-        .map_err(|_| EngineError::Invalid(format!("position {index} overflows i32")))
+    i32::try_from(index).map_err(|_| Error::Invalid(format!("position {index} overflows i32")))
 }

@@ -39,7 +39,7 @@
 
 use std::time::Instant;
 
-use super::{position, EngineError, Result, Round};
+use super::{position, Error, Result, Round};
 use crate::native::{Batch, Context};
 
 /// Fixed-point scale of the acceptance counts.
@@ -183,9 +183,9 @@ impl AdaptiveState {
         f64::from(self.cost_us[rows - 1])
     }
 
-    /// How many tokens to draft this round, at most `limit`.
-    pub fn choose(&self, limit: usize, proposes_freely: bool) -> usize {
-        let most = limit.min(self.cost_us.len() - 1);
+    /// How many tokens to draft this round, at most `n_draft`.
+    pub fn choose(&self, n_draft: usize, proposes_freely: bool) -> usize {
+        let most = n_draft.min(self.cost_us.len() - 1);
         let best = best_draft_length(self.acceptance(), most, |rows| self.cost(rows));
         if best == 0 && most > 0 && !proposes_freely && self.idle >= PROBE_AFTER {
             return 1;
@@ -260,7 +260,7 @@ pub fn measure_cost_curve(
     max_rows: usize,
 ) -> Result<Vec<u32>> {
     if max_rows == 0 || max_rows > batch.capacity() {
-        return Err(EngineError::Invalid(format!(
+        return Err(Error::Invalid(format!(
             "cannot time {max_rows} rows in a batch of {}",
             batch.capacity()
         )));

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use super::{Generator, GeneratorError, GeneratorState, Result};
+use super::{DraftParts, Generator, GeneratorState};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};
 use crate::settings::{GeneratorConfig, Mode, RuntimeOptions};
+use crate::{Error, Result};
 
 /// The recurrent-state snapshots per sequence that a context of `model`
 /// keeps for `config`: rollback of rejected drafts needs them on a recurrent
@@ -50,10 +51,8 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
     config.sampling.check_vocabulary(target.n_vocab())?;
     let mode = config.mode.name();
     match (config.mode.needs_draft_model(), draft) {
-        (true, None) => Err(GeneratorError::Invalid(format!(
-            "mode '{mode}' needs a draft model"
-        ))),
-        (false, Some(_)) => Err(GeneratorError::Invalid(format!(
+        (true, None) => Err(Error::Invalid(format!("mode '{mode}' needs a draft model"))),
+        (false, Some(_)) => Err(Error::Invalid(format!(
             "mode '{mode}' takes no draft model"
         ))),
         (_, Some(draft))
@@ -61,7 +60,7 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
         {
             // The draft context decodes its tokens one at a time, and a
             // recurrent memory can roll back only within its last batch.
-            Err(GeneratorError::Invalid(format!(
+            Err(Error::Invalid(format!(
                 "the draft model ({}) is recurrent or hybrid: mode 'draft' cannot roll its state back \
                  after a rejected draft; use an attention-only draft model, or this model as the target \
                  (its own MTP head drafts in mode 'mtp' where it has one)",
@@ -69,7 +68,7 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
             )))
         }
         (_, Some(draft)) if config.mode == Mode::Draft && draft.n_vocab() != target.n_vocab() => {
-            Err(GeneratorError::Invalid(format!(
+            Err(Error::Invalid(format!(
                 "the draft model has {} tokens and the target {}: vocabularies differ",
                 draft.n_vocab(),
                 target.n_vocab()
@@ -79,51 +78,35 @@ fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig)
     }
 }
 
-/// The draft context of `config.mode`, if it has one.
-fn draft_context(
-    target: &Context,
+/// The draft side of `config.mode` over `target`: the draft model's context
+/// and batch (`draft`), or a session and its draft context (`mtp`, `eagle3`).
+fn draft_parts(
+    target: &mut Context,
     draft_model: Option<Arc<Model>>,
     config: &GeneratorConfig,
     runtime: RuntimeOptions,
-) -> Result<Option<Context>> {
-    let context = match (config.mode, draft_model) {
+) -> Result<DraftParts> {
+    let (spec_type, mut context) = match (config.mode, draft_model) {
         (Mode::Mtp, _) => {
             let model = Arc::clone(target.model());
             let params = context_params(&model, config, runtime, ContextKind::Mtp);
-            Context::new(model, params)?
+            (SpecType::Mtp, Context::new(model, params)?)
         }
         (Mode::Eagle3, Some(model)) => {
             let params = context_params(&model, config, runtime, ContextKind::Default);
-            // SAFETY: the generator owns both contexts and drops the draft
-            // context before the target (field order), so `target` outlives it.
-            unsafe { Context::with_other(model, params, target)? }
+            (
+                SpecType::Eagle3,
+                Context::with_other(model, params, target)?,
+            )
         }
         (Mode::Draft, Some(model)) => {
             let params = context_params(&model, config, runtime, ContextKind::Default);
-            Context::new(model, params)?
+            return Ok(DraftParts::Model {
+                context: Context::new(model, params)?,
+                batch: Batch::new(config.n_batch as usize)?,
+            });
         }
-        _ => return Ok(None),
-    };
-    Ok(Some(context))
-}
-
-/// The MTP or EAGLE-3 session over the two contexts, if the mode has one.
-///
-/// # Safety
-/// `target` and `draft` must outlive the session and stay where they are on
-/// the heap (as [`DraftSession::new`] requires).
-unsafe fn draft_session(
-    target: &mut Context,
-    draft: Option<&mut Context>,
-    config: &GeneratorConfig,
-) -> Result<Option<DraftSession>> {
-    let spec_type = match config.mode {
-        Mode::Mtp => SpecType::Mtp,
-        Mode::Eagle3 => SpecType::Eagle3,
-        _ => return Ok(None),
-    };
-    let Some(draft) = draft else {
-        return Ok(None);
+        _ => return Ok(DraftParts::History),
     };
     let session_config = SessionConfig {
         n_seq: 1,
@@ -132,10 +115,8 @@ unsafe fn draft_session(
         p_min: 0.0,
         spec_type,
     };
-    // SAFETY: the caller keeps both contexts alive and in place (see above).
-    Ok(Some(unsafe {
-        DraftSession::new(target, draft, session_config)?
-    }))
+    let session = DraftSession::new(target, &mut context, session_config)?;
+    Ok(DraftParts::Session { session, context })
 }
 
 impl Generator {
@@ -154,23 +135,13 @@ impl Generator {
         let grammar = super::compiled_grammar(&target_model, &config.sampling)?;
         let params = context_params(&target_model, &config, runtime, ContextKind::Default);
         let mut target = Context::new(target_model, params)?;
-        let mut draft = draft_context(&target, draft_model, &config, runtime)?;
-        // SAFETY: the generator owns both contexts and drops the session first
-        // (field order); llama.cpp's contexts live on the heap, so moving the
-        // `Context` values into the generator does not move them.
-        let session = unsafe { draft_session(&mut target, draft.as_mut(), &config)? };
-        let draft_batch = match config.mode {
-            Mode::Draft => Some(Batch::new(config.n_batch as usize)?),
-            _ => None,
-        };
+        let parts = draft_parts(&mut target, draft_model, &config, runtime)?;
         let mut sampler = Sampler::new(config.sampling.clone());
         sampler.grammar = grammar;
         Ok(Self {
-            session,
-            draft,
             target,
             batch: Batch::new(config.n_batch as usize)?,
-            draft_batch,
+            parts,
             config,
             state: GeneratorState::empty(sampler.rng.state()),
             sampler,

@@ -16,7 +16,6 @@ mod restore;
 
 use std::sync::Arc;
 
-pub use crate::engine::EngineError as GeneratorError;
 pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, SettingError};
 pub(crate) use build::rollback_snapshots;
 pub use restore::{Boundary, Positions, RestoreError};
@@ -31,6 +30,7 @@ use crate::native::Grammar;
 use crate::native::{Batch, Context, Model};
 use crate::sampling::{GrammarState, Rng, Sampler, SamplingParams};
 use crate::session::DraftSession;
+use crate::{Error, Result};
 
 /// Where a generation stands at a round boundary (everything but the contexts).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,8 +95,6 @@ impl GeneratorState {
     }
 }
 
-type Result<T> = std::result::Result<T, GeneratorError>;
-
 /// The grammar of `params` compiled for `model`'s vocabulary, at the start of a reply.
 fn compiled_grammar(
     model: &Arc<Model>,
@@ -112,15 +110,67 @@ fn compiled_grammar(
     Ok(Some(GrammarState::new(grammar)))
 }
 
+/// What a generator drafts with beside its target, one variant per kind of
+/// drafter (built by [`Generator::new`] for its mode).
+enum DraftParts {
+    /// `none` and `ngram` modes: the history alone.
+    History,
+    /// `draft` mode: the draft model's context and the batch it decodes through.
+    Model {
+        /// The draft model's context.
+        context: Context,
+        /// The batch the draft context decodes through.
+        batch: Batch,
+    },
+    /// `mtp` and `eagle3` modes: a session over the target and its draft context.
+    Session {
+        /// The session (which keeps both contexts alive).
+        session: DraftSession,
+        /// The session's draft context.
+        context: Context,
+    },
+}
+
+impl DraftParts {
+    /// The draft context (`draft`, `mtp`, `eagle3` modes).
+    fn context(&self) -> Option<&Context> {
+        match self {
+            Self::History => None,
+            Self::Model { context, .. } | Self::Session { context, .. } => Some(context),
+        }
+    }
+
+    /// The draft context, to change (`draft`, `mtp`, `eagle3` modes).
+    fn context_mut(&mut self) -> Option<&mut Context> {
+        match self {
+            Self::History => None,
+            Self::Model { context, .. } | Self::Session { context, .. } => Some(context),
+        }
+    }
+
+    /// The session (`mtp`, `eagle3` modes).
+    fn session(&self) -> Option<&DraftSession> {
+        match self {
+            Self::Session { session, .. } => Some(session),
+            _ => None,
+        }
+    }
+
+    /// The session, to change (`mtp`, `eagle3` modes).
+    fn session_mut(&mut self) -> Option<&mut DraftSession> {
+        match self {
+            Self::Session { session, .. } => Some(session),
+            _ => None,
+        }
+    }
+}
+
 /// A generation over a target model (and, by mode, a draft model or session).
 pub struct Generator {
-    // Field order is drop order: the session points into both contexts, and an
-    // EAGLE-3 draft context into the target context.
-    session: Option<DraftSession>,
-    draft: Option<Context>,
     target: Context,
     batch: Batch,
-    draft_batch: Option<Batch>,
+    /// The drafter's parts, by mode.
+    parts: DraftParts,
     config: GeneratorConfig,
     state: GeneratorState,
     sampler: Sampler,
@@ -178,7 +228,7 @@ impl Generator {
     pub fn set_logprobs(&mut self, top_n: Option<usize>) -> Result<()> {
         let most = crate::sampling::MAX_TOP_LOGPROBS;
         match top_n {
-            Some(n) if n > most => Err(GeneratorError::Invalid(format!(
+            Some(n) if n > most => Err(Error::Invalid(format!(
                 "top_logprobs must be from 0 to {most}, not {n}"
             ))),
             Some(n) if self.logprobs.as_ref().is_some_and(|log| log.top_n == n) => Ok(()),
@@ -221,7 +271,7 @@ impl Generator {
     /// The draft model (`draft` and `eagle3` modes).
     pub fn draft_model(&self) -> Option<&Arc<Model>> {
         match self.config.mode {
-            Mode::Draft | Mode::Eagle3 => self.draft.as_ref().map(Context::model),
+            Mode::Draft | Mode::Eagle3 => self.parts.context().map(Context::model),
             _ => None,
         }
     }
@@ -248,11 +298,9 @@ impl Generator {
         call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
     ) -> Result<T> {
         let Self {
-            session,
-            draft,
             target,
             batch,
-            draft_batch,
+            parts,
             config,
             state,
             sampler,
@@ -260,25 +308,23 @@ impl Generator {
             ..
         } = self;
         let n_draft = config.n_draft as usize;
-        let mut drafter: Box<dyn Drafter + '_> = match (config.mode, session, draft, draft_batch) {
-            (Mode::None, ..) => Box::new(NoDrafter),
-            (Mode::Ngram(config), ..) => Box::new(NgramDrafter { config, n_draft }),
-            (Mode::Draft, _, Some(context), Some(batch)) => Box::new(DraftModelDrafter {
+        let mut drafter: Box<dyn Drafter + '_> = match (config.mode, parts) {
+            (Mode::None, _) => Box::new(NoDrafter),
+            (Mode::Ngram(config), _) => Box::new(NgramDrafter { config, n_draft }),
+            (_, DraftParts::Model { context, batch }) => Box::new(DraftModelDrafter {
                 context,
                 batch,
                 decoded: &mut state.draft_past,
                 n_draft,
                 seq_id: 0,
             }),
-            (Mode::Mtp | Mode::Eagle3, Some(session), Some(context), _) => {
-                Box::new(SessionDrafter {
-                    session,
-                    context,
-                    seq_id: 0,
-                })
-            }
-            (mode, ..) => {
-                return Err(GeneratorError::Usage(format!(
+            (_, DraftParts::Session { session, context }) => Box::new(SessionDrafter {
+                session,
+                context,
+                seq_id: 0,
+            }),
+            (mode, DraftParts::History) => {
+                return Err(Error::Usage(format!(
                     "this generator lacks the draft parts of mode '{}'",
                     mode.name()
                 )))
@@ -304,9 +350,7 @@ impl Generator {
     /// Decode `prompt` and commit the first generated token; returns it.
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
         if self.started() {
-            return Err(GeneratorError::Usage(
-                "the generator already has a prompt".into(),
-            ));
+            return Err(Error::Usage("the generator already has a prompt".into()));
         }
         self.measure_cost_curve(prompt)?;
         self.new_reply();
@@ -332,7 +376,7 @@ impl Generator {
         }
         let token = *prompt
             .first()
-            .ok_or_else(|| GeneratorError::Invalid("the prompt is empty".into()))?;
+            .ok_or_else(|| Error::Invalid("the prompt is empty".into()))?;
         self.target.model().check_tokens(&[token])?;
         let rows = self.config.n_draft as usize + 1;
         let curve = crate::engine::policy::measure_cost_curve(
@@ -351,19 +395,19 @@ impl Generator {
     /// so that it is not measured: two generations pinned alike choose alike.
     pub fn pin_cost_curve(&mut self, cost_us: Vec<u32>) -> Result<()> {
         if !self.config.adaptive {
-            return Err(GeneratorError::Invalid(
+            return Err(Error::Invalid(
                 "cost_curve: only an adaptive draft policy uses a cost curve".into(),
             ));
         }
         if self.started() {
-            return Err(GeneratorError::Usage(
+            return Err(Error::Usage(
                 "cost_curve: the generation has started; its curve is set".into(),
             ));
         }
         let state = AdaptiveState::new(cost_us);
         state
             .validate(self.config.n_draft)
-            .map_err(|e| GeneratorError::Invalid(format!("cost_curve: {e}")))?;
+            .map_err(|e| Error::Invalid(format!("cost_curve: {e}")))?;
         self.state.adaptive = Some(state);
         Ok(())
     }
@@ -392,7 +436,7 @@ impl Generator {
     /// drafted, accepted and delivered counters start again from zero.
     pub fn extend(&mut self, tokens: &[i32]) -> Result<i32> {
         if !self.started() {
-            return Err(GeneratorError::Usage("call prefill() first".into()));
+            return Err(Error::Usage("call prefill() first".into()));
         }
         self.new_reply();
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
@@ -449,7 +493,7 @@ impl Generator {
     /// between any two, still bounds the round by its whole budget).
     pub fn take_rounds(&mut self, max_n: usize, max_commit: usize) -> Result<Vec<i32>> {
         if !self.started() {
-            return Err(GeneratorError::Usage("call prefill() first".into()));
+            return Err(Error::Usage("call prefill() first".into()));
         }
         if max_n == 0 {
             return Ok(Vec::new());

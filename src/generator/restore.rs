@@ -1,11 +1,12 @@
 //! A generator's boundary: its state and the contexts' and session's states,
 //! captured as bytes and put back with every part checked against the others.
 
-use super::{Generator, GeneratorError, GeneratorState, Result};
+use super::{Generator, GeneratorState};
 use crate::native::Context;
 use crate::sampling::Rng;
-use crate::session::{SessionError, SpeculativeStateView};
+use crate::session::SpeculativeStateView;
 use crate::settings::Mode;
+use crate::{Error, Result};
 
 impl Generator {
     /// Bytes of the target context's sequence state.
@@ -21,8 +22,8 @@ impl Generator {
     /// Bytes of the draft context's sequence state (`draft`, `mtp`, `eagle3` modes).
     pub fn draft_state_size(&mut self) -> Result<Option<usize>> {
         Ok(self
-            .draft
-            .as_mut()
+            .parts
+            .context_mut()
             .map(|draft| draft.seq_state_size(0))
             .transpose()?)
     }
@@ -30,19 +31,19 @@ impl Generator {
     /// Write the draft context's sequence state into `out` (exactly its size).
     pub fn write_draft_state(&mut self, out: &mut [u8]) -> Result<()> {
         let draft = self
-            .draft
-            .as_mut()
-            .ok_or_else(|| GeneratorError::Usage("this mode has no draft context".into()))?;
+            .parts
+            .context_mut()
+            .ok_or_else(|| Error::Usage("this mode has no draft context".into()))?;
         Ok(draft.seq_state_into(0, out)?)
     }
 
     /// The speculative state (`mtp`, `eagle3` modes).
     pub fn speculative_state(&self) -> Result<Option<Vec<u8>>> {
-        self.session
-            .as_ref()
+        self.parts
+            .session()
             .map(|session| session.state(0))
             .transpose()
-            .map_err(|error| GeneratorError::Session(SessionError::State(error)))
+            .map_err(Error::from)
     }
 
     /// Everything at the current boundary, as owned copies (to put back with [`Generator::restore`]).
@@ -51,8 +52,8 @@ impl Generator {
             state: self.state.clone(),
             target_state: self.target.seq_state(0)?,
             draft_state: self
-                .draft
-                .as_mut()
+                .parts
+                .context_mut()
                 .map(|draft| draft.seq_state(0))
                 .transpose()?,
             speculative_state: self.speculative_state()?,
@@ -88,13 +89,13 @@ impl Generator {
         // removing the sequence does not reach (llama.cpp's `seq_rm` skips
         // negative positions), and a restore must not depend on what was there.
         self.target.clear();
-        if let Some(draft) = self.draft.as_mut() {
+        if let Some(draft) = self.parts.context_mut() {
             draft.clear();
         }
         self.target
             .set_seq_state(0, target_state)
             .map_err(|e| RestoreError::new("target_state", e))?;
-        match (self.draft.as_mut(), draft_state) {
+        match (self.parts.context_mut(), draft_state) {
             (Some(draft), Some(bytes)) => draft
                 .set_seq_state(0, bytes)
                 .map_err(|e| RestoreError::new("draft_state", e))?,
@@ -104,7 +105,7 @@ impl Generator {
         if let Some(bytes) = speculative_state {
             check_speculative_state(self.config.mode, &state, bytes)?;
         }
-        match (self.session.as_mut(), speculative_state) {
+        match (self.parts.session_mut(), speculative_state) {
             (Some(session), Some(bytes)) => session
                 .restore(0, bytes)
                 .map_err(|e| RestoreError::new("speculative_state", e))?,
@@ -162,7 +163,7 @@ impl Generator {
             Mode::Mtp | Mode::Eagle3 => target_last - 1..=target_last,
             Mode::None | Mode::Ngram(_) => return Ok(()),
         };
-        match self.draft.as_ref() {
+        match self.parts.context() {
             Some(draft) => expect_positions(draft, "draft_state", draft_last),
             None => Ok(()),
         }
@@ -172,8 +173,8 @@ impl Generator {
     /// and, where the mode has one, in the draft context (`-1` when empty).
     pub fn memory_positions(&self) -> Result<(Positions, Option<Positions>)> {
         let draft = self
-            .draft
-            .as_ref()
+            .parts
+            .context()
             .map(|d| d.seq_positions(0))
             .transpose()?;
         Ok((self.target.seq_positions(0)?, draft))

@@ -137,9 +137,49 @@ pub fn available_cpus() -> i32 {
     std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(i32::MAX))
 }
 
+/// The llama.cpp context a [`Context`] runs, freed when its last holder
+/// goes: the [`Context`] itself, a context linked to it (`ctx_other`), or a
+/// speculative session over it ([`super::SessionHandle`]), since llama.cpp
+/// keeps pointers to it in both.
+pub(crate) struct ContextHandle {
+    raw: NonNull<sys::llama_context>,
+    /// Held while llama.cpp writes this context's memory, and while a
+    /// context linked to it decodes (which reads that memory).
+    busy: Mutex<()>,
+    /// The model the context runs, freed after it.
+    _model: Arc<Model>,
+    /// The context this one is linked to (`ctx_other`), freed after it.
+    other: Option<Arc<ContextHandle>>,
+}
+
+// SAFETY: the handle dereferences `raw` only when it frees it, once, in
+// `drop`; every other use goes through the `Context` that owns it (or a
+// session given that `Context`), under Rust's borrows and `busy`. A llama.cpp
+// context has no thread affinity.
+unsafe impl Send for ContextHandle {}
+// SAFETY: as for `Send`: a shared handle gives no access to the context.
+unsafe impl Sync for ContextHandle {}
+
+impl ContextHandle {
+    /// Exclusion from a linked context's decode while this context's memory changes.
+    fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.busy.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for ContextHandle {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from `llama_init_from_model` and is freed once,
+        // by its last holder; the model and the linked context outlive it
+        // (fields, dropped after this).
+        unsafe { sys::llama_free(self.raw.as_ptr()) };
+    }
+}
+
 /// A llama.cpp context, used by one thread at a time.
 pub struct Context {
     raw: NonNull<sys::llama_context>,
+    handle: Arc<ContextHandle>,
     model: Arc<Model>,
     params: ContextParams,
     /// Decodes run so far (failed ones included).
@@ -151,28 +191,24 @@ pub struct Context {
 impl Context {
     /// A context over `model`.
     pub fn new(model: Arc<Model>, params: ContextParams) -> NativeResult<Self> {
-        // SAFETY: no linked context, so there is nothing to outlive.
-        unsafe { Self::create(model, params, None) }
+        Self::create(model, params, None)
     }
 
     /// A context over `model` linked to a source context `other` (`ctx_other`):
     /// EAGLE-3 drafts without their own embedding or head read the target's.
     ///
-    /// # Safety
-    /// `other` must stay alive, at the same address, for as long as the new
-    /// context lives: llama.cpp keeps a pointer to it.
-    pub unsafe fn with_other(
+    /// llama.cpp keeps a pointer to `other`: the new context keeps it alive,
+    /// and its decodes wait for any change to `other`'s memory (and hold
+    /// changes off while they read it).
+    pub fn with_other(
         model: Arc<Model>,
         params: ContextParams,
         other: &Context,
     ) -> NativeResult<Self> {
-        // SAFETY: forwarded to the caller (see above).
-        unsafe { Self::create(model, params, Some(other)) }
+        Self::create(model, params, Some(other))
     }
 
-    /// # Safety
-    /// As [`Context::with_other`] when `other` is given.
-    unsafe fn create(
+    fn create(
         model: Arc<Model>,
         params: ContextParams,
         other: Option<&Context>,
@@ -212,8 +248,8 @@ impl Context {
         raw_params.no_perf = true;
         raw_params.ctx_other = other.map_or(std::ptr::null_mut(), |context| context.raw.as_ptr());
         // SAFETY: the model is live and kept alive by the `Arc` this context
-        // holds; `ctx_other`, when set, is a live context that the caller
-        // keeps alive for as long as this one (the function's contract).
+        // holds; `ctx_other`, when set, is a live context whose handle the
+        // new one holds (below), so it outlives it.
         let raw = unsafe { sys::llama_init_from_model(model.raw(), raw_params) };
         let raw = NonNull::new(raw).ok_or_else(|| {
             NativeError::ContextInit(format!(
@@ -221,8 +257,15 @@ impl Context {
                 model.path().display()
             ))
         })?;
+        let handle = Arc::new(ContextHandle {
+            raw,
+            busy: Mutex::new(()),
+            _model: Arc::clone(&model),
+            other: other.map(|context| Arc::clone(&context.handle)),
+        });
         Ok(Self {
             raw,
+            handle,
             model,
             params,
             decodes: 0,
@@ -242,6 +285,11 @@ impl Context {
 
     pub(crate) fn raw(&self) -> *mut sys::llama_context {
         self.raw.as_ptr()
+    }
+
+    /// The handle that keeps the native context alive (for a session over it).
+    pub(crate) fn handle(&self) -> &Arc<ContextHandle> {
+        &self.handle
     }
 
     /// Context length in tokens.
@@ -326,8 +374,11 @@ impl Context {
         }
         self.decodes += 1;
         self.last_decoded = None;
+        let _changing = self.handle.hold();
+        let _reading = self.handle.other.as_deref().map(ContextHandle::hold);
         // SAFETY: the context is live and exclusively borrowed; the batch's
-        // arrays hold `n_tokens` valid rows (see `Batch::push`).
+        // arrays hold `n_tokens` valid rows (see `Batch::push`); the linked
+        // context's memory, which the decode reads, is held unchanged.
         let status = unsafe { sys::llama_decode(self.raw.as_ptr(), *batch.raw()) };
         match status {
             0 => {
@@ -406,6 +457,7 @@ impl Context {
         if !self.valid_seq(seq_id, true) {
             return false;
         }
+        let _changing = self.handle.hold();
         // SAFETY: the context and its memory are live and exclusively borrowed.
         unsafe {
             sys::llama_memory_seq_rm(sys::llama_get_memory(self.raw.as_ptr()), seq_id, p0, p1)
@@ -414,6 +466,7 @@ impl Context {
 
     /// Clear every sequence (KV cells and recurrent state).
     pub fn clear(&mut self) {
+        let _changing = self.handle.hold();
         // SAFETY: the context and its memory are live and exclusively borrowed.
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.raw.as_ptr()), true) };
     }
@@ -472,6 +525,7 @@ impl Context {
             };
             check_recurrent_cells(state, memories).map_err(NativeError::SequenceState)?;
         }
+        let _changing = self.handle.hold();
         // SAFETY: `state` is readable for `len` bytes; llama.cpp validates the
         // layout and returns 0 on failure.
         let read = unsafe {
@@ -535,13 +589,7 @@ impl Context {
 
 // SAFETY: a llama.cpp context has no thread affinity; what it forbids is
 // concurrent use. Every use goes through `&mut self` (or `&self` for reads
-// that no `&mut` call can overlap), so moving it between threads is sound.
+// that no `&mut` call can overlap), so moving it between threads is sound;
+// a linked context reads this one's memory only under `ContextHandle::busy`,
+// and a session reaches it only when given this `Context`.
 unsafe impl Send for Context {}
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from `llama_init_from_model` and is freed once;
-        // the model outlives it through the `Arc`.
-        unsafe { sys::llama_free(self.raw.as_ptr()) };
-    }
-}

@@ -1,4 +1,6 @@
-//! The safe native layer: RAII owners of llama.cpp's handles.
+//! The safe native layer: RAII owners of llama.cpp's handles (models,
+//! contexts, batches, grammars, chat templates, speculative sessions) and
+//! safe functions over its other calls (the build's description).
 //!
 //! Every `unsafe` call into `llama-cpp-sys-4` lives in this module tree, next
 //! to a `// SAFETY:` note. Types here are plain Rust: the Python bindings wrap
@@ -9,8 +11,10 @@ mod batch;
 mod chat;
 mod context;
 mod grammar;
+pub mod info;
 mod model;
 mod seq_state;
+mod session;
 
 pub use backend::ensure_backend;
 pub use batch::{Batch, MAX_BATCH_ROWS};
@@ -21,14 +25,20 @@ pub use context::{
 };
 pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;
+pub use session::{OtherContexts, SessionConfig, SessionHandle, SpecType, StateStatus};
 
 use std::path::PathBuf;
 
 /// Failures of the native layer, each with a message fit for a user.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+///
+/// The message of each variant with fields of its own Python exception
+/// (`ModelLoad`, `Decode`, `ModelChanged`) is written once, in
+/// [`NativeError::MESSAGES`]: `Display` fills it in here, and the Python
+/// exceptions of `specstate.errors` read the same templates from
+/// `specstate._native.NATIVE_MESSAGES`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NativeError {
     /// The model file is missing, unreadable, not GGUF, or refused by llama.cpp.
-    #[error("cannot load model {path}: {reason}")]
     ModelLoad {
         /// The path as given.
         path: PathBuf,
@@ -36,23 +46,14 @@ pub enum NativeError {
         reason: String,
     },
     /// llama.cpp refused to create a context with these parameters.
-    #[error("cannot create a llama.cpp context: {0}")]
     ContextInit(String),
     /// An argument is outside what the native call accepts.
-    #[error("{0}")]
     InvalidArgument(String),
     /// `llama_decode` failed.
-    #[error("llama_decode failed with status {0}")]
     Decode(i32),
     /// Sequence state could not be read or written.
-    #[error("{0}")]
     SequenceState(String),
     /// The file of a model loaded with `use_mmap` was written after loading.
-    #[error(
-        "model {path} was loaded with use_mmap=True and its file has changed since ({change}): \
-         its weights may no longer be the ones its fingerprint names, so no checkpoint is \
-         written or restored with it; load the model again"
-    )]
     ModelChanged {
         /// The path the model was loaded from.
         path: PathBuf,
@@ -60,6 +61,79 @@ pub enum NativeError {
         change: String,
     },
 }
+
+impl NativeError {
+    /// The message of each variant whose Python exception has fields, by
+    /// variant name, the one place it is written: `{name}` stands for the
+    /// field `name` (`{status}` for `Decode`'s), as in Python's `str.format`.
+    pub const MESSAGES: [(&'static str, &'static str); 3] = [
+        ("ModelLoad", "cannot load model {path}: {reason}"),
+        ("Decode", "llama_decode failed with status {status}"),
+        (
+            "ModelChanged",
+            "model {path} was loaded with use_mmap=True and its file has changed since ({change}): \
+             its weights may no longer be the ones its fingerprint names, so no checkpoint is \
+             written or restored with it; load the model again",
+        ),
+    ];
+
+    /// The template of `variant` in [`NativeError::MESSAGES`].
+    fn template(variant: &str) -> &'static str {
+        Self::MESSAGES
+            .iter()
+            .find(|(name, _)| *name == variant)
+            .map_or("", |(_, template)| template)
+    }
+}
+
+/// `template` with each `{name}` replaced by the value of the field `name`,
+/// in one pass (as `str.format` does: a value's own braces stay as they are).
+fn fill(template: &str, fields: &[(&str, &dyn std::fmt::Display)]) -> String {
+    let mut text = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        text.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let field = after.find('}').and_then(|close| {
+            let value = fields.iter().find(|(name, _)| *name == &after[..close]);
+            value.map(|(_, value)| (close, value))
+        });
+        match field {
+            Some((close, value)) => {
+                text.push_str(&value.to_string());
+                rest = &after[close + 1..];
+            }
+            None => {
+                text.push('{');
+                rest = after;
+            }
+        }
+    }
+    text.push_str(rest);
+    text
+}
+
+impl std::fmt::Display for NativeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ModelLoad { path, reason } => f.write_str(&fill(
+                Self::template("ModelLoad"),
+                &[("path", &path.display()), ("reason", reason)],
+            )),
+            Self::ContextInit(reason) => write!(f, "cannot create a llama.cpp context: {reason}"),
+            Self::InvalidArgument(message) | Self::SequenceState(message) => f.write_str(message),
+            Self::Decode(status) => {
+                f.write_str(&fill(Self::template("Decode"), &[("status", status)]))
+            }
+            Self::ModelChanged { path, change } => f.write_str(&fill(
+                Self::template("ModelChanged"),
+                &[("path", &path.display()), ("change", change)],
+            )),
+        }
+    }
+}
+
+impl std::error::Error for NativeError {}
 
 /// A token id outside a vocabulary: the one rule for every token a caller gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -91,3 +165,36 @@ impl From<OutOfVocabulary> for NativeError {
 
 /// Shorthand for results of the native layer.
 pub type NativeResult<T> = Result<T, NativeError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_filled_in_once_from_their_templates() {
+        let load = NativeError::ModelLoad {
+            path: "/m/{reason}.gguf".into(),
+            reason: "not GGUF".into(),
+        };
+        assert_eq!(
+            load.to_string(),
+            "cannot load model /m/{reason}.gguf: not GGUF"
+        );
+        assert_eq!(
+            NativeError::Decode(-3).to_string(),
+            "llama_decode failed with status -3"
+        );
+        let changed = NativeError::ModelChanged {
+            path: "m.gguf".into(),
+            change: "size".into(),
+        };
+        assert!(changed
+            .to_string()
+            .starts_with("model m.gguf was loaded with use_mmap=True and its file has changed since (size): its weights"));
+        let names: Vec<&str> = NativeError::MESSAGES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect();
+        assert_eq!(names, ["ModelLoad", "Decode", "ModelChanged"]);
+    }
+}

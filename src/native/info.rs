@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn the_pinned_sys_version_is_the_one_in_the_manifest() {
-        let manifest = include_str!("../Cargo.toml");
+        let manifest = include_str!("../../Cargo.toml");
         let pin = format!("llama-cpp-sys-4 = \"={LLAMA_CPP_SYS_VERSION}\"");
         assert!(manifest.contains(&pin), "Cargo.toml must pin {pin}");
     }
