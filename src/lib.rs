@@ -7,7 +7,8 @@
 //! build); [`settings`] holds the one
 //! validating rule for each generation setting; [`engine`] is the one
 //! speculative round engine with a drafter per mode; [`generator`] (five
-//! modes) and [`generation`] (a session over caller-built contexts) drive it;
+//! modes) and [`greedy_generation`] (a session over caller-built contexts,
+//! Python's `GreedyGeneration`) drive it;
 //! [`chat`] renders conversations with llama.cpp's chat templates and
 //! continues them turn by turn; [`checkpoint`] is the byte format and the
 //! capture/restore operations; [`Error`] is the one error of the core, which
@@ -21,8 +22,8 @@ pub mod chat;
 pub mod checkpoint;
 pub mod engine;
 mod error;
-pub mod generation;
 pub mod generator;
+pub mod greedy_generation;
 pub mod native;
 pub mod sampling;
 pub mod session;

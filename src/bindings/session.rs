@@ -9,7 +9,7 @@ use super::arguments::{f32_argument, TokenIds, WideInt};
 use super::context::{ContextState, PyBatch, PyContext};
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
-use crate::generation::{self, SessionGeneration, SessionParts};
+use crate::greedy_generation::{self, GreedyGeneration, SessionParts};
 use crate::native::Context;
 use crate::session::{check_distinct, DraftSession, SessionConfig, SpecType};
 
@@ -281,7 +281,7 @@ impl PySession {
 #[pyclass(name = "GreedyGeneration", module = "specstate._native", frozen)]
 pub(crate) struct PyGreedyGeneration {
     session: Py<PySession>,
-    core: Guarded<SessionGeneration>,
+    core: Guarded<GreedyGeneration>,
     /// The sequence generated on (fixed).
     seq_id: i32,
     owner: ThreadId,
@@ -293,7 +293,7 @@ impl PyGreedyGeneration {
     }
 
     /// The generation's state, on the owner thread only (checked first).
-    fn owned(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, SessionGeneration>> {
+    fn owned(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, GreedyGeneration>> {
         self.check_thread()?;
         Ok(self.core.lock_waiting(py))
     }
@@ -304,7 +304,7 @@ impl PyGreedyGeneration {
     fn run<T: Send>(
         &self,
         py: Python<'_>,
-        call: impl FnOnce(&mut SessionGeneration, &mut SessionParts<'_>) -> crate::Result<T> + Send,
+        call: impl FnOnce(&mut GreedyGeneration, &mut SessionParts<'_>) -> crate::Result<T> + Send,
     ) -> PyResult<T> {
         self.check_thread()?;
         let session = self.session.get();
@@ -336,11 +336,11 @@ impl PyGreedyGeneration {
             s.check_thread()?;
             let target = s.target.get().owned(py)?;
             let draft = s.draft.get().owned(py)?;
-            generation::process_rows(&target.native, &draft.native)
+            greedy_generation::process_rows(&target.native, &draft.native)
         };
         Ok(Self {
             session,
-            core: Guarded::new(SessionGeneration::new(seq_id, rows)?),
+            core: Guarded::new(GreedyGeneration::new(seq_id, rows)?),
             seq_id,
             owner: std::thread::current().id(),
         })

@@ -6,7 +6,7 @@
 //! next token, and roll back what was rejected. [`Engine::prefill`] decodes a
 //! prompt and chooses the first token, [`Engine::extend`] does the same for a
 //! new turn after a generation; [`Engine::round`] runs one round. Both
-//! `Generator` (five modes) and `SessionGeneration` (a session over contexts
+//! `Generator` (five modes) and `GreedyGeneration` (a session over contexts
 //! the caller built) drive these two functions.
 //!
 //! The rules, decided once for every drafter:

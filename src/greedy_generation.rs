@@ -30,7 +30,7 @@ pub fn process_rows(target: &Context, draft: &Context) -> usize {
 }
 
 /// A greedy generation's state between rounds.
-pub struct SessionGeneration {
+pub struct GreedyGeneration {
     seq_id: i32,
     batch: Batch,
     sampler: Sampler,
@@ -48,7 +48,7 @@ fn usage(message: &str) -> Error {
     Error::Session(SessionError::Usage(message.into()))
 }
 
-impl SessionGeneration {
+impl GreedyGeneration {
     /// A generation on `seq_id` whose batches hold `rows` rows.
     pub fn new(seq_id: i32, rows: usize) -> Result<Self> {
         Ok(Self {
