@@ -2,16 +2,20 @@
 
 Tests craft checkpoints that pass every checksum but carry chosen content (a
 model file name, a section payload) with :func:`reseal_sections` and
-:func:`rewrite_meta`. Both formats are handled:
+:func:`rewrite_meta`. Both byte layouts are handled:
 
 * version 1: a CRC-32 trailer over everything before it;
-* version 2: in addition the ``state`` section (117 bytes instead of 97) binds
-  the other sections by their CRC-32s, u32 little-endian at state offsets 97
-  (``meta``), 101 (``tokens``), 105 (``target_state``), 109 (``draft_state``,
-  0 when absent) and 113 (``speculative_state``, 0 when absent).
+* versions 2 to 5 (5 is what specstate writes): in addition the ``state``
+  section (117 bytes instead of 97) binds the other sections by their CRC-32s,
+  u32 little-endian at state offsets 97 (``meta``), 101 (``tokens``), 105
+  (``target_state``), 109 (``draft_state``, 0 when absent) and 113
+  (``speculative_state``, 0 when absent). Versions 3 to 5 changed only what
+  ``meta`` holds (docs/checkpoint-format.md, Compatibility), not the bytes
+  around it.
 
-A rewritten section gets its binding updated (version 2), the table its new
-offsets and lengths, the header its new total length, the file a new trailer.
+A rewritten section gets its binding updated (versions 2 to 5), the table its
+new offsets and lengths, the header its new total length, the file a new
+trailer.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ def meta(data: bytes) -> dict[str, Any]:
 
 
 def bind(state: bytes, payloads: Mapping[str, bytes], names: set[str]) -> bytes:
-    """``state`` with the bindings of ``names`` set to their payloads' CRC-32s (version 2 only)."""
+    """``state`` with the bindings of ``names`` set to their payloads' CRC-32s (versions 2 to 5; a version 1 ``state`` has none)."""
     if len(state) != STATE_V2_LENGTH:
         return state
     bound = bytearray(state)

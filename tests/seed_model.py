@@ -1,7 +1,8 @@
 """An independent pure-Python model of the seed contract, for differential tests.
 
-Written from ``shared/seed/speculative.rs`` alone: it must not import anything
-from specstate, so that a bug there cannot hide in here too.
+Written from the seed contract alone (``../shared/seed/speculative.rs`` in the project's shared folder,
+outside this repository; ``src/speculative.rs`` implements it to the letter): it must not import anything from
+specstate, so that a bug there cannot hide in here too.
 """
 
 from __future__ import annotations

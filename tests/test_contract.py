@@ -1,8 +1,9 @@
 """The seed contract as Python sees it: bounds, validators, errors, build info.
 
 Validators are tested differentially against ``seed_model``, an independent
-pure-Python model of ``shared/seed/speculative.rs``, over hypothesis-generated
-inputs, plus explicit boundaries.
+pure-Python model of the seed contract (``src/speculative.rs``; the seed itself
+is ``../shared/seed/speculative.rs``, outside this repository), over
+hypothesis-generated inputs, plus explicit boundaries.
 """
 
 from __future__ import annotations
