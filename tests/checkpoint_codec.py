@@ -52,7 +52,7 @@ def meta(data: bytes) -> dict[str, Any]:
 
 
 def bind(state: bytes, payloads: Mapping[str, bytes], names: set[str]) -> bytes:
-    """``state`` with the bindings of ``names`` set to their payloads' CRC-32s (versions 2 to 5; a version 1 ``state`` has none)."""
+    """``state`` with the bindings of ``names`` set to their payloads' CRC-32s (versions 2 to 5; version 1 has none)."""
     if len(state) != STATE_V2_LENGTH:
         return state
     bound = bytearray(state)
