@@ -6,7 +6,10 @@ the page comes from those files, so that text and figures cannot drift apart. ``
 from the results in the tree without measuring anything (``make bench`` and ``make bench-speculation`` do it after
 their runs); tests/test_bench.py checks that the page in the tree is what they give.
 
-Usage: python benchmarks/report.py [--results DIR] [--out PATH] [--check]
+``record_run`` adds the headline ratios of a finished ``make bench`` run (latest.json and the chain runs) to
+``runs.json``, so that the page shows how they hold from run to run on a shared machine, not one run's luck.
+
+Usage: python benchmarks/report.py [--results DIR] [--out PATH] [--check | --record-run]
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ RESULTS = BENCHMARKS / "results"
 TEMPLATE = BENCHMARKS / "benchmarks.md.template"
 PAGE = BENCHMARKS.parent / "docs" / "benchmarks.md"
 #: The results files the page reads, by the name its fields use.
-PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json")
+PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json", "runs")
+#: How many `make bench` runs runs.json keeps, and how many the page shows side by side.
+RUNS_KEPT, RUNS_SHOWN = 10, 3
 
 Row = tuple[str, str, str, str]
 
@@ -449,6 +454,69 @@ def _chain_fields(code: dict[str, Any], constrained: dict[str, Any]) -> dict[str
     }
 
 
+def _median(entry: dict[str, float] | None) -> float | None:
+    return None if entry is None else entry["median"]
+
+
+def run_summary(latest: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]:
+    """A `make bench` run's headline ratios (medians; None where not measured): what runs.json keeps of it."""
+    speculation = latest["speculation"]
+    q4_1 = next(iter(latest["verify_cost"]["models"].values()))["x_one_row"]
+    equal = [
+        row["tokens_equal_to_none"]
+        for prompt in speculation.values()
+        for name, row in prompt.items()
+        if name not in (LOOKUP, LLAMA_CPP) and "tokens_equal_to_none" in row
+    ]
+    code = speculation["code"][ADAPTIVE]
+    figures = {
+        "decode: specstate / llama-cpp-python": _median(latest["decode_ratios"].get("llama_cpp_python")),
+        "decode: specstate / llama-bench": _median(latest["decode_ratios"].get("llama_bench")),
+        **{
+            f"`ngram` adaptive / `none`, {name}": _median(speculation[name][ADAPTIVE]["x_none"])
+            for name in ("story", "code", "quotes")
+        },
+        "`ngram` adaptive / best fixed, code": _median(code.get("x_best_fixed")),
+        "`ngram` adaptive / llama.cpp ngram-simple, code": _median(code.get(f"x_{LLAMA_CPP}")),
+        "verify 8 rows / 1 row, Q4_1": _median(q4_1.get("8")),
+        "verify 16 rows / 1 row, Q4_1": _median(q4_1.get("16")),
+        "sampling, code: `none` / llama-cpp-python": _median(chain.get("specstate none / llama-cpp-python")),
+        "sampling, code: `ngram` / llama-cpp-python": _median(chain.get("specstate ngram / llama-cpp-python")),
+    }
+    return {"date": latest["date"], "fewest_equal_to_none": min(equal), "figures": figures}
+
+
+def record_run(directory: Path = RESULTS) -> list[dict[str, Any]]:
+    """Add the run in `directory` (latest.json, chain.json) to its runs.json, once; keep the last RUNS_KEPT."""
+    path = directory / "runs.json"
+    runs: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
+    latest, chain = (json.loads((directory / f"{name}.json").read_text()) for name in ("latest", "chain"))
+    summary = run_summary(latest, chain)
+    if all(run["date"] != summary["date"] for run in runs):
+        runs = [*runs, summary][-RUNS_KEPT:]
+        path.write_text(json.dumps(runs, indent=2) + "\n")
+    return runs
+
+
+def _runs_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last RUNS_SHOWN `make bench` runs side by side, and the spread of each ratio across them."""
+    shown = runs[-RUNS_SHOWN:]
+    if not shown:
+        return {"runs_count": 0, "runs_table": "No run recorded yet: `make bench` records one."}
+    lines = [
+        "| median ratio | " + " | ".join(run["date"] for run in shown) + " | spread |",
+        "| --- |" + " ---: |" * (len(shown) + 1),
+    ]
+    for label in shown[-1]["figures"]:
+        values = [run["figures"].get(label) for run in shown]
+        known = [v for v in values if v is not None]
+        spread = f"{max(known) / min(known):.2f}" if len(known) > 1 else "n/a"
+        lines.append(f"| {label} | " + " | ".join(_fmt(v) for v in values) + f" | {spread} |")
+    equal = " | ".join(str(run["fewest_equal_to_none"]) for run in shown)
+    lines.append(f"| tokens equal to `none`, fewest of any specstate mode | {equal} | |")
+    return {"runs_count": len(shown), "runs_table": "\n".join(lines)}
+
+
 def load_results(directory: Path = RESULTS) -> dict[str, Any]:
     """The results files the page reads, by name."""
     return {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
@@ -462,6 +530,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **_verify_fields(results["verify_cost"]),
         **_openmp_fields(results["openmp"]),
         **_chain_fields(results["chain"], results["chain-json"]),
+        **_runs_fields(results["runs"]),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
 
@@ -470,8 +539,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results directory")
     parser.add_argument("--out", type=Path, default=PAGE, help="the page to write (docs/benchmarks.md)")
-    parser.add_argument("--check", action="store_true", help="write nothing; fail when the page differs")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", action="store_true", help="write nothing; fail when the page differs")
+    action.add_argument("--record-run", action="store_true", help="add the run in --results to runs.json first")
     args = parser.parse_args()
+    if args.record_run:
+        record_run(args.results)
     text = page(load_results(args.results))
     if args.check:
         if not args.out.exists() or args.out.read_text() != text:

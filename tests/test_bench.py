@@ -4,8 +4,10 @@ figures come from `make bench`; timings are never asserted here)."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from specstate import Model
 from specstate.bench import (
@@ -155,6 +157,23 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     write_report(results, tmp_path)
     assert (tmp_path / "latest.md").read_text() == text
     assert (tmp_path / "speculation.png").stat().st_size > 0
+    check_run_history(results, tmp_path)
+
+
+def check_run_history(latest: dict[str, Any], directory: Path) -> None:
+    """A finished run is recorded once in runs.json, and the page's table shows its medians."""
+    from report import _runs_fields, record_run
+
+    (directory / "latest.json").write_text(json.dumps(latest))
+    ratio = {"median": 1.25, "low": 1.1, "high": 1.3}
+    (directory / "chain.json").write_text(json.dumps({"specstate ngram / llama-cpp-python": ratio}))
+    runs = record_run(directory)
+    assert record_run(directory) == runs and len(runs) == 1
+    table = _runs_fields(runs)["runs_table"]
+    assert "| decode: specstate / llama-cpp-python | 1.14 | n/a |" in table
+    assert "| sampling, code: `ngram` / llama-cpp-python | 1.25 | n/a |" in table
+    assert "| sampling, code: `none` / llama-cpp-python | n/a | n/a |" in table
+    assert "| tokens equal to `none`, fewest of any specstate mode | 12 | |" in table
 
 
 def test_the_benchmarks_page_is_what_the_results_give() -> None:
