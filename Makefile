@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain chain-runs \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain chain-runs \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -146,25 +146,41 @@ $(CUDA_VENV)/.installed: requirements-cuda.txt
 	$(CUDA_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-cuda.txt
 	# Wheels carry no symlinks: the unversioned names that CMake and the linker look for.
 	cd $(CUDA_ROOT)/lib && for l in cudart cublas cublasLt; do ln -sf lib$$l.so.13 lib$$l.so; done
+	# nvcc compiles the host code against zig's glibc headers (`make wheel-cuda`): they declare C23's sinpi, cospi
+	# and rsqrt with noexcept at every target version, while crt/math_functions.h matches glibc's declarations only
+	# from glibc 2.41 and 2.42 on (it reads the target's version, 2.28). SPECSTATE_ZIG_GLIBC_HEADERS, which only
+	# cmake/zig.cmake defines, makes it match them as for those versions; other builds see the header as shipped.
+	sed -i 's/__GLIBC_PREREQ(2,\(4[12]\))/(__GLIBC_PREREQ(2,\1) || defined(SPECSTATE_ZIG_GLIBC_HEADERS))/' \
+		$(CUDA_ROOT)/include/crt/math_functions.h
+	grep -q SPECSTATE_ZIG_GLIBC_HEADERS $(CUDA_ROOT)/include/crt/math_functions.h
 	touch $@
 
 # --auditwheel skip: libcublas comes from the nvidia-cublas wheel (extra `cuda`) through the extension's RPATH,
-# and must not be copied into the wheel. The tag is the one this compiler and glibc (Debian 12's gcc 12, glibc 2.36)
-# allow, as auditwheel measures for a CPU wheel built by them: manylinux_2_35 (GLIBC_2.34, GLIBCXX_3.4.30). zig
-# (`make wheel`) cannot build the CUDA host code: nvcc rejects zig's glibc headers, whose C23 math declarations
-# (rsqrt, sinpi, cospi) conflict with CUDA's crt/math_functions.h.
-CUDA_MANYLINUX ?= manylinux_2_35
-wheel-cuda: system-deps $(VENV)/.installed $(CUDA_VENV)/.installed
-	@# Other architectures or another cmake/cuda.cmake than last time: llama.cpp is configured again (the sys
-	@# crate cannot tell, and CMake keeps its cached settings).
-	@stamp="$(CUDA_ARCHITECTURES) $$(sha256sum cmake/cuda.cmake | cut -c1-16)"; \
+# and must not be copied into the wheel. zig compiles and links the host code as for `make wheel` (nvcc's host
+# compiler is zig's c++, cmake/zig.cmake), so the CUDA wheel has the CPU wheel's tag, manylinux_2_28; the CUDA
+# runtime is linked in statically, and libcublas's glibc needs are NVIDIA's (the nvidia-cublas wheel is tagged
+# manylinux1). `auditwheel show` would name libcublas as outside the policy; scripts/wheel_glibc.py checks the
+# symbol versions the extension asks of glibc instead.
+CUDA_MANYLINUX ?= $(MANYLINUX)
+wheel-cuda: system-deps $(VENV)/.installed $(VENV)/.wheel-tools $(CUDA_VENV)/.installed
+	@# Other architectures or another cmake/cuda.cmake or cmake/zig.cmake than last time: llama.cpp is configured
+	@# again (the sys crate cannot tell, and CMake keeps its cached settings).
+	@stamp="$(CUDA_ARCHITECTURES) $$(cat cmake/cuda.cmake cmake/zig.cmake | sha256sum | cut -c1-16)"; \
 	if [ "$$(cat $(CUDA_TARGET_DIR)/cuda-configuration 2>/dev/null)" != "$$stamp" ]; then \
 		rm -rf $(CUDA_TARGET_DIR)/llama-cmake-cache $(CUDA_TARGET_DIR)/release/build/llama-cpp-sys-4-*; fi; \
 	mkdir -p $(CUDA_TARGET_DIR) && echo "$$stamp" > $(CUDA_TARGET_DIR)/cuda-configuration
+	@$(MAKE) --no-print-directory llama-patches CARGO_TARGET_DIR=$(CUDA_TARGET_DIR)
+	rm -f dist-cuda/specstate-*.whl
 	root=$$(echo $(CUDA_ROOT)) && \
-	CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) CUDAToolkit_ROOT=$$root CMAKE_TOOLCHAIN_FILE=$(abspath cmake/cuda.cmake) \
+	CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(ZIG_WHEEL_ENV) CUDAToolkit_ROOT=$$root CMAKE_TOOLCHAIN_FILE=$(abspath cmake/cuda.cmake) \
 	SPECSTATE_CUDA_ARCHITECTURES='$(CUDA_ARCHITECTURES)' PATH=$$root/bin:$(abspath $(BIN)):$$PATH \
-	$(BIN)/maturin build --release --features python,cuda --auditwheel skip --compatibility $(CUDA_MANYLINUX) --out dist-cuda
+	$(BIN)/maturin build --release --zig --features python,cuda --auditwheel skip --compatibility $(CUDA_MANYLINUX) \
+		--out dist-cuda
+	$(BIN)/python scripts/wheel_glibc.py dist-cuda/specstate-*.whl
+
+# The CUDA wheel on Debian bullseye, as `make check-old-glibc` (no GPU needed: without a driver it runs on the CPU).
+check-old-glibc-cuda: wheel-cuda
+	scripts/check-old-glibc.sh dist-cuda/specstate-*.whl
 
 # What travels to a GPU machine for scripts/gpu-check.sh (no network there): the CUDA wheel and the small wheels
 # the check needs. numpy is also taken from the machine's own packages (PyTorch) when its Python differs.
@@ -183,7 +199,7 @@ gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
 	@$(MAKE) --no-print-directory chain-runs
-	$(BIN)/python benchmarks/report.py
+	$(BIN)/python benchmarks/report.py --record-run
 
 # docs/benchmarks.md from benchmarks/results/*.json and the text of benchmarks/benchmarks.md.template, measuring
 # nothing (`make bench` and `make bench-speculation` rebuild it after their runs; tests/test_bench.py checks it).

@@ -8,6 +8,11 @@ set(CMAKE_C_COMPILER "$ENV{CC_${_specstate_target}}")
 set(CMAKE_CXX_COMPILER "$ENV{CXX_${_specstate_target}}")
 set(CMAKE_AR "$ENV{AR_${_specstate_target}}")
 set(CMAKE_RANLIB "$ENV{RANLIB_${_specstate_target}}")
+# `make wheel-cuda`: nvcc compiles ggml-cuda's host code with zig's c++ too, against the same glibc headers, and
+# the toolkit's crt/math_functions.h is told that they declare C23's math functions (see the Makefile's CUDA
+# toolkit recipe). Nothing here matters to a build without CUDA.
+set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}")
+set(CMAKE_CUDA_FLAGS_INIT "-Xcompiler=-DSPECSTATE_ZIG_GLIBC_HEADERS")
 # zig's linker writes no dependency files.
 set(CMAKE_C_LINKER_DEPFILE_SUPPORTED FALSE)
 set(CMAKE_CXX_LINKER_DEPFILE_SUPPORTED FALSE)

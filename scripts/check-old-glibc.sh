@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Install specstate's CPU wheel on an older Linux and run it there: a Debian bullseye root file system
-# (glibc 2.31, Python 3.9, pip 20.3), made once with debootstrap from Debian's mirror and cached outside the
-# clone, entered with unshare (private mounts and PIDs) and chroot. There, with that system's own python3: a
-# virtual environment, `pip install` of the wheel and of the dependencies it declares (downloaded here first, for
-# Python 3.9: the old system needs no network), `ldd` of the extension, then scripts/old_glibc_check.py: import,
-# native_info(), generate on SmolLM2, checkpoint half-way and resume (API and CLI), `specstate inspect`.
+# Install a specstate wheel (CPU, or CUDA with its `cuda` extra) on an older Linux and run it there: a Debian
+# bullseye root file system (glibc 2.31, Python 3.9, pip 20.3), made once with debootstrap from Debian's mirror and
+# cached outside the clone, entered with unshare (private mounts and PIDs) and chroot. There, with that system's own
+# python3: a virtual environment, `pip install` of the wheel and of the dependencies it declares (downloaded here
+# first, for Python 3.9: the old system needs no network), `ldd` of the extension, then scripts/old_glibc_check.py:
+# import, native_info(), generate on SmolLM2, checkpoint half-way and resume (API and CLI), `specstate inspect`.
 #
 #   scripts/check-old-glibc.sh [WHEEL]    default: the newest dist/specstate-*x86_64.whl (`make wheel`)
 #   OLD_ARCH=arm64 scripts/check-old-glibc.sh [WHEEL]    an aarch64 wheel (`make wheel-aarch64`) under qemu-user
@@ -70,8 +70,14 @@ mkdir -p "$work/wheels"
 cp "$wheel" "$work/wheels/"
 platforms=()
 for minor in $(seq 17 31); do platforms+=(--platform "manylinux_2_${minor}_$MACHINE"); done # what bullseye's pip takes
+# A CUDA wheel (`make wheel-cuda`) loads libcublas from the `cuda` extra's wheels: installed with it.
+extras=
+if "$PYTHON" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1])
+sys.exit(not any(b"libcublas" in z.read(n) for n in z.namelist() if n.endswith(".so")))' "$wheel"; then
+    extras="[cuda]"
+fi
 "$PYTHON" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --python-version 3.9 \
-    "${platforms[@]}" --dest "$work/wheels" "$wheel"
+    "${platforms[@]}" --dest "$work/wheels" "$wheel$extras"
 cp scripts/old_glibc_check.py "$work/"
 touch "$work/model.gguf"
 echo "check-old-glibc: $(basename "$wheel") in $SUITE $ARCH ($ROOT)"
@@ -80,7 +86,7 @@ inside='
 cd /opt/specstate-check
 echo "$(ldd --version | head -1); $(python3 --version); $(python3 -m pip --version 2>/dev/null || echo pip in venv only)"
 python3 -m venv venv
-venv/bin/pip install --disable-pip-version-check --no-index --find-links wheels specstate
+venv/bin/pip install --disable-pip-version-check --no-index --find-links wheels "specstate$1"
 extension=$(ls venv/lib/python3*/site-packages/specstate/_native*.so)
 ldd "$extension"
 if ldd "$extension" | grep -q "not found"; then echo "FAILED: a library of the extension is missing"; exit 1; fi
@@ -90,6 +96,6 @@ unshare --mount --pid --fork --propagation private /bin/sh -ec '
     mount --bind "$1" "$2/opt/specstate-check/model.gguf"
     mount -o remount,bind,ro "$2/opt/specstate-check/model.gguf"
     mount -t proc proc "$2/proc"
-    exec chroot "$2" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 /bin/sh -ec "$3"
-' sh "$model" "$ROOT" "$inside"
+    exec chroot "$2" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 /bin/sh -ec "$3" sh "$4"
+' sh "$model" "$ROOT" "$inside" "$extras"
 echo "check-old-glibc: passed"

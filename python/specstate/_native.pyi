@@ -14,6 +14,7 @@ from typing_extensions import Unpack, disjoint_base
 from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo, SamplingSettings
 
 __all__ = [
+    "GENERATOR_DEFAULTS",
     "MAX_CHECKPOINT_BYTES",
     "MAX_GRAMMAR_BYTES",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
@@ -64,6 +65,9 @@ SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
 #: ``Decode``: ``DecodeError``, ``ModelChanged``: ``ModelChangedError``) by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
 NATIVE_MESSAGES: Final[dict[str, str]]
+#: Every defaulted parameter of ``Generator``'s constructor by name, with its default: written once, in Rust (the
+#: command line's defaults; Python 3.9 cannot read an abi3 class's signature).
+GENERATOR_DEFAULTS: Final[dict[str, object]]
 
 @final
 class ContextCapacity:

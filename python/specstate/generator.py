@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Generator as PyGenerator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
 from specstate import _files, _native
 from specstate._native import Model
@@ -51,7 +51,7 @@ from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode,
 from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
 from specstate.errors import ChatTemplateError, GenerationError
 
-TextStream: TypeAlias = PyGenerator[str, None, None]
+TextStream = PyGenerator[str, None, None]
 """A stream of text pieces; ``close()`` it to stop early (the text it held back waits for the next call)."""
 
 if TYPE_CHECKING:

@@ -18,6 +18,47 @@ use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptio
 use crate::sampling::SamplingParams;
 use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig, SettingError};
 
+/// The constructor's defaults beyond the sampler's (`SamplingParams::DEFAULT`), written once: its signature and
+/// `GENERATOR_DEFAULTS` read them.
+const DEFAULT_MODE: &str = "none";
+const DEFAULT_N_DRAFT: i128 = 8;
+const DEFAULT_N_CTX: i128 = 2048;
+const DEFAULT_N_BATCH: i128 = 512;
+const DEFAULT_NGRAM_MAX: i128 = 4;
+const DEFAULT_NGRAM_MIN: i128 = 3;
+const DEFAULT_N_THREADS: i128 = 0;
+const DEFAULT_DRAFT_POLICY: &str = "fixed";
+
+/// `specstate._native.GENERATOR_DEFAULTS`: every defaulted parameter of the constructor, by name. The command line
+/// reads its defaults here: Python 3.9 cannot read an abi3 class's signature (PyO3 attaches it from 3.10 on).
+pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let sampling = SamplingParams::DEFAULT;
+    let defaults = PyDict::new(py);
+    defaults.set_item("mode", DEFAULT_MODE)?;
+    defaults.set_item("draft_model", py.None())?;
+    defaults.set_item("n_draft", DEFAULT_N_DRAFT)?;
+    defaults.set_item("n_ctx", DEFAULT_N_CTX)?;
+    defaults.set_item("n_batch", DEFAULT_N_BATCH)?;
+    defaults.set_item("temperature", sampling.temperature)?;
+    defaults.set_item("top_k", sampling.top_k)?;
+    defaults.set_item("top_p", sampling.top_p)?;
+    defaults.set_item("seed", sampling.seed)?;
+    defaults.set_item("min_p", sampling.min_p)?;
+    defaults.set_item("typical_p", sampling.typical_p)?;
+    defaults.set_item("repeat_penalty", sampling.repeat_penalty)?;
+    defaults.set_item("repeat_last_n", sampling.repeat_last_n)?;
+    defaults.set_item("presence_penalty", sampling.presence_penalty)?;
+    defaults.set_item("frequency_penalty", sampling.frequency_penalty)?;
+    for name in ["logit_bias", "grammar", "cost_curve"] {
+        defaults.set_item(name, py.None())?;
+    }
+    defaults.set_item("ngram_max", DEFAULT_NGRAM_MAX)?;
+    defaults.set_item("ngram_min", DEFAULT_NGRAM_MIN)?;
+    defaults.set_item("n_threads", DEFAULT_N_THREADS)?;
+    defaults.set_item("draft_policy", DEFAULT_DRAFT_POLICY)?;
+    Ok(defaults)
+}
+
 /// A generation over a target model in one of five modes (see `specstate.Generator`).
 ///
 /// Its contexts are used only from the thread that created it (every method
@@ -112,8 +153,8 @@ fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
 #[pymethods]
 impl PyGenerator {
     #[new]
-    #[pyo3(signature = (target, *, mode = "none", draft_model = None, n_draft = WideInt(8), n_ctx = WideInt(2048),
-                        n_batch = WideInt(512), temperature = SamplingParams::DEFAULT.temperature,
+    #[pyo3(signature = (target, *, mode = DEFAULT_MODE, draft_model = None, n_draft = WideInt(DEFAULT_N_DRAFT),
+                        n_ctx = WideInt(DEFAULT_N_CTX), n_batch = WideInt(DEFAULT_N_BATCH), temperature = SamplingParams::DEFAULT.temperature,
                         top_k = WideInt(SamplingParams::DEFAULT.top_k.into()), top_p = SamplingParams::DEFAULT.top_p,
                         seed = WideInt(SamplingParams::DEFAULT.seed.into()), min_p = SamplingParams::DEFAULT.min_p,
                         typical_p = SamplingParams::DEFAULT.typical_p,
@@ -121,8 +162,9 @@ impl PyGenerator {
                         repeat_last_n = WideInt(SamplingParams::DEFAULT.repeat_last_n.into()),
                         presence_penalty = SamplingParams::DEFAULT.presence_penalty,
                         frequency_penalty = SamplingParams::DEFAULT.frequency_penalty, logit_bias = None,
-                        grammar = None, ngram_max = WideInt(4), ngram_min = WideInt(3), n_threads = WideInt(0),
-                        draft_policy = "fixed", cost_curve = None),
+                        grammar = None, ngram_max = WideInt(DEFAULT_NGRAM_MAX),
+                        ngram_min = WideInt(DEFAULT_NGRAM_MIN), n_threads = WideInt(DEFAULT_N_THREADS),
+                        draft_policy = DEFAULT_DRAFT_POLICY, cost_curve = None),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \

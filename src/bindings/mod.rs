@@ -34,6 +34,10 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
         "NATIVE_MESSAGES",
         std::collections::BTreeMap::from(crate::native::NativeError::MESSAGES),
     )?;
+    module.add(
+        "GENERATOR_DEFAULTS",
+        generator::generator_defaults(module.py())?,
+    )?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;

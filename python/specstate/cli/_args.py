@@ -5,7 +5,6 @@ settings the options give."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -44,12 +43,9 @@ def one_line(text: str) -> str:
 
 # --- the options --------------------------------------------------------------------------------------------
 
-#: The native generator's defaults (its signature, written once in Rust): what an option left out means.
-NATIVE_DEFAULTS: dict[str, Any] = {
-    name: parameter.default
-    for name, parameter in inspect.signature(_native.Generator).parameters.items()
-    if parameter.default is not inspect.Parameter.empty
-}
+
+#: The native generator's defaults (written once, in Rust): what an option left out means.
+NATIVE_DEFAULTS: dict[str, Any] = dict(_native.GENERATOR_DEFAULTS)
 #: The sampler chain's options: (setting, type, what it does).
 _SAMPLERS: tuple[tuple[str, type, str], ...] = (
     ("temperature", float, "softmax temperature; 0 is greedy"),
