@@ -146,13 +146,17 @@ $(CUDA_VENV)/.installed: requirements-cuda.txt
 	$(CUDA_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-cuda.txt
 	# Wheels carry no symlinks: the unversioned names that CMake and the linker look for.
 	cd $(CUDA_ROOT)/lib && for l in cudart cublas cublasLt; do ln -sf lib$$l.so.13 lib$$l.so; done
-	# nvcc compiles the host code against zig's glibc headers (`make wheel-cuda`): they declare C23's sinpi, cospi
-	# and rsqrt with noexcept at every target version, while crt/math_functions.h matches glibc's declarations only
-	# from glibc 2.41 and 2.42 on (it reads the target's version, 2.28). SPECSTATE_ZIG_GLIBC_HEADERS, which only
-	# cmake/zig.cmake defines, makes it match them as for those versions; other builds see the header as shipped.
-	sed -i 's/__GLIBC_PREREQ(2,\(4[12]\))/(__GLIBC_PREREQ(2,\1) || defined(SPECSTATE_ZIG_GLIBC_HEADERS))/' \
-		$(CUDA_ROOT)/include/crt/math_functions.h
-	grep -q SPECSTATE_ZIG_GLIBC_HEADERS $(CUDA_ROOT)/include/crt/math_functions.h
+	touch $@
+
+# nvcc compiles the host code against zig's glibc headers (`make wheel-cuda`): they declare C23's sinpi, cospi and
+# rsqrt with noexcept at every target version, while crt/math_functions.h matches glibc's declarations only from
+# glibc 2.41 and 2.42 on (it reads the target's version, 2.28). SPECSTATE_ZIG_GLIBC_HEADERS, which only
+# cmake/zig.cmake defines, makes it match them as for those versions; other builds see the header as shipped.
+MATH_FUNCTIONS_H = $(CUDA_ROOT)/include/crt/math_functions.h
+$(CUDA_VENV)/.zig-glibc-headers: $(CUDA_VENV)/.installed
+	grep -q SPECSTATE_ZIG_GLIBC_HEADERS $(MATH_FUNCTIONS_H) || sed -i \
+		's/__GLIBC_PREREQ(2,\(4[12]\))/(__GLIBC_PREREQ(2,\1) || defined(SPECSTATE_ZIG_GLIBC_HEADERS))/' $(MATH_FUNCTIONS_H)
+	test "$$(grep -c SPECSTATE_ZIG_GLIBC_HEADERS $(MATH_FUNCTIONS_H))" = 2
 	touch $@
 
 # --auditwheel skip: libcublas comes from the nvidia-cublas wheel (extra `cuda`) through the extension's RPATH,
@@ -162,7 +166,7 @@ $(CUDA_VENV)/.installed: requirements-cuda.txt
 # manylinux1). `auditwheel show` would name libcublas as outside the policy; scripts/wheel_glibc.py checks the
 # symbol versions the extension asks of glibc instead.
 CUDA_MANYLINUX ?= $(MANYLINUX)
-wheel-cuda: system-deps $(VENV)/.installed $(VENV)/.wheel-tools $(CUDA_VENV)/.installed
+wheel-cuda: system-deps $(VENV)/.installed $(VENV)/.wheel-tools $(CUDA_VENV)/.zig-glibc-headers
 	@# Other architectures or another cmake/cuda.cmake or cmake/zig.cmake than last time: llama.cpp is configured
 	@# again (the sys crate cannot tell, and CMake keeps its cached settings).
 	@stamp="$(CUDA_ARCHITECTURES) $$(cat cmake/cuda.cmake cmake/zig.cmake | sha256sum | cut -c1-16)"; \
