@@ -32,23 +32,13 @@ const DEFAULT_DRAFT_POLICY: &str = "fixed";
 /// `specstate._native.GENERATOR_DEFAULTS`: every defaulted parameter of the constructor, by name. The command line
 /// reads its defaults here: Python 3.9 cannot read an abi3 class's signature (PyO3 attaches it from 3.10 on).
 pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let sampling = SamplingParams::DEFAULT;
     let defaults = PyDict::new(py);
     defaults.set_item("mode", DEFAULT_MODE)?;
     defaults.set_item("draft_model", py.None())?;
     defaults.set_item("n_draft", DEFAULT_N_DRAFT)?;
     defaults.set_item("n_ctx", DEFAULT_N_CTX)?;
     defaults.set_item("n_batch", DEFAULT_N_BATCH)?;
-    defaults.set_item("temperature", sampling.temperature)?;
-    defaults.set_item("top_k", sampling.top_k)?;
-    defaults.set_item("top_p", sampling.top_p)?;
-    defaults.set_item("seed", sampling.seed)?;
-    defaults.set_item("min_p", sampling.min_p)?;
-    defaults.set_item("typical_p", sampling.typical_p)?;
-    defaults.set_item("repeat_penalty", sampling.repeat_penalty)?;
-    defaults.set_item("repeat_last_n", sampling.repeat_last_n)?;
-    defaults.set_item("presence_penalty", sampling.presence_penalty)?;
-    defaults.set_item("frequency_penalty", sampling.frequency_penalty)?;
+    set_sampler_numbers(&defaults, &SamplingParams::DEFAULT)?;
     for name in ["logit_bias", "grammar", "cost_curve"] {
         defaults.set_item(name, py.None())?;
     }
@@ -569,6 +559,20 @@ impl PyGenerator {
     }
 }
 
+/// The sampler's numeric settings, in the constructor's order (the defaults and a generator's config).
+fn set_sampler_numbers(dict: &Bound<'_, PyDict>, sampling: &SamplingParams) -> PyResult<()> {
+    dict.set_item("temperature", sampling.temperature)?;
+    dict.set_item("top_k", sampling.top_k)?;
+    dict.set_item("top_p", sampling.top_p)?;
+    dict.set_item("seed", sampling.seed)?;
+    dict.set_item("min_p", sampling.min_p)?;
+    dict.set_item("typical_p", sampling.typical_p)?;
+    dict.set_item("repeat_penalty", sampling.repeat_penalty)?;
+    dict.set_item("repeat_last_n", sampling.repeat_last_n)?;
+    dict.set_item("presence_penalty", sampling.presence_penalty)?;
+    dict.set_item("frequency_penalty", sampling.frequency_penalty)
+}
+
 fn config_dict<'py>(py: Python<'py>, config: &GeneratorConfig) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     dict.set_item("mode", config.mode.name())?;
@@ -580,17 +584,8 @@ fn config_dict<'py>(py: Python<'py>, config: &GeneratorConfig) -> PyResult<Bound
     dict.set_item("n_ctx", config.n_ctx)?;
     dict.set_item("n_batch", config.n_batch)?;
     dict.set_item("draft_policy", draft_policy_name(config.adaptive))?;
-    dict.set_item("temperature", config.sampling.temperature)?;
-    dict.set_item("top_k", config.sampling.top_k)?;
-    dict.set_item("top_p", config.sampling.top_p)?;
-    dict.set_item("seed", config.sampling.seed)?;
     let sampling = &config.sampling;
-    dict.set_item("min_p", sampling.min_p)?;
-    dict.set_item("typical_p", sampling.typical_p)?;
-    dict.set_item("repeat_penalty", sampling.repeat_penalty)?;
-    dict.set_item("repeat_last_n", sampling.repeat_last_n)?;
-    dict.set_item("presence_penalty", sampling.presence_penalty)?;
-    dict.set_item("frequency_penalty", sampling.frequency_penalty)?;
+    set_sampler_numbers(&dict, sampling)?;
     let bias = PyDict::new(py);
     for &(token, value) in &sampling.logit_bias {
         bias.set_item(token, value)?;
