@@ -22,7 +22,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from speculation import ADAPTIVE, LLAMA_CPP, LLAMA_CPP_SIZES, LOOKUP, NONE, contenders_table, ratio_text
+from speculation import ADAPTIVE, LLAMA_CPP, LLAMA_CPP_SIZES, LOOKUP, NONE, contenders_table, exactness
 from speculation import targets as speculation_targets
 from speculation import targets_table as speculation_targets_table
 from verify_cost import table as verify_cost_table
@@ -121,9 +121,6 @@ def _memory_rows(memory: dict[str, Any]) -> list[Row]:
 def targets(results: dict[str, Any]) -> list[Row]:
     """(measure, value, target, verdict) rows."""
     rows = _decode_rows(results["decode_ratios"])
-    for name in ("code", "quotes"):
-        entry = results["speculation"][name][ADAPTIVE]["x_none"]
-        rows.append((f"{name}: ngram adaptive / none", ratio_text(entry), ">= 2.0", _verdict(entry["median"], 2.0)))
     rows += speculation_targets(results["speculation"])
     for tokens, figures in results["checkpoints"].items():
         rows += _checkpoint_rows(tokens, figures)
@@ -462,12 +459,6 @@ def run_summary(latest: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]
     """A `make bench` run's headline ratios (medians; None where not measured): what runs.json keeps of it."""
     speculation = latest["speculation"]
     q4_1 = next(iter(latest["verify_cost"]["models"].values()))["x_one_row"]
-    equal = [
-        row["tokens_equal_to_none"]
-        for prompt in speculation.values()
-        for name, row in prompt.items()
-        if name not in (LOOKUP, LLAMA_CPP) and "tokens_equal_to_none" in row
-    ]
     code = speculation["code"][ADAPTIVE]
     figures = {
         "decode: specstate / llama-cpp-python": _median(latest["decode_ratios"].get("llama_cpp_python")),
@@ -483,7 +474,7 @@ def run_summary(latest: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]
         "sampling, code: `none` / llama-cpp-python": _median(chain.get("specstate none / llama-cpp-python")),
         "sampling, code: `ngram` / llama-cpp-python": _median(chain.get("specstate ngram / llama-cpp-python")),
     }
-    return {"date": latest["date"], "fewest_equal_to_none": min(equal), "figures": figures}
+    return {"date": latest["date"], "equal_to_none": exactness(speculation)[1], "figures": figures}
 
 
 def record_run(directory: Path = RESULTS) -> list[dict[str, Any]]:
@@ -512,8 +503,8 @@ def _runs_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
         known = [v for v in values if v is not None]
         spread = f"{max(known) / min(known):.2f}" if len(known) > 1 else "n/a"
         lines.append(f"| {label} | " + " | ".join(_fmt(v) for v in values) + f" | {spread} |")
-    equal = " | ".join(str(run["fewest_equal_to_none"]) for run in shown)
-    lines.append(f"| tokens equal to `none`, fewest of any specstate mode | {equal} | |")
+    equal = " | ".join(run["equal_to_none"] for run in shown)
+    lines.append(f"| specstate runs with every token equal to `none` | {equal} | |")
     return {"runs_count": len(shown), "runs_table": "\n".join(lines)}
 
 

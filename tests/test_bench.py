@@ -173,7 +173,7 @@ def check_run_history(latest: dict[str, Any], directory: Path) -> None:
     assert "| decode: specstate / llama-cpp-python | 1.14 | n/a |" in table
     assert "| sampling, code: `ngram` / llama-cpp-python | 1.25 | n/a |" in table
     assert "| sampling, code: `none` / llama-cpp-python | n/a | n/a |" in table
-    assert "| tokens equal to `none`, fewest of any specstate mode | 12 | |" in table
+    assert "| specstate runs with every token equal to `none` | 15 of 15 | |" in table
 
 
 def test_the_benchmarks_page_is_what_the_results_give() -> None:
