@@ -330,17 +330,11 @@ def _speculation_fields(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _latest_fields(latest: dict[str, Any], spec: dict[str, Any], verify: dict[str, Any]) -> dict[str, Any]:
     speculation = latest["speculation"]
-    plain, earlier = latest["decode"]["specstate"], spec["prompts"]["story"][NONE]["tokens_per_s"]
-    pace = "slower" if plain < earlier else "faster"
     q4_1 = next(iter(verify["models"].values()))["x_one_row"]
     return {
         "machine": latest["machine"],
         "peer_version": latest.get("llama_cpp_python_version", "n/a"),
-        "speed_note": (
-            f"The machine was {pace} during this run ({latest['date']}) than during the speculation run above: "
-            f"{plain:.0f} tokens/s for plain decoding against {earlier:.0f}, which interleaving makes harmless for "
-            "the ratios."
-        ),
+        "speed_note": _speed_note(latest, spec),
         "latest_table": markdown(latest).rstrip("\n"),
         "code_vs_none": _x(speculation["code"][ADAPTIVE]["x_none"]),
         "quotes_vs_none": _x(speculation["quotes"][ADAPTIVE]["x_none"]),
@@ -349,6 +343,19 @@ def _latest_fields(latest: dict[str, Any], spec: dict[str, Any], verify: dict[st
         "draft_acceptance": _listing(f"{prompt['draft']['acceptance']:.0%}" for prompt in speculation.values()),
         "draft_vs_none": _listing(_x(prompt["draft"]["x_none"]) for prompt in speculation.values()),
     }
+
+
+def _speed_note(latest: dict[str, Any], spec: dict[str, Any]) -> str:
+    """Whether the speculation section above is this run's (`make bench` writes both) or an earlier run's."""
+    if spec["date"] == latest["date"]:
+        return f"This run ({latest['date']}) also gave the speculation section above."
+    plain, earlier = latest["decode"]["specstate"], spec["prompts"]["story"][NONE]["tokens_per_s"]
+    pace = "slower" if plain < earlier else "faster"
+    return (
+        f"The machine was {pace} during this run ({latest['date']}) than during the speculation run above "
+        f"(`make bench-speculation`, {spec['date']}): {plain:.0f} tokens/s for plain decoding against {earlier:.0f}, "
+        "which interleaving makes harmless for the ratios."
+    )
 
 
 def _disturbed(models: dict[str, Any]) -> str:

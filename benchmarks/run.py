@@ -47,10 +47,13 @@ from specstate.bench import (
 )
 from specstate.smollm2 import cache_dir, smollm2_path
 from speculation import PROMPTS, build_peers, prompt_figures
+from speculation import write_results as write_speculation
 from verify_cost import measure as verify_cost
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+#: Greedy tokens per speculation run.
+SPECULATION_TOKENS = 160
 
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -250,7 +253,7 @@ def speed_figures(model: Model, path: Path, args: argparse.Namespace) -> dict[st
         log("plain decoding, interleaved")
         decode = decode_figures(model, path, args.threads, args.runs, peers)
         log("speculation, interleaved")
-        rounds = argparse.Namespace(rounds=args.runs, threads=args.threads, tokens=160)
+        rounds = argparse.Namespace(rounds=args.runs, threads=args.threads, tokens=SPECULATION_TOKENS)
         draft = Model(draft_model_path(path))
         speculation = {
             name: prompt_figures(model, prompt, rounds, peers, draft_model=draft) for name, prompt in PROMPTS.items()
@@ -286,7 +289,9 @@ def checkpoint_results(model: Model, args: argparse.Namespace, peer: dict[str, A
 
 
 def write_results(results: dict[str, Any]) -> None:
-    """latest.json, verify_cost.json, latest.md and the charts (the benchmarks page: ``report.py``)."""
+    """latest.json, verify_cost.json, speculation.{json,md} (the run's speculation in `make bench-speculation`'s
+    form, so that the page's speculation section is this run's too), latest.md and the charts (the benchmarks page:
+    ``report.py``)."""
     from report import write_report
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -295,7 +300,19 @@ def write_results(results: dict[str, Any]) -> None:
             row.pop("tokens", None)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / "verify_cost.json").write_text(json.dumps(results["verify_cost"], indent=2) + "\n")
+    write_speculation(speculation_results(results), RESULTS / "speculation")
     write_report(results, RESULTS)
+
+
+def speculation_results(results: dict[str, Any]) -> dict[str, Any]:
+    """A `make bench` run's speculation figures as `benchmarks/speculation.py` writes them."""
+    return {
+        "date": results["date"],
+        "threads": results["threads"],
+        "tokens": SPECULATION_TOKENS,
+        "rounds": results["runs"],
+        "prompts": results["speculation"],
+    }
 
 
 def main() -> None:

@@ -334,11 +334,16 @@ def main() -> None:
     finally:
         if "llama_cpp_python" in peers:
             peers["llama_cpp_python"].close()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    print(write_results(results, args.out))
+
+
+def write_results(results: dict[str, Any], out: Path = RESULTS / "speculation") -> str:
+    """`out`.json and `out`.md (the page's speculation section reads the JSON); returns the markdown."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     text = markdown(results)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    out.with_suffix(".md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":

@@ -158,6 +158,11 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     assert (tmp_path / "latest.md").read_text() == text
     assert (tmp_path / "speculation.png").stat().st_size > 0
     check_run_history(results, tmp_path)
+    # `make bench` writes its speculation figures as `make bench-speculation` does, for the page's section.
+    from run import speculation_results
+    from speculation import markdown as speculation_markdown
+
+    assert "| quotes | ngram adaptive |" in speculation_markdown(speculation_results(results))
 
 
 def check_run_history(latest: dict[str, Any], directory: Path) -> None:
