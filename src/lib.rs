@@ -24,6 +24,7 @@ pub mod engine;
 mod error;
 pub mod generator;
 pub mod greedy_generation;
+mod messages;
 pub mod native;
 pub mod sampling;
 pub mod session;

@@ -113,11 +113,7 @@ impl SpeculativeStateError {
 
     /// The variant's message template.
     pub fn template(&self) -> &'static str {
-        let variant = self.variant();
-        Self::MESSAGES
-            .iter()
-            .find(|(name, _)| *name == variant)
-            .map_or("", |(_, template)| template)
+        crate::messages::template(&Self::MESSAGES, self.variant())
     }
 
     /// The variant's fields by name, as its template names them.
@@ -137,13 +133,12 @@ impl SpeculativeStateError {
 
 impl std::fmt::Display for SpeculativeStateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = self
-            .fields()
-            .into_iter()
-            .fold(self.template().to_owned(), |text, (name, value)| {
-                text.replace(&format!("{{{name}}}"), &value.to_string())
-            });
-        f.write_str(&text)
+        let fields = self.fields();
+        let values: Vec<(&str, &dyn std::fmt::Display)> = fields
+            .iter()
+            .map(|(name, value)| (*name, value as &dyn std::fmt::Display))
+            .collect();
+        f.write_str(&crate::messages::fill(self.template(), &values))
     }
 }
 

@@ -29,6 +29,8 @@ pub use session::{OtherContexts, SessionConfig, SessionHandle, SpecType, StateSt
 
 use std::path::PathBuf;
 
+use crate::messages::{fill, template};
+
 /// Failures of the native layer, each with a message fit for a user.
 ///
 /// The message of each variant with fields of its own Python exception
@@ -76,57 +78,23 @@ impl NativeError {
              written or restored with it; load the model again",
         ),
     ];
-
-    /// The template of `variant` in [`NativeError::MESSAGES`].
-    fn template(variant: &str) -> &'static str {
-        Self::MESSAGES
-            .iter()
-            .find(|(name, _)| *name == variant)
-            .map_or("", |(_, template)| template)
-    }
-}
-
-/// `template` with each `{name}` replaced by the value of the field `name`,
-/// in one pass (as `str.format` does: a value's own braces stay as they are).
-fn fill(template: &str, fields: &[(&str, &dyn std::fmt::Display)]) -> String {
-    let mut text = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        text.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let field = after.find('}').and_then(|close| {
-            let value = fields.iter().find(|(name, _)| *name == &after[..close]);
-            value.map(|(_, value)| (close, value))
-        });
-        match field {
-            Some((close, value)) => {
-                text.push_str(&value.to_string());
-                rest = &after[close + 1..];
-            }
-            None => {
-                text.push('{');
-                rest = after;
-            }
-        }
-    }
-    text.push_str(rest);
-    text
 }
 
 impl std::fmt::Display for NativeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::ModelLoad { path, reason } => f.write_str(&fill(
-                Self::template("ModelLoad"),
+                template(&Self::MESSAGES, "ModelLoad"),
                 &[("path", &path.display()), ("reason", reason)],
             )),
             Self::ContextInit(reason) => write!(f, "cannot create a llama.cpp context: {reason}"),
             Self::InvalidArgument(message) | Self::SequenceState(message) => f.write_str(message),
-            Self::Decode(status) => {
-                f.write_str(&fill(Self::template("Decode"), &[("status", status)]))
-            }
+            Self::Decode(status) => f.write_str(&fill(
+                template(&Self::MESSAGES, "Decode"),
+                &[("status", status)],
+            )),
             Self::ModelChanged { path, change } => f.write_str(&fill(
-                Self::template("ModelChanged"),
+                template(&Self::MESSAGES, "ModelChanged"),
                 &[("path", &path.display()), ("change", change)],
             )),
         }
