@@ -22,7 +22,7 @@ import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
 from specstate import Generator, Model
-from specstate.server import ServerConfig, build_app
+from specstate.server import RequestLimits, ServerConfig, build_app
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
@@ -318,7 +318,7 @@ def test_a_higher_priority_request_parks_a_running_reply_that_then_resumes_exact
 def test_served_from_ray_workers_a_stream_survives_its_workers_death(tiny_chat: Path) -> None:
     """``--ray-workers``: generations on a pool; killing the worker of a running stream, the pool recovers the
     generation from its last checkpoint on the other worker and the client's text is the uninterrupted reply."""
-    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, max_tokens=3000))
+    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, limits=RequestLimits(max_tokens=3000)))
     try:
         client = server.client()
         story: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
@@ -348,7 +348,7 @@ def test_served_from_ray_workers_a_stream_survives_its_workers_death(tiny_chat: 
 def test_ray_workers_rebalance_when_generations_end_unevenly(tiny_chat: Path) -> None:
     """Two long streams on one worker and a short one on the other: when the short one ends, the newest long one
     migrates to the idle worker, and both texts are still the uninterrupted replies."""
-    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, max_tokens=3000))
+    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, limits=RequestLimits(max_tokens=3000)))
     client = server.client()
     texts: dict[str, list[str]] = {}
 

@@ -398,6 +398,13 @@ class Generator:
             return []
         return as_messages([*conversation[0], ("assistant", self._reply_text())])
 
+    @property
+    def chat_template_sha256(self) -> str | None:
+        """The SHA-256 of the chat template source the conversation was rendered with (None if this generation
+        is not a chat): a next turn must be rendered with the same template."""
+        conversation = self._native.conversation
+        return None if conversation is None else conversation[1]
+
     def _reply_text(self) -> str:
         """The text of every token committed for the current reply."""
         native = self._native

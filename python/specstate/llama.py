@@ -36,9 +36,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, TypedDict, get_args, overload
 
-from specstate._native import ChatTemplate, Model, json_schema_to_grammar
+from specstate._native import Model, json_schema_to_grammar
 from specstate._typing import GeneratorConfig, GeneratorSettings, Mode, TokenLogprobs
-from specstate.chat import as_messages, chat_template
+from specstate.chat import as_messages, chat_template, template_sha256
+from specstate.errors import ChatTemplateError
 from specstate.generator import Generator, TextStream
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ __all__ = [
     "N_DRAFT",
     "TOP_K",
     "TOP_P",
+    "CallSettings",
     "ChatCompletion",
     "ChatCompletionChoice",
     "ChatCompletionChunk",
@@ -72,6 +74,7 @@ __all__ = [
     "CompletionChunk",
     "CompletionLogprobs",
     "CompletionOptions",
+    "CompletionStream",
     "CompletionUsage",
     "FinishReason",
     "Llama",
@@ -79,6 +82,9 @@ __all__ = [
     "ParkedChat",
     "TopLogprob",
     "UnsupportedParameterError",
+    "call_settings",
+    "chat_pairs",
+    "joined_completion",
 ]
 
 # --- defaults, each written once -----------------------------------------------------------------
@@ -434,6 +440,68 @@ def _response_schema(response_format: object) -> Mapping[str, object] | None:
     return schema
 
 
+# --- one call's settings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """A completion or chat call's keyword arguments, checked (types, neutral values of what is not implemented,
+    unknown names) and with llama-cpp-python's defaults filled in: what :class:`Llama` generates with, and what
+    ``specstate serve`` checks a request against before it is queued. The sampler chain's ranges are the
+    generator's to check (when the generation is created, before anything is decoded)."""
+
+    sampling: _Sampling
+    #: Most tokens to generate (None: until the context is full).
+    max_tokens: int | None
+    stops: list[str]
+    #: The ``model`` name the result reports (None: the model's path).
+    model: str | None
+    #: Log-probabilities asked for: the alternatives at each position (None: none).
+    top_logprobs: int | None
+    #: Whether the prompt's text goes in front of a completion's.
+    echo: bool = False
+
+
+def call_settings(
+    options: Mapping[str, object], *, chat: bool, seed: int | None = None, last_n: int = LAST_N_TOKENS_SIZE
+) -> CallSettings:
+    """The :class:`CallSettings` of :meth:`Llama.create_chat_completion`'s options (``chat``) or
+    :meth:`Llama.create_completion`'s; ``seed`` is the seed of a call that gives none (None: random),
+    ``last_n`` the tokens the penalties count. Raises TypeError, ValueError or
+    :class:`UnsupportedParameterError` for the first bad argument."""
+    call = "create_chat_completion" if chat else "create_completion"
+    _check_options(options, ChatCompletionOptions if chat else CompletionOptions, call)
+    given = options.get("seed")
+    seed = seed if given is None else _seed(given)
+    temperature = _real(
+        "temperature", options.get("temperature", CHAT_TEMPERATURE if chat else COMPLETION_TEMPERATURE), 0.0, math.inf
+    )
+    sampling = _Sampling(
+        temperature=temperature,
+        top_k=max(0, _integer("top_k", options.get("top_k", TOP_K))),
+        top_p=_real("top_p", options.get("top_p", TOP_P), 0.0, 1.0, open_low=True),
+        seed=0 if temperature == 0 else seed,  # greedy: any seed chooses alike (and continues a conversation)
+        repeat_last_n=last_n,
+        logit_bias=_logit_bias(options.get("logit_bias")),
+        grammar=_grammar_text(options.get("grammar")),
+        **_chain_reals(options),
+    )
+    limit = options.get("max_tokens", None if chat else COMPLETION_MAX_TOKENS)
+    limit = None if limit is None else _integer("max_tokens", limit)
+    model = options.get("model")
+    if model is not None and not isinstance(model, str):
+        raise TypeError(f"model must be a str or None, not {type(model).__name__}")
+    max_tokens = limit if limit and limit > 0 else None
+    if chat:
+        sampling = _with_response_format(sampling, options.get("response_format"))
+        return CallSettings(sampling, max_tokens, _stops(options.get("stop")), model, _chat_top_logprobs(options))
+    echo = _flag("echo", options.get("echo", False))
+    top = _count_option("logprobs", options.get("logprobs"))
+    if top is not None and echo:
+        raise UnsupportedParameterError("logprobs with echo=True is not supported: the prompt's are not computed")
+    return CallSettings(sampling, max_tokens, _stops(options.get("stop")), model, top, echo)
+
+
 # --- the class -----------------------------------------------------------------------------------
 
 
@@ -749,13 +817,17 @@ class Llama:
     def restore_chat(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
         """Continue a saved chat: ``checkpoint`` (bytes, or a file) of a :attr:`chat_generator` is restored with
         this object's models and thread count and becomes the conversation the next chat call continues when
-        its messages extend it with the sampling parameters the checkpoint records. Returns the generator."""
+        its messages extend it with the sampling parameters the checkpoint records. Returns the generator.
+        Raises :class:`~specstate.ChatTemplateError` for a conversation rendered with another chat template
+        than this object's (nothing changes)."""
         settings = self._settings
         generator = Generator.restore(
             checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
         )
         if not generator.messages:
             raise ValueError("the checkpoint holds a generation started with a prompt, not a chat")
+        if generator.chat_template_sha256 != template_sha256(chat_template(self.model, self._template)):
+            raise ChatTemplateError("the checkpoint's conversation was rendered with another chat template")
         self._conversation = _Conversation(generator, _Sampling.of(generator.config))
         return generator
 
@@ -768,14 +840,14 @@ class Llama:
     @overload
     def create_completion(
         self, prompt: str | Sequence[int], *, stream: Literal[True], **options: Unpack[CompletionOptions]
-    ) -> Iterator[CompletionChunk]: ...
+    ) -> CompletionStream: ...
     @overload
     def create_completion(
         self, prompt: str | Sequence[int], *, stream: bool, **options: Unpack[CompletionOptions]
-    ) -> Completion | Iterator[CompletionChunk]: ...
+    ) -> Completion | CompletionStream: ...
     def create_completion(
         self, prompt: str | Sequence[int], *, stream: bool = False, **options: Unpack[CompletionOptions]
-    ) -> Completion | Iterator[CompletionChunk]:
+    ) -> Completion | CompletionStream:
         """Continue ``prompt`` (text, read with special tokens parsed, or token ids) in a new generation.
 
         The keyword arguments are :class:`CompletionOptions`. Returns a
@@ -784,20 +856,16 @@ class Llama:
         ``finish_reason``). Every argument is checked before anything is decoded.
         """
         streaming = _flag("stream", stream)
-        _check_options(options, CompletionOptions, "create_completion")
-        sampling, max_tokens, stops, model = self._common(options, COMPLETION_TEMPERATURE, COMPLETION_MAX_TOKENS)
-        echo = _flag("echo", options.get("echo", False))
-        top = _count_option("logprobs", options.get("logprobs"))
-        if top is not None and echo:
-            raise UnsupportedParameterError("logprobs with echo=True is not supported: the prompt's are not computed")
-        generator = self._generator(sampling)
-        generator.set_logprobs(top)
-        limit = max_tokens or generator.context_length
-        pieces = generator.stream(prompt, max_tokens=limit, stop=stops)
-        run = _Run(generator, pieces, model, f"cmpl-{uuid.uuid4()}")
-        run.logprobs = None if top is None else _LogprobTracker(self.model, generator)
-        front = (prompt if isinstance(prompt, str) else self.model.detokenize(list(prompt))) if echo else ""
-        return _completion_chunks(run, front) if streaming else _completion(run, front)
+        call = call_settings(options, chat=False, seed=self._seed, last_n=self._last_n)
+        generator = self._generator(call.sampling)
+        generator.set_logprobs(call.top_logprobs)
+        limit = call.max_tokens or generator.context_length
+        pieces = generator.stream(prompt, max_tokens=limit, stop=call.stops)
+        run = _Run(generator, pieces, call.model or self.model_path, f"cmpl-{uuid.uuid4()}")
+        run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
+        front = (prompt if isinstance(prompt, str) else self.model.detokenize(list(prompt))) if call.echo else ""
+        chunks = CompletionStream(run, front)
+        return chunks if streaming else chunks.whole()
 
     @overload
     def __call__(
@@ -806,14 +874,14 @@ class Llama:
     @overload
     def __call__(
         self, prompt: str | Sequence[int], *, stream: Literal[True], **options: Unpack[CompletionOptions]
-    ) -> Iterator[CompletionChunk]: ...
+    ) -> CompletionStream: ...
     @overload
     def __call__(
         self, prompt: str | Sequence[int], *, stream: bool, **options: Unpack[CompletionOptions]
-    ) -> Completion | Iterator[CompletionChunk]: ...
+    ) -> Completion | CompletionStream: ...
     def __call__(
         self, prompt: str | Sequence[int], *, stream: bool = False, **options: Unpack[CompletionOptions]
-    ) -> Completion | Iterator[CompletionChunk]:
+    ) -> Completion | CompletionStream:
         """:meth:`create_completion`."""
         return self.create_completion(prompt, stream=stream, **options)
 
@@ -845,19 +913,17 @@ class Llama:
         ``finish_reason``). Every argument is checked before anything changes.
         """
         streaming = _flag("stream", stream)
-        _check_options(options, ChatCompletionOptions, "create_chat_completion")
-        sampling, max_tokens, stops, model = self._common(options, CHAT_TEMPERATURE, None)
-        sampling = _with_response_format(sampling, options.get("response_format"))
+        call = call_settings(options, chat=True, seed=self._seed, last_n=self._last_n)
         template = chat_template(self.model, self._template)
-        top = _chat_top_logprobs(options)
-        generator, new = self._pick(_chat_pairs(messages, template), sampling)
-        generator.set_logprobs(top)
-        limit = max_tokens or generator.context_length
+        generator, new = self._pick(chat_pairs(messages, template.source), call.sampling)
+        generator.set_logprobs(call.top_logprobs)
+        limit = call.max_tokens or generator.context_length
         text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
-        self._conversation = _Conversation(generator, sampling)
-        scanner = _StopScanner(text, stops)
+        self._conversation = _Conversation(generator, call.sampling)
+        scanner = _StopScanner(text, call.stops)
+        model = call.model or self.model_path
         run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
-        run.logprobs = None if top is None else _LogprobTracker(self.model, generator)
+        run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
         return ChatStream(self, run) if streaming else _chat_completion(run)
 
     def resume_chat(self, parked: ParkedChat) -> ChatStream:
@@ -895,50 +961,33 @@ class Llama:
             self._conversation = None
             raise
 
-    def _common(
-        self, options: _Common, temperature: float, max_tokens: int | None
-    ) -> tuple[_Sampling, int | None, list[str], str]:
-        """The sampling, token limit, stop strings and model name of a call's options, each checked."""
-        seed = options.get("seed")
-        seed = self._seed if seed is None else _seed(seed)
-        temperature = _real("temperature", options.get("temperature", temperature), 0.0, math.inf)
-        sampling = _Sampling(
-            temperature=temperature,
-            top_k=max(0, _integer("top_k", options.get("top_k", TOP_K))),
-            top_p=_real("top_p", options.get("top_p", TOP_P), 0.0, 1.0, open_low=True),
-            seed=0 if temperature == 0 else seed,  # greedy: any seed chooses alike (and continues a conversation)
-            repeat_last_n=self._last_n,
-            logit_bias=_logit_bias(options.get("logit_bias")),
-            grammar=_grammar_text(options.get("grammar")),
-            **_chain_reals(options),
-        )
-        limit = options.get("max_tokens", max_tokens)
-        limit = None if limit is None else _integer("max_tokens", limit)
-        model = options.get("model")
-        if model is not None and not isinstance(model, str):
-            raise TypeError(f"model must be a str or None, not {type(model).__name__}")
-        return sampling, limit if limit and limit > 0 else None, _stops(options.get("stop")), model or self.model_path
-
 
 # --- results from runs ---------------------------------------------------------------------------
 
 
-def _completion(run: _Run, front: str) -> Completion:
-    """The whole completion of ``run`` (``front``: the echoed prompt)."""
-    reply = "".join(run.pieces)
+def joined_completion(chunks: Sequence[CompletionChunk], usage: CompletionUsage) -> Completion:
+    """The whole completion that a streamed completion's chunks make (``usage``: :meth:`CompletionStream.usage`)."""
+    last = chunks[-1]
     choice: CompletionChoice = {
-        "text": front + reply,
+        "text": "".join(chunk["choices"][0]["text"] for chunk in chunks),
         "index": 0,
-        "logprobs": _completion_logprobs_of(run, reply, len(front), final=True),
-        "finish_reason": run.finish_reason(),
+        "logprobs": None,
+        "finish_reason": last["choices"][0]["finish_reason"],
     }
+    parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
+    if parts:  # the call asked for log-probabilities: the last chunk carries them at least
+        joined: CompletionLogprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        for part in parts:
+            for key in joined:
+                joined[key] += part[key]  # type: ignore[literal-required]
+        choice["logprobs"] = joined
     return {
-        "id": run.id,
+        "id": last["id"],
         "object": "text_completion",
-        "created": run.created,
-        "model": run.model,
+        "created": last["created"],
+        "model": last["model"],
         "choices": [choice],
-        "usage": run.usage(),
+        "usage": usage,
     }
 
 
@@ -957,13 +1006,37 @@ def _completion_chunk(
     return {"id": run.id, "object": "text_completion", "created": run.created, "model": run.model, "choices": [choice]}
 
 
-def _completion_chunks(run: _Run, front: str) -> Iterator[CompletionChunk]:
+def _completion_chunks(run: _Run, front: str) -> PyGenerator[CompletionChunk, None, None]:
     """The chunks of a streamed completion: the echoed prompt if any, each piece, then the finish reason."""
     if front:
         yield _completion_chunk(run, front, None)
     for piece in run.pieces:
         yield _completion_chunk(run, piece, None, _completion_logprobs_of(run, piece, len(front)))
     yield _completion_chunk(run, "", run.finish_reason(), _completion_logprobs_of(run, "", len(front), final=True))
+
+
+class CompletionStream(Iterator[CompletionChunk]):
+    """The chunks of a streamed completion: the echoed prompt (with ``echo``), each piece of text, then the
+    ``finish_reason``; :meth:`usage` counts the tokens once they are read."""
+
+    def __init__(self, run: _Run, front: str) -> None:
+        self._run = run
+        self._chunks = _completion_chunks(run, front)
+
+    def __next__(self) -> CompletionChunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop the stream (what was generated stays generated)."""
+        self._chunks.close()
+
+    def usage(self) -> CompletionUsage:
+        """Tokens of the prompt and of the reply so far."""
+        return self._run.usage()
+
+    def whole(self) -> Completion:
+        """Read every chunk and join them into the whole :class:`Completion`."""
+        return joined_completion(list(self), self.usage())
 
 
 def _chat_logprobs_of(run: _Run, sent: str, *, final: bool = False) -> ChatCompletionLogprobs | None:
@@ -1091,26 +1164,36 @@ class ChatStream(Iterator[ChatCompletionChunk]):
 
 
 class _StopScanner:
-    """A reply's text pieces cut before the first stop string; text that could begin one is held back."""
+    """A reply's text pieces cut before the first stop string; text that could begin one is held back.
+
+    Linear in the text and the stop strings: each stop string's longest partial match at the end of the text
+    is kept up to date character by character (Knuth-Morris-Pratt), never searched for again."""
 
     def __init__(self, pieces: TextStream, stops: list[str], held: str = "") -> None:
         self._pieces = pieces
         self.stops = stops
+        self._partials = [_PartialMatch(stop) for stop in stops]
         #: Whether a stop string ended the text.
         self.stopped = False
         #: Text read and not yet yielded: it could begin a stop string.
-        self.held = held
+        self.held = ""
+        self._read(held)
+
+    def _read(self, text: str) -> None:
+        self.held += text
+        for partial in self._partials:
+            partial.feed(text)
 
     def __iter__(self) -> Iterator[str]:
         try:
             for piece in self._pieces:
-                self.held += piece
+                self._read(piece)
                 cut = _first_stop(self.held, self.stops)
                 if cut is not None:
                     self.stopped = True
                     self.held = self.held[:cut]
                     break
-                ready = len(self.held) - _partial_stop(self.held, self.stops)
+                ready = len(self.held) - max((partial.length for partial in self._partials), default=0)
                 if ready > 0:
                     piece, self.held = self.held[:ready], self.held[ready:]
                     yield piece
@@ -1121,15 +1204,35 @@ class _StopScanner:
             self._pieces.close()
 
 
+class _PartialMatch:
+    """How much of ``stop`` the text read so far ends with (short of the whole of it), kept as text is read."""
+
+    def __init__(self, stop: str) -> None:
+        self._stop = stop
+        #: ``_fallback[i]``: the longest proper prefix of ``stop[: i + 1]`` that is also its suffix.
+        self._fallback = [0] * len(stop)
+        length = 0
+        for index in range(1, len(stop)):
+            while length and stop[index] != stop[length]:
+                length = self._fallback[length - 1]
+            length += stop[index] == stop[length]
+            self._fallback[index] = length
+        #: The longest end of the text that begins ``stop`` (a whole match is the scanner's to find).
+        self.length = 0
+
+    def feed(self, text: str) -> None:
+        stop, length = self._stop, self.length
+        for char in text:
+            while length and (length == len(stop) or stop[length] != char):
+                length = self._fallback[length - 1]
+            length += stop[length] == char
+        self.length = length if length < len(stop) else self._fallback[length - 1]
+
+
 def _first_stop(text: str, stops: Sequence[str]) -> int | None:
     """Where the first stop string in ``text`` begins, or None."""
     found = [index for index in (text.find(stop) for stop in stops) if index >= 0]
     return min(found) if found else None
-
-
-def _partial_stop(text: str, stops: Sequence[str]) -> int:
-    """The length of the longest end of ``text`` that begins a stop string."""
-    return max((n for stop in stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
 
 
 # --- checking arguments --------------------------------------------------------------------------
@@ -1268,13 +1371,14 @@ def _template_source(chat_format: object, template: object) -> str | None:
     return "chatml"
 
 
-def _chat_pairs(messages: object, template: ChatTemplate) -> list[tuple[str, str]]:
-    """``(role, content)`` of each message, checked (see :meth:`Llama.create_chat_completion`)."""
+def chat_pairs(messages: object, template_source: str) -> list[tuple[str, str]]:
+    """``(role, content)`` of each message, checked (see :meth:`Llama.create_chat_completion`); ``template_source``:
+    the chat template's (a message's ``name`` is refused when it reads it)."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"messages must be a list of messages, not {type(messages).__name__}")
     if not messages:
         raise ValueError("messages must not be empty")
-    return [_pair(index, message, template.source) for index, message in enumerate(messages)]
+    return [_pair(index, message, template_source) for index, message in enumerate(messages)]
 
 
 def _pair(index: int, message: object, source: str) -> tuple[str, str]:

@@ -28,10 +28,15 @@ restarted server reads the directory again). A chat whose messages extend a
 conversation a slot holds, or one in the cache, decodes only its new messages.
 
 Safety: binds 127.0.0.1 unless told otherwise; an optional API key (``--api-key``
-or ``SPECSTATE_API_KEY``, compared in constant time); bodies and ``max_tokens``
-bounded; a request names only the server's own model; no request field reaches
-the file system; bad JSON and bad parameters are 400 with an OpenAI-shaped error
-body, never a 500.
+or ``SPECSTATE_API_KEY``, compared in constant time) guards every endpoint but
+``/health`` (``/metrics`` too, unless ``metrics_public``); every request is read
+once by :func:`specstate.server_request.read_request`, each field checked and
+bounded (:class:`~specstate.server_request.RequestLimits`) before anything is
+cached, hashed, queued or decoded; a request names only the server's own model;
+no request field reaches the file system; bad JSON and bad parameters are 400
+with an OpenAI-shaped error body naming the field. A slot never dies on a
+request: whatever goes wrong becomes that request's error (a 500 with an
+OpenAI-shaped body) and the slot takes the next one.
 """
 
 from __future__ import annotations
@@ -43,10 +48,11 @@ import hashlib
 import hmac
 import json
 import os
+import stat
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,23 +62,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specstate import Generator, _files
-from specstate._typing import Mode
-from specstate.llama import ChatStream, Llama, ParkedChat, UnsupportedParameterError
+from specstate import Generator, Model, _files
+from specstate._typing import Message, Mode
+from specstate.chat import chat_template
+from specstate.llama import (
+    ChatStream,
+    CompletionStream,
+    Llama,
+    ParkedChat,
+    UnsupportedParameterError,
+    joined_completion,
+)
+from specstate.server_request import Kind, RequestError, RequestLimits, ServerRequest, read_json, read_request
 
 if TYPE_CHECKING:
     from specstate.server_ray import PoolDriver
 
-__all__ = ["ServerConfig", "build_app", "running", "serve"]
+__all__ = ["RequestError", "RequestLimits", "ServerConfig", "build_app", "running", "serve"]
 
-#: Largest request body accepted, in bytes.
-MAX_BODY_BYTES = 1 << 20
 #: Environment variable holding the API key when ``--api-key`` is not given.
 API_KEY_VARIABLE = "SPECSTATE_API_KEY"
 #: Seconds a client told 429 is asked to wait.
 RETRY_AFTER_SECONDS = 1
-#: The largest ``priority`` a request may give (and the negative of the smallest).
-MAX_PRIORITY = 1000
 
 
 @dataclass(frozen=True)
@@ -89,9 +100,11 @@ class ServerConfig:
     slots: int = 1
     #: Requests that may wait for a slot; one more is refused with 429.
     queue: int = 16
-    #: The most tokens one request may ask for (and what a chat without ``max_tokens`` gets at most).
-    max_tokens: int = 4096
+    #: What one request may ask for: tokens, messages, stop strings, body size, ... (each an option).
+    limits: RequestLimits = field(default_factory=RequestLimits)
     api_key: str | None = None
+    #: Serve ``/metrics`` without the API key (for a scraper on a trusted network).
+    metrics_public: bool = False
     chat_template: str | None = None
     #: The model name clients use (by default the file's name).
     model_name: str | None = None
@@ -120,27 +133,25 @@ class ServerConfig:
         return self.n_threads or max(1, len(os.sched_getaffinity(0)) // self.slots)
 
 
-class RequestError(Exception):
-    """A request the server refuses: its HTTP status and OpenAI error ``type``."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (RequestError, (self.status, self.message, self.kind, self.param))
-
-    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
 # --- conversations that come back -----------------------------------------------------------------
 
 
-def conversation_key(messages: list[tuple[str, str]]) -> str:
-    """The cache key of a conversation: the SHA-256 of its roles and texts."""
-    return hashlib.sha256(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
+Pairs = Sequence[tuple[str, str]]
+
+
+def conversation_keys(messages: Pairs) -> Iterator[tuple[int, str]]:
+    """``(n, key)`` for each prefix of ``messages`` (its first ``n``), in one pass over their text: the cache key
+    of a conversation is the SHA-256 of its messages' roles and texts, one JSON line each."""
+    digest = hashlib.sha256()
+    for n, (role, text) in enumerate(messages, 1):
+        digest.update(json.dumps([role, text], ensure_ascii=False).encode() + b"\n")
+        yield n, digest.copy().hexdigest()
+
+
+def conversation_key(messages: Pairs) -> str:
+    """The cache key of a whole conversation (see :func:`conversation_keys`)."""
+    keys = [key for _, key in conversation_keys(messages)]
+    return keys[-1] if keys else hashlib.sha256().hexdigest()
 
 
 class ConversationCache:
@@ -148,7 +159,8 @@ class ConversationCache:
 
     In memory up to ``memory_bytes``, the least recently used moved to ``directory`` when there is one (up to
     ``directory_bytes``, the least recently used file removed), else dropped. A directory's files are found
-    again by a restarted server: ``<key>.ckpt``, written atomically, read back only as checkpoints."""
+    again by a restarted server: ``<key>.ckpt``, written atomically, read back only as checkpoints (anything
+    else there, a link or a FIFO named so included, is passed over)."""
 
     def __init__(self, memory_bytes: int, directory: str | None = None, directory_bytes: int = 0) -> None:
         self.memory_bytes, self.directory_bytes = memory_bytes, directory_bytes
@@ -158,12 +170,10 @@ class ConversationCache:
         self._files: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently used first
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            found = sorted(self.directory.glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
-            for path in found:
-                if path.is_file() and len(path.stem) == 64:
-                    self._files[path.stem] = path.stat().st_size
+            for key, size in _checkpoint_files(self.directory):
+                self._files[key] = size
 
-    def put(self, messages: list[tuple[str, str]], checkpoint: bytes) -> None:
+    def put(self, messages: Pairs, checkpoint: bytes) -> None:
         key = conversation_key(messages)
         with self._lock:
             self._memory[key] = checkpoint
@@ -172,8 +182,8 @@ class ConversationCache:
                 old, data = self._memory.popitem(last=False)
                 self._spill(old, data)
 
-    def get(self, messages: list[tuple[str, str]]) -> bytes | None:
-        key = conversation_key(messages)
+    def get(self, key: str) -> bytes | None:
+        """The checkpoint cached under ``key`` (None if none, or if its file is gone or damaged)."""
         with self._lock:
             if key in self._memory:
                 self._memory.move_to_end(key)
@@ -187,11 +197,12 @@ class ConversationCache:
         except Exception:  # removed or damaged behind the server's back: as if never cached
             return None
 
-    def longest(self, messages: list[tuple[str, str]]) -> tuple[int, bytes] | None:
+    def longest(self, messages: Pairs) -> tuple[int, bytes] | None:
         """The longest cached conversation that ``messages`` extend (it ends with a reply): its length and bytes."""
-        for end in range(len(messages) - 1, 0, -1):
-            if messages[end - 1][0] == "assistant" and (data := self.get(messages[:end])) is not None:
-                return end, data
+        ends = [(n, key) for n, key in conversation_keys(messages[:-1]) if messages[n - 1][0] == "assistant"]
+        for n, key in reversed(ends):
+            if (data := self.get(key)) is not None:
+                return n, data
         return None
 
     def _spill(self, key: str, data: bytes) -> None:
@@ -213,6 +224,20 @@ class ConversationCache:
                 self._spill(key, data)
 
 
+def _checkpoint_files(directory: Path) -> list[tuple[str, int]]:
+    """``(key, size)`` of the regular files ``<key>.ckpt`` in ``directory``, oldest first (links, FIFOs, devices
+    and files that vanish while being looked at are passed over)."""
+    found = []
+    for path in directory.glob("*.ckpt"):
+        try:
+            status = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(status.st_mode) and len(path.stem) == 64:
+            found.append((status.st_mtime, path.stem, status.st_size))
+    return [(key, size) for _, key, size in sorted(found)]
+
+
 # --- jobs and slots --------------------------------------------------------------------------------
 
 
@@ -220,12 +245,8 @@ class ConversationCache:
 class Job:
     """One request on its way through a slot: what to call, and where its results go."""
 
-    kind: str  # "chat" or "completion"
-    body: dict[str, Any]
-    stream: bool
+    request: ServerRequest
     deliver: Callable[[object], None]  # called from the slot thread with each chunk, an exception, or DONE
-    #: Higher runs first; a chat of lower priority is parked to make room for a higher one.
-    priority: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: Set by the scheduler: park at the next chunk boundary.
     preempt: threading.Event = field(default_factory=threading.Event)
@@ -235,15 +256,29 @@ class Job:
     parked_since: float = 0.0
     #: When it was submitted (oldest first among equal priorities).
     order: int = 0
-    #: The chunks of a whole (non-streamed) chat answer so far: a chat always runs as a stream, so it can park.
+    #: The chunks of a whole (non-streamed) answer so far: every request runs as a stream, so that it can stop
+    #: when its client leaves (and a chat can park).
     collected: list[Any] = field(default_factory=list)
+    #: The stream that made them, once it is done.
+    chunks: Iterator[Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        """``chat`` or ``completion``."""
+        return self.request.kind
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+    @property
+    def priority(self) -> int:
+        """Higher runs first; a chat of lower priority is parked to make room for a higher one."""
+        return self.request.priority
 
     def preemptible(self) -> bool:
         """Only a chat is parked, streamed or not (a completion runs to its end)."""
         return self.kind == "chat"
-
-    def messages(self) -> list[Any]:
-        return list(self.body.get("messages", [])) if self.kind == "chat" else []
 
 
 DONE = object()
@@ -366,7 +401,8 @@ class Scheduler:
 
 
 class Slot(threading.Thread):
-    """A thread that owns one :class:`Llama` and runs jobs to completion, one at a time."""
+    """A thread that owns one :class:`Llama` and runs jobs to completion, one at a time. It never dies on a
+    request: whatever a job raises becomes that job's error, and the slot takes the next one."""
 
     def __init__(self, server: Server, loaded: threading.Event) -> None:
         super().__init__(daemon=True, name="specstate-slot")
@@ -386,48 +422,55 @@ class Slot(threading.Thread):
         while (job := self.scheduler.take(self._holds)) is not None:
             try:
                 self._run(job)
+            except BaseException as error:  # the interpreter is going away: the client hears it first
+                _deliver_error(job, error)
+                raise
             finally:
                 self.scheduler.finished(job)
+
+    def serving(self) -> bool:
+        """Whether the slot has its model and takes jobs."""
+        return self.llama is not None and self.is_alive()
 
     def _holds(self, job: Job) -> bool:
         generator = self.llama.chat_generator if self.llama is not None else None
         if generator is None or job.kind != "chat":
             return False
-        held = generator.messages
-        return 0 < len(held) < len(job.messages()) and _plain(job.messages()[: len(held)]) == _plain(held)
+        held, pairs = _pairs(generator.messages), job.request.pairs
+        return 0 < len(held) < len(pairs) and tuple(pairs[: len(held)]) == tuple(held)
 
     def _run(self, job: Job) -> None:
-        assert self.llama is not None
         if job.cancelled.is_set():  # its client left while it waited (parked, say)
             if job.spilled is not None:
                 job.spilled.unlink(missing_ok=True)
             self.metrics.add("cancelled_requests")
             return
-        if job.kind == "chat" and job.parked is None and not self._holds(job):
-            self._restore_cached(job)
         try:
-            if job.kind == "completion" and not job.stream:
-                job.deliver(self.llama.create_completion(stream=False, **job.body))
-            elif self._stream(job, self._chunks(job)):
+            if job.kind == "chat" and job.parked is None and not self._holds(job):
+                self._restore_cached(job)
+            if self._stream(job, self._chunks(job)):
                 return
-            elif not job.stream:
-                job.deliver(_whole_chat(job.collected, self.llama.chat_generator))
+            if not job.stream:
+                job.deliver(self._whole(job))
             self._count(job)
             job.deliver(DONE)
-        except (TypeError, ValueError, UnsupportedParameterError) as error:
-            job.deliver(RequestError(400, str(error)))
-        except Exception as error:  # the model failed (a full context, say): the client hears it, the slot goes on
-            job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+        except Exception as error:  # the client hears it, the slot goes on
+            _deliver_error(job, error)
 
     def _chunks(self, job: Job) -> Iterator[Any]:
-        """The job's chunks: a new call's, or the rest of its parked reply's."""
+        """The job's chunks: a new call's, or the rest of its parked reply's (every request runs as a stream,
+        so that a client that leaves stops it, and a chat can park)."""
         assert self.llama is not None
         if job.parked is not None:
             self.metrics.add("parked_milliseconds", int((time.monotonic() - job.parked_since) * 1000))
             resumed, job.parked = self.llama.resume_chat(_unspilled(job)), None
             return resumed
-        call = self.llama.create_chat_completion if job.kind == "chat" else self.llama.create_completion
-        chunks: Iterator[Any] = call(stream=True, **job.body)
+        options = dict(job.request.options)
+        chunks: Iterator[Any]
+        if job.kind == "chat":
+            chunks = self.llama.create_chat_completion(options.pop("messages"), stream=True, **options)
+        else:
+            chunks = self.llama.create_completion(options.pop("prompt"), stream=True, **options)
         return chunks
 
     def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
@@ -446,7 +489,15 @@ class Slot(threading.Thread):
                 self.metrics.add("preemptions")
                 self.metrics.add("spilled_checkpoints", job.spilled is not None)
                 return True
+        job.chunks = chunks
         return False
+
+    def _whole(self, job: Job) -> dict[str, Any]:
+        """The whole answer that a non-streamed job's chunks make."""
+        if isinstance(job.chunks, CompletionStream):
+            return dict(joined_completion(job.collected, job.chunks.usage()))
+        assert self.llama is not None
+        return _whole_chat(job.collected, self.llama.chat_generator)
 
     def _count(self, job: Job) -> None:
         """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""
@@ -455,20 +506,31 @@ class Slot(threading.Thread):
             self.metrics.add("generated_tokens", len(generator.tokens))
             self.metrics.add("drafted_tokens", generator.drafted)
             self.metrics.add("accepted_tokens", generator.accepted)
-            self.cache.put(_plain(generator.messages), generator.checkpoint())
+            self.cache.put(_pairs(generator.messages), generator.checkpoint())
             self.metrics.add("conversations_cached")
 
     def _restore_cached(self, job: Job) -> None:
-        """Continue the longest cached conversation that the job's messages extend, if there is one."""
+        """Continue the longest cached conversation that the job's messages extend, if there is one (one of
+        another model, build or chat template is passed over: the turn is decoded from its messages)."""
         assert self.llama is not None
-        found = self.cache.longest(_plain(job.messages()))
+        found = self.cache.longest(job.request.pairs)
         if found is None:
             return
         try:
             self.llama.restore_chat(found[1])
-        except Exception:  # a checkpoint of another build or model: the turn is decoded from its messages
+        except Exception:
             return
         self.metrics.add("conversations_restored")
+
+
+def _deliver_error(job: Job, error: BaseException) -> None:
+    """Tell the job's client why it failed: a bad argument is a 400, anything else a 500."""
+    if isinstance(error, RequestError):
+        job.deliver(error)
+    elif isinstance(error, (TypeError, ValueError, UnsupportedParameterError)):
+        job.deliver(RequestError(400, str(error)))
+    else:  # the model failed (a full context, say)
+        job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
 
 
 def _whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any]:
@@ -526,15 +588,9 @@ def _unspilled(job: Job) -> ParkedChat:
         path.unlink(missing_ok=True)
 
 
-def _plain(messages: Sequence[Any]) -> list[tuple[str, str]]:
-    """Role and text of each message (text parts joined as :class:`Llama` joins them)."""
-    out = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list):
-            content = "\n".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-        out.append((str(message.get("role")) if isinstance(message, Mapping) else "", str(content)))
-    return out
+def _pairs(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """Role and text of each of a generator's messages."""
+    return [(message["role"], message["content"]) for message in messages]
 
 
 def _load(config: ServerConfig) -> Llama:
@@ -564,6 +620,8 @@ class Server:
         self.slots: list[Slot] = []
         self.driver: PoolDriver | None = None
         self.started = int(time.time())
+        #: The chat template's source, once the model is loaded ("" for a model without one).
+        self.template = ""
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
@@ -588,6 +646,7 @@ class Server:
             self.driver.loaded.wait()
             if self.driver.error is not None:
                 raise self.driver.error
+            self.template = _template_source(self.driver.model, self.config.chat_template)
             return
         for _ in range(self.config.slots):
             loaded = threading.Event()
@@ -598,6 +657,8 @@ class Server:
                 self.scheduler.close()
                 raise slot.error
             self.slots.append(slot)
+        assert self.slots[0].llama is not None
+        self.template = _template_source(self.slots[0].llama.model, self.config.chat_template)
 
     def stop(self) -> None:
         self.scheduler.close()
@@ -615,60 +676,47 @@ class Server:
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise RequestError(401, "a valid API key is needed (Authorization: Bearer ...)", "authentication_error")
 
-    async def body(self, request: Request) -> dict[str, Any]:
-        """The request's JSON object, read up to :data:`MAX_BODY_BYTES`; the model checked and removed."""
+    async def read(self, request: Request, kind: Kind) -> ServerRequest:
+        """The request's body, read up to the limit, as a checked :class:`ServerRequest` (off the event loop)."""
+        limits = self.config.limits
         data = bytearray()
         async for part in request.stream():
             data += part
-            if len(data) > MAX_BODY_BYTES:
-                raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        try:
-            body = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise RequestError(400, f"the body is not valid JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise RequestError(400, "the body must be a JSON object")
-        return self._checked(body)
+            if len(data) > limits.max_body_bytes:
+                raise RequestError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
+        return await asyncio.to_thread(self._read, bytes(data), kind)
 
-    def _checked(self, body: dict[str, Any]) -> dict[str, Any]:
-        model = body.pop("model", None)
-        if model is not None and model != self.config.name():
-            raise RequestError(
-                404,
-                f"the model {model!r} does not exist; this server has {self.config.name()!r}",
-                "invalid_request_error",
-                "model",
-            )
-        n = body.pop("n", 1)
-        if n != 1 or isinstance(n, bool):
-            raise RequestError(400, "n must be 1: one choice per request", param="n")
-        body.pop("user", None)  # OpenAI's end-user id: nothing to do with it
-        body.pop("stream_options", None)
-        limit = self.config.max_tokens
-        tokens = body.get("max_tokens", body.pop("max_completion_tokens", None))
-        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > limit:
-            raise RequestError(400, f"max_tokens must be at most {limit}, not {tokens}", param="max_tokens")
-        body["max_tokens"] = limit if tokens is None else tokens
-        return body
+    def _read(self, data: bytes, kind: Kind) -> ServerRequest:
+        limits = self.config.limits
+        body = read_json(data, limits)
+        return read_request(kind, body, limits, model_name=self.config.name(), template_source=self.template)
+
+    def health(self) -> tuple[dict[str, Any], int]:
+        """``/health``'s body and status: 503 when nothing serves, "degraded" when a slot does not."""
+        if self.driver is not None:
+            total = serving = int(self.driver.is_alive())
+        else:
+            total, serving = len(self.slots), sum(slot.serving() for slot in self.slots)
+        status = "ok" if serving == total else "degraded" if serving else "unavailable"
+        return {"status": status, "slots": total, "slots_serving": serving}, 200 if serving else 503
 
 
 def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
     """The ASGI application and its state (the slots start with the application)."""
     server = Server(config)
 
-    async def completions(request: Request, kind: str, endpoint: str) -> Response:
+    async def completions(request: Request, kind: Kind, endpoint: str) -> Response:
         try:
             server.authorize(request)
-            body = await server.body(request)
-            stream = body.pop("stream", False)
-            if not isinstance(stream, bool):
-                raise RequestError(400, "stream must be a boolean", param="stream")
-            response = await _answer(server, Job(kind, body, stream, _no_delivery, _priority(body)))
+            job = Job(await server.read(request, kind), _no_delivery)
+            response = await _answer(server, job, request)
         except RequestError as error:
-            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
             server.metrics.request(endpoint, error.status)
-            return error.response(headers)
-        server.metrics.request(endpoint, 200)
+            return _error_response(error)
+        except Exception as error:  # never a bare 500: an OpenAI-shaped body says what failed
+            server.metrics.request(endpoint, 500)
+            return _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+        server.metrics.request(endpoint, response.status_code)
         return response
 
     async def chat(request: Request) -> Response:
@@ -681,14 +729,20 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
         try:
             server.authorize(request)
         except RequestError as error:
-            return error.response()
+            return _error_response(error)
         entry = {"id": server.config.name(), "object": "model", "created": server.started, "owned_by": "specstate"}
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "slots": len(server.slots)})
+        body, status = server.health()
+        return JSONResponse(body, status_code=status)
 
     async def metrics(request: Request) -> Response:
+        try:
+            if not server.config.metrics_public:
+                server.authorize(request)
+        except RequestError as error:
+            return _error_response(error)
         return PlainTextResponse(server.metrics.text(*server.gauges()))
 
     @contextlib.asynccontextmanager
@@ -713,16 +767,23 @@ def _no_delivery(item: object) -> None:
     raise AssertionError("a job delivers only once _answer has connected it")
 
 
-def _priority(body: dict[str, Any]) -> int:
-    """The request's ``priority`` (an integer, higher first; default 0), removed from the body."""
-    priority = body.pop("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise RequestError(400, f"priority must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}", param="priority")
-    return priority
+def _error_response(error: RequestError) -> JSONResponse:
+    """OpenAI's error body, with ``Retry-After`` on a 429."""
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-async def _answer(server: Server, job: Job) -> Response:
-    """Queue the job, wait for its first result (so a refusal is an error status), then answer."""
+def _template_source(model: Model, template: str | None) -> str:
+    """The source of the chat template the server renders with ("" for a model without one: its chats fail)."""
+    try:
+        return chat_template(model, template).source
+    except Exception:
+        return ""
+
+
+async def _answer(server: Server, job: Job, request: Request) -> Response:
+    """Queue the job, wait for its first result (so a refusal is an error status), then answer; a client that
+    leaves before then cancels the job (a streamed one's later chunks notice it in :func:`_events`)."""
     loop = asyncio.get_running_loop()
     results: asyncio.Queue[object] = asyncio.Queue()
 
@@ -731,12 +792,41 @@ async def _answer(server: Server, job: Job) -> Response:
 
     job.deliver = deliver
     server.submit(job)
-    first = await results.get()
+    try:
+        first = await _unless_gone(results.get(), request)
+    finally:
+        if not job.stream:
+            job.cancelled.set()  # a no-op once the job is done; else its client went away
+    if first is _GONE:
+        return Response(status_code=CLIENT_GONE)
     if isinstance(first, RequestError):
         raise first
     if job.stream:
         return StreamingResponse(_events(job, first, results, server), media_type="text/event-stream")
     return JSONResponse(first)
+
+
+#: The status recorded for a request whose client left before its answer (nginx's "client closed request").
+CLIENT_GONE = 499
+_GONE = object()
+
+
+async def _unless_gone(result: Awaitable[object], request: Request) -> object:
+    """``result``, or :data:`_GONE` once the client disconnects."""
+    waiting = asyncio.ensure_future(result)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, gone):
+            task.cancel()
+    return waiting.result() if waiting.done() and not waiting.cancelled() else _GONE
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body is read by then: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _events(job: Job, first: object, results: asyncio.Queue[object], server: Server) -> AsyncIterator[str]:
@@ -745,7 +835,7 @@ async def _events(job: Job, first: object, results: asyncio.Queue[object], serve
     try:
         while item is not DONE:
             if isinstance(item, RequestError):
-                yield _event({"error": {"message": item.message, "type": item.kind}})
+                yield _event(item.body())
                 break
             server.metrics.add("chunks")
             yield _event(item)

@@ -10,11 +10,14 @@ with those already sent (``specstate.cluster``). A client that disconnects has
 its generation preempted (stopped, its worker freed).
 
 A request here is a prompt: a chat's messages are rendered with the model's chat
-template and the reply generated after them; ``max_tokens`` and the sampler
-chain's parameters (:class:`specstate.SamplingSettings`, checked by the worker:
-a bad value is a 400) are honoured, other parameters refused with 400 (the slot
-server, without ``--ray``, has the rest: stop strings, llama-cpp-python's
-defaults, priorities and conversations continued from checkpoints).
+template and the reply generated after them. Requests are read by the same step
+as the slot server's (:func:`specstate.server_request.read_request`: the same
+checks, limits and llama-cpp-python defaults), so a request means the same
+generation on either backend; ``max_tokens``, the sampler chain's parameters and
+the grammar (``response_format`` included) are honoured, and what the pool does
+not do is refused with 400 (stop strings, log-probabilities, ``echo``; the slot
+server, without ``--ray``, has them, and priorities and conversations continued
+from checkpoints).
 """
 
 from __future__ import annotations
@@ -27,15 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specstate import Model
-from specstate._typing import SamplingSettings
-from specstate.chat import as_pairs, chat_template
+from specstate.chat import chat_template
 from specstate.server import DONE, Job, Metrics, RequestError, ServerConfig, openai_result
+from specstate.server_request import ServerRequest
 
 __all__ = ["PoolDriver"]
-
-#: What a request may carry in this mode (after the server removed ``model``, ``n``, ``stream``, ``priority``).
-SAMPLING = frozenset(SamplingSettings.__optional_keys__)
-ALLOWED = {"prompt", "messages", "max_tokens", *SAMPLING}
 #: Tokens a worker checkpoints after, so that a killed worker's generations recover.
 CHECKPOINT_EVERY = 16
 
@@ -66,9 +65,9 @@ class PoolDriver(threading.Thread):
         self.pool: Any = None
 
     def submit(self, job: Job) -> None:
-        unknown = sorted(set(job.body) - ALLOWED)
-        if unknown:
-            raise RequestError(400, f"not available with --ray: {', '.join(unknown)}", param=unknown[0])
+        unsupported = _unsupported(job.request)
+        if unsupported is not None:
+            raise RequestError(400, f"{unsupported} is not available with --ray-workers", param=unsupported)
         if self._incoming.qsize() + len(self._active) >= self.config.queue + self.workers * self.config.slots:
             raise RequestError(429, "the server is busy: every worker is taken and the queue is full", "rate_limit")
         self._incoming.put(job)
@@ -117,7 +116,11 @@ class PoolDriver(threading.Thread):
                 self._active.remove(active)
                 active.job.deliver(RequestError(status, f"{type(error).__name__}: {error}", kind))
         for active in list(self._active):
-            self._hand_out(active)
+            try:
+                self._hand_out(active)
+            except Exception as error:  # the driver outlives any request: its client hears what failed
+                self._active.remove(active)
+                active.job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
         self._rebalance()
 
     def _rebalance(self) -> None:
@@ -143,12 +146,11 @@ class PoolDriver(threading.Thread):
     def _start(self, job: Job) -> None:
         chat = job.kind == "chat"
         try:
-            prompt = self._prompt(job.body, chat)
-            settings = {name: value for name, value in job.body.items() if name in SAMPLING}
-            max_tokens = int(job.body.get("max_tokens") or self.config.max_tokens)
+            prompt = self._prompt(job.request)
+            settings = job.request.call.sampling.settings()
             handle = self.pool.submit(
                 prompt,
-                max_tokens=max_tokens,
+                max_tokens=job.request.max_tokens,
                 target="target",
                 draft="draft" if self.config.draft_model_path is not None else None,
                 checkpoint_every=CHECKPOINT_EVERY,
@@ -160,17 +162,17 @@ class PoolDriver(threading.Thread):
         except (TypeError, ValueError) as error:
             job.deliver(RequestError(400, str(error)))
             return
+        except Exception as error:  # the driver outlives any request: its client hears what failed
+            job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+            return
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
         self._active.append(_Active(job, handle, ident, int(time.time()), chat, len(prompt)))
 
-    def _prompt(self, body: dict[str, Any], chat: bool) -> list[int]:
-        if not chat:
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str):
-                raise TypeError("prompt must be a string")
-            return self.model.tokenize(prompt, add_special=True, parse_special=True)
-        template = chat_template(self.model, self.config.chat_template)
-        return template.prompt_tokens(as_pairs(body.get("messages", [])))
+    def _prompt(self, request: ServerRequest) -> list[int]:
+        if request.kind == "chat":
+            return chat_template(self.model, self.config.chat_template).prompt_tokens(list(request.pairs))
+        prompt = request.options["prompt"]
+        return self.model.tokenize(prompt, add_special=True, parse_special=True) if isinstance(prompt, str) else prompt
 
     def _hand_out(self, active: _Active) -> None:
         """Send the generation's new text; finish it when it is over; preempt it when its client left."""
@@ -208,3 +210,15 @@ class PoolDriver(threading.Thread):
     def _whole(self, active: _Active, text: str) -> dict[str, Any]:
         usage = (active.prompt_tokens, len(self.pool.tokens(active.handle)))
         return openai_result(active.chat, self._labels(active), text, self._finish(active), usage=usage)
+
+
+def _unsupported(request: ServerRequest) -> str | None:
+    """The first field of ``request`` that the pool cannot honour (None if it can do the whole request)."""
+    call = request.call
+    if call.stops:
+        return "stop"
+    if call.top_logprobs is not None:
+        return "logprobs"
+    if call.echo:
+        return "echo"
+    return None

@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from specstate.cli._args import MODES, N_CTX, THREADS, U32_MAX, Range, UsageError, chat_template
+from specstate.server_request import RequestLimits
+
+#: What one request may ask for: an option each (--max-tokens, --max-messages, ...), from RequestLimits.
+LIMITS = fields(RequestLimits)
 
 RANGES = (
     N_CTX,
@@ -16,11 +21,11 @@ RANGES = (
     Range("port", 0, 65535),
     Range("slots", 1, 64),
     Range("queue", 0, 1 << 16),
-    Range("max_tokens", 1, U32_MAX),
     THREADS,
     Range("cache_mib", 0, 1 << 20),
     Range("parked_mib", 0, 1 << 20),
     Range("ray_workers", 0, 1024),
+    *(Range(limit.name, limit.metadata["low"], min(limit.metadata["high"], U32_MAX)) for limit in LIMITS),
 )
 
 
@@ -40,7 +45,6 @@ def add_parser(commands: Any) -> None:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--slots", type=int, default=1, help="generations run at once (default 1)")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait for a slot (default 16)")
-    serve.add_argument("--max-tokens", type=int, default=4096, help="most tokens a request may ask for")
     serve.add_argument("--threads", type=int, default=0, help="threads per slot (0: the CPUs shared out)")
     serve.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")
     serve.add_argument("--model-name", help="the model name clients use (default: the file's name)")
@@ -59,6 +63,14 @@ def add_parser(commands: Any) -> None:
     serve.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' (default: $SPECSTATE_API_KEY, else no key)"
     )
+    serve.add_argument(
+        "--metrics-public", action="store_true", help="serve /metrics without the API key (for a trusted scraper)"
+    )
+    for limit in LIMITS:
+        option = "--" + limit.name.replace("_", "-")
+        serve.add_argument(
+            option, type=int, default=limit.default, help=f"{limit.metadata['help']} (default %(default)s)"
+        )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -75,8 +87,9 @@ def run(args: argparse.Namespace) -> None:
         n_threads=args.threads,
         slots=args.slots,
         queue=args.queue,
-        max_tokens=args.max_tokens,
+        limits=RequestLimits(**{limit.name: getattr(args, limit.name) for limit in LIMITS}),
         api_key=args.api_key or os.environ.get(API_KEY_VARIABLE) or None,
+        metrics_public=args.metrics_public,
         chat_template=chat_template(args.template),
         model_name=args.model_name,
         cache_bytes=args.cache_mib << 20,

@@ -1,0 +1,360 @@
+"""``specstate serve`` under hostile and careless requests (issue 31): each way a request could stall or kill a
+slot, or get around a limit, answered by an OpenAI-shaped 2xx/4xx in bounded time, the server serving on."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specstate import Model
+from specstate.llama import CHAT_TEMPERATURE, TOP_K, Llama, _StopScanner
+from specstate.server import ConversationCache, RequestLimits, conversation_key
+from specstate.server_ray import _unsupported
+from specstate.server_request import RequestError, read_request
+from test_server import KEY, MODEL, Live, config, tiny_chat
+
+__all__ = ["tiny_chat"]  # the module fixture, shared with test_server
+
+HELLO = [{"role": "user", "content": "Hi"}]
+#: Ten alternatives per level over six levels: 10**6 parse stacks if nothing bounds them.
+EXPLODING_GRAMMAR = (
+    "root ::= l1\n"
+    + "".join(
+        f"l{level} ::= " + " | ".join(f'l{level + 1} "{digit}"' for digit in range(10)) + "\n" for level in range(1, 6)
+    )
+    + "l6 ::= "
+    + " | ".join(f'"{digit}"' for digit in range(10))
+    + "\n"
+)
+
+
+@pytest.fixture(scope="module")
+def live(tiny_chat: Path) -> Iterator[Live]:
+    server = Live(config(tiny_chat, slots=1, limits=RequestLimits(max_tokens=8)))
+    yield server
+    server.stop()
+
+
+def chat(live: Live, **body: Any) -> tuple[int, dict[str, Any]]:
+    status, answer, _ = live.post("/v1/chat/completions", json.dumps({"messages": HELLO, **body}).encode())
+    return status, answer
+
+
+def still_serves(live: Live) -> None:
+    status, answer = chat(live, max_tokens=2, temperature=0)
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None, answer
+    health = json.loads(live.get("/health")[1])
+    assert health["status"] == "ok" and health["slots_serving"] == health["slots"], health
+
+
+def refused(status: int, answer: dict[str, Any], param: str | None) -> None:
+    assert status == 400, answer
+    assert set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["param"] == param, answer
+
+
+# 1. a bad `messages` value, and any exception in a slot
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [None, [{"role": "user", "content": [{"type": "text", "text": 5}]}], "hi", [5], [{"role": 1, "content": "x"}]],
+)
+def test_a_bad_messages_value_is_a_400_and_the_slot_serves_on(live: Live, messages: object) -> None:
+    status, answer, _ = live.post("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+    refused(status, answer, "messages")
+    still_serves(live)
+
+
+def test_any_exception_in_a_slot_is_that_requests_500_and_the_slot_serves_on(
+    live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(messages: object) -> None:
+        raise RuntimeError("the cache broke")
+
+    monkeypatch.setattr(live.state.cache, "longest", broken)
+    status, answer = chat(live, max_tokens=2)
+    assert (
+        status == 500 and answer["error"]["type"] == "server_error" and "the cache broke" in answer["error"]["message"]
+    )
+    monkeypatch.undo()
+    still_serves(live)
+
+
+# 2. a grammar whose parse stacks explode
+
+
+def test_an_exploding_grammar_is_refused_quickly_and_the_slot_serves_on(live: Live) -> None:
+    start = time.monotonic()
+    status, answer = chat(live, grammar=EXPLODING_GRAMMAR, max_tokens=2)
+    assert status == 400 and "stack" in answer["error"]["message"], answer
+    assert time.monotonic() - start < 30  # not hours
+    still_serves(live)
+
+
+# 4. stop strings: bounded in the server, linear in the API
+
+
+def test_stop_strings_are_bounded(live: Live) -> None:
+    refused(*chat(live, stop="x" * 500_000), "stop")
+    refused(*chat(live, stop=["a"] * 17), "stop")
+    still_serves(live)
+
+
+def test_a_long_stop_string_costs_linear_time() -> None:
+    """500,000 characters that the text keeps almost matching: quadratic matching took 27-40 s for 6 tokens."""
+    stop = "a" * 500_000 + "b"
+    pieces = (piece for piece in ["a" * 1000] * 200 + ["c"])
+    scanner = _StopScanner(pieces, [stop])  # type: ignore[arg-type]
+    start = time.monotonic()
+    assert "".join(scanner) == "a" * 200_000 + "c" and not scanner.stopped
+    assert time.monotonic() - start < 10
+
+
+# 5. many messages: bounded before any hashing
+
+
+def test_a_flood_of_messages_is_refused_before_any_hashing(live: Live) -> None:
+    messages = [{"role": "assistant", "content": ""}] * 30_000
+    start = time.monotonic()
+    body = json.dumps({"messages": messages}, separators=(",", ":")).encode()  # under the body limit
+    status, answer, _ = live.post("/v1/chat/completions", body)
+    refused(status, answer, "messages")
+    assert time.monotonic() - start < 10
+
+
+def test_the_conversation_cache_looks_up_every_prefix_in_one_pass() -> None:
+    pairs = [("user" if i % 2 else "assistant", "x" * 100) for i in range(1024)]
+    cache = ConversationCache(1 << 20)
+    cache.put(pairs[:501], b"checkpoint")  # it ends with a reply
+    start = time.monotonic()
+    assert cache.longest(pairs) == (501, b"checkpoint")
+    assert time.monotonic() - start < 2
+    assert conversation_key(pairs[:500]) != conversation_key(pairs[:502])
+
+
+# 6. max_tokens 0 or less: the server's limit, not the whole context
+
+
+@pytest.mark.parametrize("tokens", [0, -1])
+def test_max_tokens_zero_or_negative_means_the_servers_limit(live: Live, tokens: int) -> None:
+    status, answer = chat(live, max_tokens=tokens, temperature=0, stop=[])
+    assert status == 200 and answer["usage"]["completion_tokens"] <= 8, answer
+
+
+@pytest.mark.parametrize("tokens", [1.5, "10", 10**30, True])
+def test_max_tokens_must_be_an_integer_within_the_limit(live: Live, tokens: object) -> None:
+    refused(*chat(live, max_tokens=tokens), "max_tokens")
+
+
+# 7. a client that leaves a non-streamed request stops it
+
+
+def test_a_client_that_leaves_a_whole_answer_stops_its_generation(tiny_chat: Path) -> None:
+    server = Live(config(tiny_chat, slots=1, n_ctx=4096))
+    try:
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4000}).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        deadline = time.monotonic() + 30
+        while not server.state.scheduler.busy:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sock.close()
+        while server.state.scheduler.busy:
+            assert time.monotonic() < deadline, "the abandoned generation kept its slot"
+            time.sleep(0.05)
+        assert "specstate_cancelled_requests_total 1" in server.get("/metrics")[1]
+        answer = server.client().completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=0)
+        assert answer.choices[0].text is not None and answer.usage is not None
+    finally:
+        server.stop()
+
+
+# 8. logit_bias over HTTP: JSON's keys are strings
+
+
+def test_logit_bias_with_string_keys_works_over_http(live: Live, tiny_chat: Path) -> None:
+    status, plain = chat(live, max_tokens=1, temperature=0)
+    assert status == 200
+    first = Model(tiny_chat).tokenize(plain["choices"][0]["message"]["content"], add_special=False)[0]
+    status, biased = chat(live, max_tokens=1, temperature=0, logit_bias={str(first): -100})
+    assert status == 200 and biased["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"]
+    refused(*chat(live, logit_bias={"abc": 1}), "logit_bias")
+    refused(*chat(live, logit_bias={str(i): 1 for i in range(1025)}), "logit_bias")
+
+
+# 9. a restart with another chat template
+
+
+def test_a_restart_with_another_template_decodes_the_conversation_anew(tiny_chat: Path, tmp_path: Path) -> None:
+    cached = config(tiny_chat, cache_dir=str(tmp_path / "cache"))
+    first_server = Live(cached)
+    try:
+        body = json.dumps({"messages": HELLO, "max_tokens": 8}).encode()
+        status, first, _ = first_server.post("/v1/chat/completions", body)
+    finally:
+        first_server.stop()
+    assert status == 200
+    reply = first["choices"][0]["message"]["content"]
+    messages = [*HELLO, {"role": "assistant", "content": reply}, {"role": "user", "content": "Go on."}]
+    second_server = Live(config(tiny_chat, cache_dir=str(tmp_path / "cache"), chat_template="chatml"))
+    try:
+        body = json.dumps({"messages": messages, "max_tokens": 4}).encode()
+        status, second, _ = second_server.post("/v1/chat/completions", body)
+        assert status == 200, second
+        assert "specstate_conversations_restored_total" not in second_server.get("/metrics")[1]
+    finally:
+        second_server.stop()
+
+
+# 10. deeply nested JSON
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"messages": ' + b"[" * 65 + b"]" * 65 + b"}"])
+def test_deeply_nested_json_is_a_400(live: Live, body: bytes) -> None:
+    status, answer, _ = live.post("/v1/chat/completions", body)
+    assert status == 400 and "nested" in answer["error"]["message"], answer
+
+
+# 11. /metrics behind the API key
+
+
+def test_metrics_need_the_api_key_unless_made_public(live: Live, tiny_chat: Path) -> None:
+    def metrics(port: int) -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/metrics")
+        return connection.getresponse().status
+
+    assert metrics(live.port) == 401 and live.get("/metrics")[0] == 200
+    public = Live(config(tiny_chat, metrics_public=True))
+    try:
+        assert metrics(public.port) == 200
+    finally:
+        public.stop()
+
+
+# 12. what else lies in the cache directory
+
+
+def test_links_and_fifos_in_the_cache_directory_are_passed_over(tiny_chat: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    directory.mkdir()
+    (directory / f"{'a' * 64}.ckpt").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(directory / f"{'b' * 64}.ckpt")
+    assert ConversationCache(1 << 20, str(directory)).get("b" * 64) is None
+    server = Live(config(tiny_chat, cache_dir=str(directory)))
+    try:
+        status, _, _ = server.post("/v1/chat/completions", json.dumps({"messages": HELLO, "max_tokens": 2}).encode())
+        assert status == 200
+    finally:
+        server.stop()
+
+
+# Both backends read a request the same way
+
+
+def test_one_reading_of_a_request_for_both_backends() -> None:
+    request = read_request("chat", {"messages": HELLO}, RequestLimits(), model_name=MODEL, template_source="")
+    settings = request.call.sampling.settings()  # what a Ray worker generates with
+    assert settings["temperature"] == pytest.approx(CHAT_TEMPERATURE) and settings["top_k"] == TOP_K
+    assert request.max_tokens == RequestLimits().max_tokens and request.options["model"] == MODEL
+    stopped = read_request(
+        "chat", {"messages": HELLO, "stop": "x"}, RequestLimits(), model_name=MODEL, template_source=""
+    )
+    assert _unsupported(stopped) == "stop"
+    with pytest.raises(RequestError) as refusal:
+        read_request(
+            "completion", {"prompt": "x", "max_tokens": 2.5}, RequestLimits(), model_name=MODEL, template_source=""
+        )
+    assert refusal.value.param == "max_tokens"
+
+
+def test_the_llama_api_refuses_a_checkpoint_of_another_template(tiny_chat: Path) -> None:
+    llama = Llama(tiny_chat, n_ctx=512, n_threads=1)
+    llama.create_chat_completion(HELLO, max_tokens=2, temperature=0)
+    assert llama.chat_generator is not None
+    checkpoint = llama.chat_generator.checkpoint()
+    other = Llama(tiny_chat, n_ctx=512, n_threads=1, chat_format="chatml")
+    with pytest.raises(ValueError, match="another chat template"):
+        other.restore_chat(checkpoint)
+    assert other.chat_generator is None
+
+
+# Hostile but well-formed bodies, at random
+
+
+def _json_values() -> st.SearchStrategy[object]:
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False),
+        st.text(max_size=40),
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    )
+
+
+FIELDS = [
+    "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "stop", "seed",
+    "grammar", "response_format", "logprobs", "top_logprobs", "echo", "stream", "n", "user", "priority",
+    "stream_options", "model", "tools", "tool_choice", "suffix", "mirostat_mode", "tfs_z",
+]  # fmt: skip
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn) -> tuple[str, dict[str, object]]:
+    endpoint = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+    body: dict[str, object] = {"messages": HELLO} if "chat" in endpoint else {"prompt": "Hi"}
+    for name in draw(st.lists(st.sampled_from(FIELDS), max_size=4, unique=True)):
+        body[name] = draw(_json_values())
+    return endpoint, body
+
+
+def post(live: Live, path: str, body: bytes) -> tuple[int, str, bytes]:
+    """Status, content type and body of a POST (a stream read to its end)."""
+    connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=60)
+    connection.request("POST", path, body=body, headers={"Authorization": f"Bearer {KEY}"})
+    response = connection.getresponse()
+    return response.status, response.getheader("content-type", ""), response.read()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(hostile_bodies())
+def test_hostile_bodies_get_openai_answers_in_bounded_time(live: Live, case: tuple[str, dict[str, object]]) -> None:
+    endpoint, body = case
+    start = time.monotonic()
+    status, kind, data = post(live, endpoint, json.dumps(body).encode())
+    assert time.monotonic() - start < 30
+    assert 200 <= status < 300 or 400 <= status < 500, (status, data)
+    if kind.startswith("text/event-stream"):
+        events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and all("choices" in json.loads(e) for e in events[:-1]), data
+        return
+    answer = json.loads(data)
+    if status < 300:
+        assert "choices" in answer and "usage" in answer, answer
+    else:
+        assert set(answer["error"]) == {"message", "type", "param", "code"}, answer
+
+
+def test_after_hostile_bodies_the_server_serves_a_normal_chat(live: Live) -> None:
+    still_serves(live)
