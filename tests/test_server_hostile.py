@@ -6,9 +6,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +47,13 @@ def live(tiny_chat: Path) -> Iterator[Live]:
     server.stop()
 
 
-def chat(live: Live, **body: Any) -> tuple[int, dict[str, Any]]:
-    status, answer, _ = live.post("/v1/chat/completions", json.dumps({"messages": HELLO, **body}).encode())
+def post_json(live: Live, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    status, answer, _ = live.post(path, body)
     return status, answer
+
+
+def chat(live: Live, **body: Any) -> tuple[int, dict[str, Any]]:
+    return post_json(live, "/v1/chat/completions", json.dumps({"messages": HELLO, **body}).encode())
 
 
 def still_serves(live: Live) -> None:
@@ -114,7 +120,7 @@ def test_a_long_stop_string_costs_linear_time() -> None:
     """500,000 characters that the text keeps almost matching: quadratic matching took 27-40 s for 6 tokens."""
     stop = "a" * 500_000 + "b"
     pieces = (piece for piece in ["a" * 1000] * 200 + ["c"])
-    scanner = _StopScanner(pieces, [stop])  # type: ignore[arg-type]
+    scanner = _StopScanner(pieces, [stop])
     start = time.monotonic()
     assert "".join(scanner) == "a" * 200_000 + "c" and not scanner.stopped
     assert time.monotonic() - start < 10
@@ -205,7 +211,7 @@ def test_a_restart_with_another_template_decodes_the_conversation_anew(tiny_chat
     first_server = Live(cached)
     try:
         body = json.dumps({"messages": HELLO, "max_tokens": 8}).encode()
-        status, first, _ = first_server.post("/v1/chat/completions", body)
+        status, first = post_json(first_server, "/v1/chat/completions", body)
     finally:
         first_server.stop()
     assert status == 200
@@ -226,7 +232,7 @@ def test_a_restart_with_another_template_decodes_the_conversation_anew(tiny_chat
 
 @pytest.mark.parametrize("body", [b"[" * 100_000, b'{"messages": ' + b"[" * 65 + b"]" * 65 + b"}"])
 def test_deeply_nested_json_is_a_400(live: Live, body: bytes) -> None:
-    status, answer, _ = live.post("/v1/chat/completions", body)
+    status, answer = post_json(live, "/v1/chat/completions", body)
     assert status == 400 and "nested" in answer["error"]["message"], answer
 
 
@@ -358,3 +364,11 @@ def test_hostile_bodies_get_openai_answers_in_bounded_time(live: Live, case: tup
 
 def test_after_hostile_bodies_the_server_serves_a_normal_chat(live: Live) -> None:
     still_serves(live)
+
+
+def test_the_limits_table_of_the_server_page_is_request_limits() -> None:
+    """docs/server.md lists every limit with its option and default: the ones RequestLimits has."""
+    page = (Path(__file__).parent.parent / "docs" / "server.md").read_text()
+    table = dict(re.findall(r"^\| [^|]+ \| `--([a-z-]+)` \| ([\d,]+) \|$", page, re.MULTILINE))
+    defaults = {limit.name.replace("_", "-"): limit.default for limit in fields(RequestLimits)}
+    assert {option: int(value.replace(",", "")) for option, value in table.items() if option != "queue"} == defaults
