@@ -22,7 +22,7 @@ import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
 from specstate import Generator, Model
-from specstate.server import RequestLimits, ServerConfig, build_app
+from specstate.serve import RequestLimits, ServerConfig, build_app
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 

@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specstate import Model
-from specstate.llama import CHAT_TEMPERATURE, TOP_K, Llama, _StopScanner
-from specstate.server import ConversationCache, RequestLimits, conversation_key
-from specstate.server_ray import _unsupported
-from specstate.server_request import RequestError, read_request
+from specstate.llama import CHAT_TEMPERATURE, TOP_K, Llama
+from specstate.llama.results import _StopScanner
+from specstate.serve.cache import ConversationCache, conversation_key
+from specstate.serve.ray import _unsupported
+from specstate.serve.request import RequestError, RequestLimits, read_request
 from test_server import KEY, MODEL, Live, config, tiny_chat
 
 __all__ = ["tiny_chat"]  # the module fixture, shared with test_server

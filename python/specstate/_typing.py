@@ -12,6 +12,8 @@ from typing import Literal, NamedTuple, TypedDict
 from specstate._native import Model
 
 __all__ = [
+    "U32_MAX",
+    "U64_MAX",
     "CheckpointInfo",
     "DeviceInfo",
     "DraftPolicy",
@@ -29,6 +31,8 @@ Mode = Literal["none", "ngram", "draft", "mtp", "eagle3"]
 #: How long each round's draft is: ``fixed`` (up to ``n_draft`` every round) or ``adaptive`` (chosen each
 #: round from a measured cost curve and the recent acceptance, up to ``n_draft``; see ``docs/adaptive-draft.md``).
 DraftPolicy = Literal["fixed", "adaptive"]
+#: The largest 32-bit and 64-bit unsigned integers: the bounds of the core's counts and seeds.
+U32_MAX, U64_MAX = 2**32 - 1, 2**64 - 1
 
 
 class Message(TypedDict):

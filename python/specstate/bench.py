@@ -18,6 +18,7 @@ from specstate import (
     Generator,
     GeneratorSettings,
     Model,
+    _defaults,
     validate_config,
     validate_context_capacities,
     validate_state_size,
@@ -190,7 +191,7 @@ def speculation_figures(
     threads: int = 2,
     runs: int = 5,
     draft_model: Model | None = None,
-    n_draft: int = 8,
+    n_draft: int = _defaults.N_DRAFT,
 ) -> SpeculationFigures:
     """Generation speed (prefill excluded) and acceptance of `mode` on `prompt`."""
     last: list[Generator] = []

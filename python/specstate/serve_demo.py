@@ -16,7 +16,7 @@ import time
 from rich.console import Console
 
 from specstate import Generator, Model
-from specstate.server import ServerConfig, running
+from specstate.serve import ServerConfig, running
 from specstate.smollm2 import SMOLLM2_FILE, smollm2_path
 
 __all__ = ["run_serve_demo"]

@@ -22,6 +22,7 @@ from specstate._native import (
     MAX_SPECULATIVE_STATE_BYTES,
     ContextCapacity,
 )
+from specstate._typing import U32_MAX
 
 __all__ = [
     "Config",
@@ -33,7 +34,6 @@ __all__ = [
     "valid_state_sizes",
 ]
 
-U32_MAX = 2**32 - 1
 
 #: ``(n_seq, n_draft_max, n_min, p_min)``, the arguments of ``validate_config``.
 Config = tuple[int, int, int, float]

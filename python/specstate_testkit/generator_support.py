@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from specstate import Generator, Model
 from specstate.errors import CheckpointError
 from specstate.generator import Mode
 
-MODES = ("none", "ngram", "draft", "mtp", "eagle3")
+MODES = get_args(Mode)
 TINY_CTX = 256
 
 

@@ -15,8 +15,9 @@ from rich.console import Console
 
 from specstate import DraftPolicy, GeneratorSettings, _native
 from specstate._files import read_small_file, special_kind
+from specstate._typing import U32_MAX, U64_MAX, Mode
 
-MODES = ("none", "ngram", "draft", "mtp", "eagle3")
+MODES = get_args(Mode)
 #: Progress, summaries and status lines.
 err = Console(stderr=True, highlight=False)
 
@@ -138,8 +139,6 @@ def add_output(parser: argparse.ArgumentParser) -> None:
 
 
 # --- numeric ranges -----------------------------------------------------------------------------------------
-
-U32_MAX, U64_MAX = 2**32 - 1, 2**64 - 1
 
 
 class Range(NamedTuple):

@@ -11,7 +11,7 @@ its generation preempted (stopped, its worker freed).
 
 A request here is a prompt: a chat's messages are rendered with the model's chat
 template and the reply generated after them. Requests are read by the same step
-as the slot server's (:func:`specstate.server_request.read_request`: the same
+as the slot server's (:func:`specstate.serve.request.read_request`: the same
 checks, limits and llama-cpp-python defaults), so a request means the same
 generation on either backend; ``max_tokens``, the sampler chain's parameters and
 the grammar (``response_format`` included) are honoured, and what the pool does
@@ -31,8 +31,9 @@ from typing import Any
 
 from specstate import Model
 from specstate.chat import chat_template
-from specstate.server import DONE, Job, Metrics, RequestError, ServerConfig, openai_result
-from specstate.server_request import ServerRequest
+from specstate.serve.config import ServerConfig
+from specstate.serve.jobs import DONE, Job, Metrics, openai_result
+from specstate.serve.request import RequestError, ServerRequest
 
 __all__ = ["PoolDriver"]
 #: Tokens a worker checkpoints after, so that a killed worker's generations recover.

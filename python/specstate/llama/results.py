@@ -1,0 +1,405 @@
+"""What a call returns: its run, log-probabilities, chunks and whole results, streams that can park, stop strings."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Generator as PyGenerator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specstate._native import Model
+from specstate._typing import TokenLogprobs
+from specstate.generator import Generator, TextStream
+from specstate.llama.types import (
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionDelta,
+    ChatCompletionLogprobs,
+    ChatCompletionMessage,
+    ChatCompletionTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionUsage,
+    FinishReason,
+    TopLogprob,
+)
+
+if TYPE_CHECKING:
+    from specstate.llama.api import Llama
+
+_FINISH: dict[str, FinishReason] = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+
+
+@dataclass
+class _Run:
+    """One call's generation: the generator, its text pieces, and what labels the result."""
+
+    generator: Generator
+    pieces: Iterator[str]
+    model: str
+    id: str
+    scanner: _StopScanner | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    #: The reply's token budget (a chat's).
+    limit: int = 0
+    #: The log-probabilities reported, when the call asks for them.
+    logprobs: _LogprobTracker | None = None
+
+    def finish_reason(self) -> FinishReason:
+        """``stop`` or ``length``, once the pieces are all read."""
+        if self.scanner is not None and self.scanner.stopped:
+            return "stop"
+        return _FINISH.get(self.generator.stopped_by or "", "length")
+
+    def usage(self) -> CompletionUsage:
+        """Tokens of the prompt (the whole conversation, for a chat) and of the reply (every token generated,
+        the end-of-generation token included when one ended it; llama-cpp-python leaves that one out)."""
+        prompt, reply = len(self.generator.prompt_tokens), len(self.generator.tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+
+
+class _LogprobTracker:
+    """The log-probabilities a call reports, token by token as the text of its tokens is sent: a token is
+    reported once its text is all sent (at the end, once its text begins within what was sent: a token after a
+    stop string or an end-of-generation token is not)."""
+
+    def __init__(self, model: Model, generator: Generator, *, reported: int = 0, sent: int = 0) -> None:
+        self._model, self._generator = model, generator
+        #: Tokens of the reply reported so far, and characters of its text sent.
+        self.reported, self.sent = reported, sent
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._spans: list[tuple[int, int]] = []
+
+    def advance(self, text: str, *, final: bool = False) -> list[tuple[int, TokenLogprobs]]:
+        """Once ``text`` more is sent: ``(start, record)`` of the tokens newly reported (``start``: where the
+        token's text begins in the reply's)."""
+        self.sent += len(text)
+        tokens = self._generator.tokens
+        end = self._spans[-1][1] if self._spans else 0
+        for token in tokens[len(self._spans) :]:
+            start, end = end, end + len(self._decoder.decode(self._model.token_to_piece(token)))
+            self._spans.append((start, end))
+        ready = self.reported
+        while ready < len(self._spans) and self._spans[ready][0] < self.sent:
+            if not final and self._spans[ready][1] > self.sent:
+                break
+            ready += 1
+        records = self._generator.token_logprobs(self.reported)[: ready - self.reported]
+        reported = [(self._spans[self.reported + i][0], r) for i, r in enumerate(records) if r is not None]
+        self.reported = ready
+        return reported
+
+
+def _piece(model: Model, token: int) -> tuple[str, list[int]]:
+    """A token's text (bytes that are not UTF-8 on their own left out, as llama-cpp-python does) and bytes."""
+    data = model.token_to_piece(token)
+    return data.decode("utf-8", errors="ignore"), list(data)
+
+
+def _completion_logprobs(model: Model, entries: list[tuple[int, TokenLogprobs]], offset: int) -> CompletionLogprobs:
+    """llama-cpp-python's ``logprobs`` of a completion (``offset``: text before the reply, echoed)."""
+    result: CompletionLogprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for start, record in entries:
+        text = _piece(model, record.token)[0]
+        top = {_piece(model, token)[0]: logprob for token, logprob in record.top}
+        result["text_offset"].append(offset + start)
+        result["token_logprobs"].append(record.logprob)
+        result["tokens"].append(text)
+        result["top_logprobs"].append({**top, text: record.logprob})
+    return result
+
+
+def _top(model: Model, token: int, logprob: float) -> TopLogprob:
+    text, data = _piece(model, token)
+    return {"token": text, "logprob": logprob, "bytes": data}
+
+
+def _chat_logprobs(model: Model, entries: list[tuple[int, TokenLogprobs]]) -> ChatCompletionLogprobs:
+    """OpenAI's ``logprobs`` of a chat reply."""
+    content: list[ChatCompletionTokenLogprob] = [
+        {
+            **_top(model, record.token, record.logprob),
+            "top_logprobs": [_top(model, token, logprob) for token, logprob in record.top],
+        }
+        for _, record in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+# --- results from runs ---------------------------------------------------------------------------
+
+
+def joined_completion(chunks: Sequence[CompletionChunk], usage: CompletionUsage) -> Completion:
+    """The whole completion that a streamed completion's chunks make (``usage``: :meth:`CompletionStream.usage`)."""
+    last = chunks[-1]
+    choice: CompletionChoice = {
+        "text": "".join(chunk["choices"][0]["text"] for chunk in chunks),
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": last["choices"][0]["finish_reason"],
+    }
+    parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
+    if parts:  # the call asked for log-probabilities: the last chunk carries them at least
+        joined: CompletionLogprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        for part in parts:
+            for key in joined:
+                joined[key] += part[key]  # type: ignore[literal-required]
+        choice["logprobs"] = joined
+    return {
+        "id": last["id"],
+        "object": "text_completion",
+        "created": last["created"],
+        "model": last["model"],
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def _completion_logprobs_of(run: _Run, sent: str, offset: int, *, final: bool = False) -> CompletionLogprobs | None:
+    """The completion ``logprobs`` of the tokens ``sent`` more reply text covers (None if not asked for)."""
+    if run.logprobs is None:
+        return None
+    return _completion_logprobs(run.generator.model, run.logprobs.advance(sent, final=final), offset)
+
+
+def _completion_chunk(
+    run: _Run, text: str, finish_reason: FinishReason | None, logprobs: CompletionLogprobs | None = None
+) -> CompletionChunk:
+    """One chunk of a streamed completion."""
+    choice: CompletionChoice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"id": run.id, "object": "text_completion", "created": run.created, "model": run.model, "choices": [choice]}
+
+
+def _completion_chunks(run: _Run, front: str) -> PyGenerator[CompletionChunk, None, None]:
+    """The chunks of a streamed completion: the echoed prompt if any, each piece, then the finish reason."""
+    if front:
+        yield _completion_chunk(run, front, None)
+    for piece in run.pieces:
+        yield _completion_chunk(run, piece, None, _completion_logprobs_of(run, piece, len(front)))
+    yield _completion_chunk(run, "", run.finish_reason(), _completion_logprobs_of(run, "", len(front), final=True))
+
+
+class CompletionStream(Iterator[CompletionChunk]):
+    """The chunks of a streamed completion: the echoed prompt (with ``echo``), each piece of text, then the
+    ``finish_reason``; :meth:`usage` counts the tokens once they are read."""
+
+    def __init__(self, run: _Run, front: str) -> None:
+        self._run = run
+        self._chunks = _completion_chunks(run, front)
+
+    def __next__(self) -> CompletionChunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop the stream (what was generated stays generated)."""
+        self._chunks.close()
+
+    def usage(self) -> CompletionUsage:
+        """Tokens of the prompt and of the reply so far."""
+        return self._run.usage()
+
+    def whole(self) -> Completion:
+        """Read every chunk and join them into the whole :class:`Completion`."""
+        return joined_completion(list(self), self.usage())
+
+
+def _chat_logprobs_of(run: _Run, sent: str, *, final: bool = False) -> ChatCompletionLogprobs | None:
+    """The chat ``logprobs`` of the tokens ``sent`` more reply text covers (None if not asked for)."""
+    if run.logprobs is None:
+        return None
+    return _chat_logprobs(run.generator.model, run.logprobs.advance(sent, final=final))
+
+
+def _chat_completion(run: _Run) -> ChatCompletion:
+    """The whole chat completion of ``run``."""
+    content = "".join(run.pieces)
+    message: ChatCompletionMessage = {"role": "assistant", "content": content}
+    choice: ChatCompletionChoice = {
+        "index": 0,
+        "message": message,
+        "logprobs": _chat_logprobs_of(run, content, final=True),
+        "finish_reason": run.finish_reason(),
+    }
+    return {
+        "id": run.id,
+        "object": "chat.completion",
+        "created": run.created,
+        "model": run.model,
+        "choices": [choice],
+        "usage": run.usage(),
+    }
+
+
+def _chat_chunk(
+    run: _Run,
+    delta: ChatCompletionDelta,
+    finish_reason: FinishReason | None,
+    logprobs: ChatCompletionLogprobs | None = None,
+) -> ChatCompletionChunk:
+    """One chunk of a streamed chat completion."""
+    choice: ChatCompletionChunkChoice = {
+        "index": 0,
+        "delta": delta,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
+    return {
+        "id": run.id,
+        "object": "chat.completion.chunk",
+        "created": run.created,
+        "model": run.model,
+        "choices": [choice],
+    }
+
+
+def _chat_chunks(run: _Run, role: bool = True) -> PyGenerator[ChatCompletionChunk, None, None]:
+    """The chunks of a streamed chat completion: the role (unless ``role`` is False: a resumed stream), each
+    piece of text, then the finish reason."""
+    if role:
+        yield _chat_chunk(run, {"role": "assistant"}, None)
+    for piece in run.pieces:
+        yield _chat_chunk(run, {"content": piece}, None, _chat_logprobs_of(run, piece))
+    yield _chat_chunk(run, {}, run.finish_reason(), _chat_logprobs_of(run, "", final=True))
+
+
+@dataclass(frozen=True)
+class ParkedChat:
+    """A streamed chat reply paused between two chunks (:meth:`ChatStream.park`): the generation's checkpoint
+    and what the rest of its chunks need. :meth:`Llama.resume_chat` continues it, in any thread or process."""
+
+    #: The generation's checkpoint (its conversation, tokens, sampling and RNG).
+    checkpoint: bytes
+    #: Tokens the reply may still generate.
+    remaining: int
+    #: The call's stop strings.
+    stops: list[str]
+    #: Text generated and not yet sent (it could begin a stop string).
+    held: str
+    #: The chunks' ``id``, ``created`` and ``model``.
+    id: str
+    created: int
+    model: str
+    #: When the call asked for log-probabilities: the reply tokens reported and the reply characters sent.
+    reported: tuple[int, int] | None = None
+
+
+class ChatStream(Iterator[ChatCompletionChunk]):
+    """The chunks of a streamed chat completion (the role, each piece of text, then the finish reason); between
+    two chunks a running reply can be paused with :meth:`park` and continued later by :meth:`Llama.resume_chat`."""
+
+    def __init__(self, llama: Llama, run: _Run, *, started: bool = False) -> None:
+        self._llama, self._run, self._started = llama, run, started
+        self._chunks = _chat_chunks(run, role=not started)
+
+    def __next__(self) -> ChatCompletionChunk:
+        chunk = next(self._chunks)
+        self._started = True
+        return chunk
+
+    def close(self) -> None:
+        """Stop the stream (the generation keeps what it committed)."""
+        self._chunks.close()
+
+    def park(self) -> ParkedChat | None:
+        """Pause the reply: its checkpoint and state, the stream closed and the generation let go (its contexts
+        freed once nothing else holds it). None, and nothing changes, if the reply is complete but for its last
+        chunks (it ended, or a stop string cut it) or no chunk was taken yet."""
+        run, generator = self._run, self._run.generator
+        scanner = run.scanner
+        if not self._started or scanner is None or scanner.stopped or generator.finished:
+            return None
+        remaining = run.limit - len(generator.tokens)
+        if remaining <= 0:
+            return None
+        tracker = run.logprobs
+        parked = ParkedChat(
+            generator.checkpoint(),
+            remaining,
+            scanner.stops,
+            scanner.held,
+            run.id,
+            run.created,
+            run.model,
+            None if tracker is None else (tracker.reported, tracker.sent),
+        )
+        self._chunks.close()
+        self._llama.release(generator)
+        return parked
+
+
+class _StopScanner:
+    """A reply's text pieces cut before the first stop string; text that could begin one is held back.
+
+    Linear in the text and the stop strings: each stop string's longest partial match at the end of the text
+    is kept up to date character by character (Knuth-Morris-Pratt), never searched for again."""
+
+    def __init__(self, pieces: TextStream, stops: list[str], held: str = "") -> None:
+        self._pieces = pieces
+        self.stops = stops
+        self._partials = [_PartialMatch(stop) for stop in stops]
+        #: Whether a stop string ended the text.
+        self.stopped = False
+        #: Text read and not yet yielded: it could begin a stop string.
+        self.held = ""
+        self._read(held)
+
+    def _read(self, text: str) -> None:
+        self.held += text
+        for partial in self._partials:
+            partial.feed(text)
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            for piece in self._pieces:
+                self._read(piece)
+                cut = _first_stop(self.held, self.stops)
+                if cut is not None:
+                    self.stopped = True
+                    self.held = self.held[:cut]
+                    break
+                ready = len(self.held) - max((partial.length for partial in self._partials), default=0)
+                if ready > 0:
+                    piece, self.held = self.held[:ready], self.held[ready:]
+                    yield piece
+            if self.held:
+                piece, self.held = self.held, ""
+                yield piece
+        finally:
+            self._pieces.close()
+
+
+class _PartialMatch:
+    """How much of ``stop`` the text read so far ends with (short of the whole of it), kept as text is read."""
+
+    def __init__(self, stop: str) -> None:
+        self._stop = stop
+        #: ``_fallback[i]``: the longest proper prefix of ``stop[: i + 1]`` that is also its suffix.
+        self._fallback = [0] * len(stop)
+        length = 0
+        for index in range(1, len(stop)):
+            while length and stop[index] != stop[length]:
+                length = self._fallback[length - 1]
+            length += stop[index] == stop[length]
+            self._fallback[index] = length
+        #: The longest end of the text that begins ``stop`` (a whole match is the scanner's to find).
+        self.length = 0
+
+    def feed(self, text: str) -> None:
+        stop, length = self._stop, self.length
+        for char in text:
+            while length and (length == len(stop) or stop[length] != char):
+                length = self._fallback[length - 1]
+            length += stop[length] == char
+        self.length = length if length < len(stop) else self._fallback[length - 1]
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first stop string in ``text`` begins, or None."""
+    found = [index for index in (text.find(stop) for stop in stops) if index >= 0]
+    return min(found) if found else None

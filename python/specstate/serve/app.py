@@ -1,0 +1,346 @@
+"""``specstate serve``: an OpenAI-compatible HTTP server over :class:`specstate.Llama`.
+
+Starlette under uvicorn: a small, well-kept ASGI stack (the one FastAPI is built
+on) whose streaming responses notice a client that goes away, with no framework
+layer between a request and the model. Endpoints: ``POST /v1/chat/completions``
+and ``POST /v1/completions`` (llama-cpp-python's parameters; ``stream`` as
+server-sent events ending in ``data: [DONE]``), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (Prometheus text).
+
+Slots and a queue: ``slots`` threads each own a :class:`~specstate.Llama` (a
+generator's contexts belong to the thread that made it) and take requests from
+one bounded queue, the highest ``priority`` first (a request field, an integer,
+default 0); a full queue answers 429 with ``Retry-After``. A client that
+disconnects stops its generation after the piece being made. The GIL is released
+in native compute, so slots run side by side.
+
+Preemption without loss: a request that finds every slot busy, one of them with
+a chat of lower priority, has that reply parked -- checkpointed between
+two chunks, its contexts freed, the checkpoint kept in memory up to
+``parked_bytes`` and then in ``spill_dir`` -- and resumed in the next free slot,
+its stream going on token for token with no gap and no duplicate (a whole answer
+runs as a stream inside the server, so it parks too). A completion runs to its
+end.
+
+Conversations that come back: a finished chat turn's checkpoint is kept in a
+bounded cache (memory, then ``cache_dir``, least recently used evicted; a
+restarted server reads the directory again). A chat whose messages extend a
+conversation a slot holds, or one in the cache, decodes only its new messages.
+
+Safety: binds 127.0.0.1 unless told otherwise; an optional API key (``--api-key``
+or ``SPECSTATE_API_KEY``, compared in constant time) guards every endpoint but
+``/health`` (``/metrics`` too, unless ``metrics_public``); every request is read
+once by :func:`specstate.serve.request.read_request`, each field checked and
+bounded (:class:`~specstate.serve.request.RequestLimits`) before anything is
+cached, hashed, queued or decoded; a request names only the server's own model;
+no request field reaches the file system; bad JSON and bad parameters are 400
+with an OpenAI-shaped error body naming the field. A slot never dies on a
+request: whatever goes wrong becomes that request's error (a 500 with an
+OpenAI-shaped body) and the slot takes the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specstate import Model
+from specstate.chat import chat_template
+from specstate.serve.cache import ConversationCache
+from specstate.serve.config import ServerConfig
+from specstate.serve.jobs import DONE, Job, Metrics
+from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
+from specstate.serve.scheduler import Scheduler
+from specstate.serve.slots import Slot
+
+if TYPE_CHECKING:
+    from specstate.serve.ray import PoolDriver
+
+__all__ = ["Server", "build_app", "running", "serve"]
+
+#: Seconds a client told 429 is asked to wait.
+RETRY_AFTER_SECONDS = 1
+
+
+# --- HTTP ------------------------------------------------------------------------------------------
+
+
+class Server:
+    """The application's state: configuration, slots, queue, metrics."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(config.queue, config.slots, config.parked_bytes, config.spill_dir)
+        self.cache = ConversationCache(config.cache_bytes, config.cache_dir, config.cache_dir_bytes)
+        self.slots: list[Slot] = []
+        self.driver: PoolDriver | None = None
+        self.started = int(time.time())
+        #: The chat template's source, once the model is loaded ("" for a model without one).
+        self.template = ""
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
+        if self.driver is not None:
+            self.driver.submit(job)
+        else:
+            self.scheduler.submit(job)
+
+    def gauges(self) -> tuple[int, int, int]:
+        """Requests waiting, generations running, bytes parked."""
+        if self.driver is not None:
+            return self.driver.depth(), self.driver.busy(), 0
+        return self.scheduler.depth(), self.scheduler.busy, self.scheduler.parked()
+
+    def start(self) -> None:
+        """Start the slots (or the Ray pool) and wait until each has loaded its model (raising the first failure)."""
+        if self.config.ray_workers:
+            from specstate.serve.ray import PoolDriver
+
+            self.driver = PoolDriver(self.config, self.metrics, self.config.ray_workers, self.config.ray_address)
+            self.driver.start()
+            self.driver.loaded.wait()
+            if self.driver.error is not None:
+                raise self.driver.error
+            self.template = _template_source(self.driver.model, self.config.chat_template)
+            return
+        for _ in range(self.config.slots):
+            loaded = threading.Event()
+            slot = Slot(self.config, self.scheduler, self.metrics, self.cache, loaded)
+            slot.start()
+            loaded.wait()
+            if slot.error is not None:
+                self.scheduler.close()
+                raise slot.error
+            self.slots.append(slot)
+        assert self.slots[0].llama is not None
+        self.template = _template_source(self.slots[0].llama.model, self.config.chat_template)
+
+    def stop(self) -> None:
+        self.scheduler.close()
+        if self.driver is not None:
+            self.driver.closed = True
+            self.driver.join(timeout=60)
+        self.cache.flush()
+
+    def authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise RequestError(401, "a valid API key is needed (Authorization: Bearer ...)", "authentication_error")
+
+    async def read(self, request: Request, kind: Kind) -> ServerRequest:
+        """The request's body, read up to the limit, as a checked :class:`ServerRequest` (off the event loop)."""
+        limits = self.config.limits
+        data = bytearray()
+        async for part in request.stream():
+            data += part
+            if len(data) > limits.max_body_bytes:
+                raise RequestError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
+        return await asyncio.to_thread(self._read, bytes(data), kind)
+
+    def _read(self, data: bytes, kind: Kind) -> ServerRequest:
+        limits = self.config.limits
+        body = read_json(data, limits)
+        return read_request(kind, body, limits, model_name=self.config.name(), template_source=self.template)
+
+    def health(self) -> tuple[dict[str, Any], int]:
+        """``/health``'s body and status: 503 when nothing serves, "degraded" when a slot does not."""
+        if self.driver is not None:
+            total = serving = int(self.driver.is_alive())
+        else:
+            total, serving = len(self.slots), sum(slot.serving() for slot in self.slots)
+        status = "ok" if serving == total else "degraded" if serving else "unavailable"
+        return {"status": status, "slots": total, "slots_serving": serving}, 200 if serving else 503
+
+
+def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
+    """The ASGI application and its state (the slots start with the application)."""
+    server = Server(config)
+
+    async def completions(request: Request, kind: Kind, endpoint: str) -> Response:
+        try:
+            server.authorize(request)
+            job = Job(await server.read(request, kind), _no_delivery)
+            response = await _answer(server, job, request)
+        except RequestError as error:
+            server.metrics.request(endpoint, error.status)
+            return _error_response(error)
+        except Exception as error:  # never a bare 500: an OpenAI-shaped body says what failed
+            server.metrics.request(endpoint, 500)
+            return _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+        server.metrics.request(endpoint, response.status_code)
+        return response
+
+    async def chat(request: Request) -> Response:
+        return await completions(request, "chat", "chat")
+
+    async def completion(request: Request) -> Response:
+        return await completions(request, "completion", "completions")
+
+    async def models(request: Request) -> Response:
+        try:
+            server.authorize(request)
+        except RequestError as error:
+            return _error_response(error)
+        entry = {"id": server.config.name(), "object": "model", "created": server.started, "owned_by": "specstate"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request: Request) -> Response:
+        body, status = server.health()
+        return JSONResponse(body, status_code=status)
+
+    async def metrics(request: Request) -> Response:
+        try:
+            if not server.config.metrics_public:
+                server.authorize(request)
+        except RequestError as error:
+            return _error_response(error)
+        return PlainTextResponse(server.metrics.text(*server.gauges()))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(server.start)
+        try:
+            yield
+        finally:
+            server.stop()
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completion, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan), server
+
+
+def _no_delivery(item: object) -> None:
+    raise AssertionError("a job delivers only once _answer has connected it")
+
+
+def _error_response(error: RequestError) -> JSONResponse:
+    """OpenAI's error body, with ``Retry-After`` on a 429."""
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _template_source(model: Model, template: str | None) -> str:
+    """The source of the chat template the server renders with ("" for a model without one: its chats fail)."""
+    try:
+        return chat_template(model, template).source
+    except Exception:
+        return ""
+
+
+async def _answer(server: Server, job: Job, request: Request) -> Response:
+    """Queue the job, wait for its first result (so a refusal is an error status), then answer; a client that
+    leaves before then cancels the job (a streamed one's later chunks notice it in :func:`_events`)."""
+    loop = asyncio.get_running_loop()
+    results: asyncio.Queue[object] = asyncio.Queue()
+
+    def deliver(item: object) -> None:
+        loop.call_soon_threadsafe(results.put_nowait, item)
+
+    job.deliver = deliver
+    server.submit(job)
+    try:
+        first = await _unless_gone(results.get(), request)
+    finally:
+        if not job.stream:
+            job.cancelled.set()  # a no-op once the job is done; else its client went away
+    if first is _GONE:
+        return Response(status_code=CLIENT_GONE)
+    if isinstance(first, RequestError):
+        raise first
+    if job.stream:
+        return StreamingResponse(_events(job, first, results, server), media_type="text/event-stream")
+    return JSONResponse(first)
+
+
+#: The status recorded for a request whose client left before its answer (nginx's "client closed request").
+CLIENT_GONE = 499
+_GONE = object()
+
+
+async def _unless_gone(result: Awaitable[object], request: Request) -> object:
+    """``result``, or :data:`_GONE` once the client disconnects."""
+    waiting = asyncio.ensure_future(result)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, gone):
+            task.cancel()
+    return waiting.result() if waiting.done() and not waiting.cancelled() else _GONE
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body is read by then: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _events(job: Job, first: object, results: asyncio.Queue[object], server: Server) -> AsyncIterator[str]:
+    """Server-sent events: each chunk as ``data: {json}``, then ``data: [DONE]``; a client gone cancels the job."""
+    item = first
+    try:
+        while item is not DONE:
+            if isinstance(item, RequestError):
+                yield _event(item.body())
+                break
+            server.metrics.add("chunks")
+            yield _event(item)
+            item = await results.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancelled.set()  # a no-op once the job is done; else the client went away
+
+
+def _event(payload: object) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+@contextlib.contextmanager
+def running(config: ServerConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[tuple[str, Server]]:
+    """Serve in a thread of this process (``port`` 0: a free one) until the block ends; yields the base URL
+    (``http://HOST:PORT/v1``) and the server's state."""
+    import uvicorn
+
+    app, state = build_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="specstate-serve")
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{bound}/v1", state
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the server until interrupted."""
+    import uvicorn
+
+    app, _ = build_app(config)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

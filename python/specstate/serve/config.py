@@ -1,0 +1,117 @@
+"""What ``specstate serve`` runs: :class:`ServerConfig`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from specstate import _defaults
+from specstate._native import MAX_THREADS
+from specstate._typing import U32_MAX, Mode
+from specstate.serve.request import RequestLimits
+
+#: Mebibytes, the unit of the options of sizes.
+MIB = 1 << 20
+
+#: Environment variable holding the API key when ``--api-key`` is not given.
+API_KEY_VARIABLE = "SPECSTATE_API_KEY"
+
+
+class Option(NamedTuple):
+    """How a :class:`ServerConfig` field is a ``specstate serve`` option."""
+
+    help: str
+    #: The option's name, underscores for dashes (default: the field's).
+    name: str | None = None
+    #: The option's unit, in the field's (MiB for a field in bytes, say).
+    unit: int = 1
+    #: The range of a number (checked before the server starts).
+    low: float | None = None
+    high: float | None = None
+    #: A file or directory.
+    path: bool = False
+
+
+def _option(help: str, **how: Any) -> dict[str, Option]:
+    return {"option": Option(help, **how)}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What ``specstate serve`` runs: the model, how it speculates, slots, queue and limits. The command line's
+    options are made from these fields (``specstate.cli.serve``)."""
+
+    model_path: str = field(metadata=_option("target GGUF model", name="model", path=True))
+    mode: Mode = field(default=_defaults.MODE, metadata=_option("speculation mode"))
+    draft_model_path: str | None = field(
+        default=None, metadata=_option("draft GGUF model (draft and eagle3 modes)", name="draft_model", path=True)
+    )
+    n_draft: int = field(
+        default=_defaults.N_DRAFT, metadata=_option("most tokens drafted per round", low=1, high=U32_MAX)
+    )
+    #: Context length of each slot (0: the model's trained length).
+    n_ctx: int = field(default=_defaults.N_CTX, metadata=_option("context length of each slot (0: the model's)"))
+    #: Threads per slot (0: the CPUs available, shared out between the slots).
+    n_threads: int = field(
+        default=_defaults.N_THREADS,
+        metadata=_option("threads per slot (0: the CPUs shared out)", name="threads", low=0, high=MAX_THREADS),
+    )
+    slots: int = field(default=1, metadata=_option("generations run at once", low=1, high=64))
+    #: Requests that may wait for a slot; one more is refused with 429.
+    queue: int = field(default=16, metadata=_option("requests that may wait for a slot", low=0, high=1 << 16))
+    #: What one request may ask for: tokens, messages, stop strings, body size, ... (each an option).
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    api_key: str | None = field(
+        default=None,
+        metadata=_option(f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)"),
+    )
+    #: Serve ``/metrics`` without the API key (for a scraper on a trusted network).
+    metrics_public: bool = field(default=False, metadata=_option("serve /metrics without the API key"))
+    #: A chat template's Jinja source, or ``chatml`` (None: the model's own).
+    chat_template: str | None = field(
+        default=None,
+        metadata=_option("chat template: a Jinja file, or 'chatml' (default: the model's own)", name="template"),
+    )
+    #: The model name clients use (by default the file's name).
+    model_name: str | None = field(default=None, metadata=_option("the model name clients use (default: the file's)"))
+    #: Bytes of conversation checkpoints kept in memory (least recently used evicted, to the directory if any).
+    cache_bytes: int = field(
+        default=1 << 30,
+        metadata=_option("MiB of conversation checkpoints kept in memory", name="cache_mib", unit=MIB, low=0, high=MIB),
+    )
+    #: A directory keeping conversation checkpoints across restarts (None: memory only).
+    cache_dir: str | None = field(
+        default=None, metadata=_option("keep conversation checkpoints here across restarts", path=True)
+    )
+    #: Bytes of conversation checkpoints kept in ``cache_dir``.
+    cache_dir_bytes: int = field(
+        default=8 << 30,
+        metadata=_option("MiB of conversation checkpoints kept in --cache-dir", name="cache_dir_mib", unit=MIB, low=0),
+    )
+    #: Bytes of parked replies' checkpoints kept in memory; beyond them they go to ``spill_dir``, or (without
+    #: one) nothing more is parked.
+    parked_bytes: int = field(
+        default=1 << 30,
+        metadata=_option("MiB of parked replies' checkpoints kept in memory", name="parked_mib", unit=MIB, low=0),
+    )
+    #: A directory for parked replies' checkpoints beyond ``parked_bytes`` (removed when resumed).
+    spill_dir: str | None = field(
+        default=None, metadata=_option("parked replies' checkpoints beyond --parked-mib go here", path=True)
+    )
+    #: Serve from a pool of this many Ray workers (``slots`` generations each) instead of slot threads.
+    ray_workers: int = field(
+        default=0, metadata=_option("serve from this many Ray workers (needs the ray extra)", low=0, high=1024)
+    )
+    #: The Ray cluster to join (None: a local instance).
+    ray_address: str | None = field(
+        default=None, metadata=_option("the Ray cluster to join (default: a local instance)")
+    )
+
+    def name(self) -> str:
+        """The one model name this server answers to."""
+        return self.model_name or os.path.basename(self.model_path)
+
+    def threads_per_slot(self) -> int:
+        """Threads each slot decodes with: the CPUs shared out when ``n_threads`` is 0."""
+        return self.n_threads or max(1, len(os.sched_getaffinity(0)) // self.slots)

@@ -1,0 +1,131 @@
+"""What a request becomes inside the server: a :class:`Job`, the results it delivers, the counters."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specstate import Generator
+from specstate.llama import (
+    ParkedChat,
+)
+from specstate.serve.request import ServerRequest
+
+
+@dataclass
+class Job:
+    """One request on its way through a slot: what to call, and where its results go."""
+
+    request: ServerRequest
+    deliver: Callable[[object], None]  # called from the slot thread with each chunk, an exception, or DONE
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Set by the scheduler: park at the next chunk boundary.
+    preempt: threading.Event = field(default_factory=threading.Event)
+    #: The paused reply, while the job waits to be resumed (its checkpoint in ``spilled`` when that is set).
+    parked: ParkedChat | None = None
+    spilled: Path | None = None
+    parked_since: float = 0.0
+    #: When it was submitted (oldest first among equal priorities).
+    order: int = 0
+    #: The chunks of a whole (non-streamed) answer so far: every request runs as a stream, so that it can stop
+    #: when its client leaves (and a chat can park).
+    collected: list[Any] = field(default_factory=list)
+    #: The stream that made them, once it is done.
+    chunks: Iterator[Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        """``chat`` or ``completion``."""
+        return self.request.kind
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+    @property
+    def priority(self) -> int:
+        """Higher runs first; a chat of lower priority is parked to make room for a higher one."""
+        return self.request.priority
+
+    def preemptible(self) -> bool:
+        """Only a chat is parked, streamed or not (a completion runs to its end)."""
+        return self.kind == "chat"
+
+
+DONE = object()
+
+
+class Metrics:
+    """Counters for ``/metrics``, updated from the slot threads and the event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.counts: Counter[str] = Counter()
+
+    def add(self, name: str, value: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += value
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def text(self, queued: int, busy: int, parked_bytes: int) -> str:
+        lines = ["# TYPE specstate_requests_total counter"]
+        with self._lock:
+            for (endpoint, status), count in sorted(self.requests.items()):
+                lines.append(f'specstate_requests_total{{endpoint="{endpoint}",status="{status}"}} {count}')
+            for name, value in sorted(self.counts.items()):
+                lines += [f"# TYPE specstate_{name}_total counter", f"specstate_{name}_total {value}"]
+        lines += ["# TYPE specstate_queue_depth gauge", f"specstate_queue_depth {queued}"]
+        lines += ["# TYPE specstate_slots_busy gauge", f"specstate_slots_busy {busy}"]
+        lines += ["# TYPE specstate_parked_bytes gauge", f"specstate_parked_bytes {parked_bytes}"]
+        return "\n".join(lines) + "\n"
+
+
+def whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any]:
+    """The ``chat.completion`` that a whole answer's chunks make (usage from the generation that made them)."""
+    last = chunks[-1]
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+    prompt, reply = (len(generator.prompt_tokens), len(generator.tokens)) if generator is not None else (0, 0)
+    labels = (last["id"], last["created"], last["model"])
+    whole = openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=(prompt, reply))
+    parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
+    if parts:  # the call asked for log-probabilities: every chunk carries its tokens'
+        content = [entry for part in parts for entry in part["content"] or []]
+        whole["choices"][0]["logprobs"] = {"content": content, "refusal": None}
+    return whole
+
+
+def openai_result(
+    chat: bool,
+    labels: tuple[str, int, str],
+    text: str,
+    finish: str | None,
+    *,
+    usage: tuple[int, int] | None = None,
+    first: bool = False,
+) -> dict[str, Any]:
+    """An OpenAI result: with ``usage`` (prompt and reply tokens) a whole one (``chat.completion`` or
+    ``text_completion``), else a streamed chunk (``first``: a chat's, carrying the role). ``labels``: its
+    ``id``, ``created`` and ``model``."""
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if not chat:
+        kind = "text_completion"
+        choice["text"] = text
+    elif usage is not None:
+        kind = "chat.completion"
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        kind = "chat.completion.chunk"
+        choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    result: dict[str, Any] = {"id": labels[0], "object": kind, "created": labels[1], "model": labels[2]}
+    result["choices"] = [choice]
+    if usage is not None:
+        result["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+    return result

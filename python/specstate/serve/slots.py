@@ -1,0 +1,179 @@
+"""Slots: threads that each own a :class:`~specstate.Llama` and run jobs to completion."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from specstate._typing import Message
+from specstate.llama import (
+    ChatStream,
+    CompletionStream,
+    Llama,
+    UnsupportedParameterError,
+    joined_completion,
+)
+from specstate.serve.cache import ConversationCache
+from specstate.serve.config import ServerConfig
+from specstate.serve.jobs import DONE, Job, Metrics, whole_chat
+from specstate.serve.request import RequestError
+from specstate.serve.scheduler import Scheduler, unspilled
+
+
+class Slot(threading.Thread):
+    """A thread that owns one :class:`Llama` and runs jobs to completion, one at a time. It never dies on a
+    request: whatever a job raises becomes that job's error, and the slot takes the next one."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        scheduler: Scheduler,
+        metrics: Metrics,
+        cache: ConversationCache,
+        loaded: threading.Event,
+    ) -> None:
+        super().__init__(daemon=True, name="specstate-slot")
+        self.config, self.scheduler, self.metrics, self.cache, self.loaded = config, scheduler, metrics, cache, loaded
+        self.llama: Llama | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.llama = load(self.config)
+        except BaseException as error:  # reported by serve() before it listens
+            self.error = error
+            return
+        finally:
+            self.loaded.set()
+        while (job := self.scheduler.take(self._holds)) is not None:
+            try:
+                self._run(job)
+            except BaseException as error:  # the interpreter is going away: the client hears it first
+                _deliver_error(job, error)
+                raise
+            finally:
+                self.scheduler.finished(job)
+
+    def serving(self) -> bool:
+        """Whether the slot has its model and takes jobs."""
+        return self.llama is not None and self.is_alive()
+
+    def _holds(self, job: Job) -> bool:
+        generator = self.llama.chat_generator if self.llama is not None else None
+        if generator is None or job.kind != "chat":
+            return False
+        held, pairs = _pairs(generator.messages), job.request.pairs
+        return 0 < len(held) < len(pairs) and tuple(pairs[: len(held)]) == tuple(held)
+
+    def _run(self, job: Job) -> None:
+        if job.cancelled.is_set():  # its client left while it waited (parked, say)
+            if job.spilled is not None:
+                job.spilled.unlink(missing_ok=True)
+            self.metrics.add("cancelled_requests")
+            return
+        try:
+            if job.kind == "chat" and job.parked is None and not self._holds(job):
+                self._restore_cached(job)
+            if self._stream(job, self._chunks(job)):
+                return
+            if not job.stream:
+                job.deliver(self._whole(job))
+            self._count(job)
+            job.deliver(DONE)
+        except Exception as error:  # the client hears it, the slot goes on
+            _deliver_error(job, error)
+
+    def _chunks(self, job: Job) -> Iterator[Any]:
+        """The job's chunks: a new call's, or the rest of its parked reply's (every request runs as a stream,
+        so that a client that leaves stops it, and a chat can park)."""
+        assert self.llama is not None
+        if job.parked is not None:
+            self.metrics.add("parked_milliseconds", int((time.monotonic() - job.parked_since) * 1000))
+            resumed, job.parked = self.llama.resume_chat(unspilled(job)), None
+            return resumed
+        options = dict(job.request.options)
+        chunks: Iterator[Any]
+        if job.kind == "chat":
+            chunks = self.llama.create_chat_completion(options.pop("messages"), stream=True, **options)
+        else:
+            chunks = self.llama.create_completion(options.pop("prompt"), stream=True, **options)
+        return chunks
+
+    def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
+        """Deliver the chunks; True if the job stopped early (its client left, or it was parked)."""
+        for chunk in chunks:
+            if job.stream:
+                job.deliver(chunk)
+            else:
+                job.collected.append(chunk)
+            if job.cancelled.is_set():
+                chunks.close()  # type: ignore[attr-defined]
+                self.metrics.add("cancelled_requests")
+                return True
+            if job.preempt.is_set() and isinstance(chunks, ChatStream) and (parked := chunks.park()) is not None:
+                self.scheduler.park(job, parked)
+                self.metrics.add("preemptions")
+                self.metrics.add("spilled_checkpoints", job.spilled is not None)
+                return True
+        job.chunks = chunks
+        return False
+
+    def _whole(self, job: Job) -> dict[str, Any]:
+        """The whole answer that a non-streamed job's chunks make."""
+        if isinstance(job.chunks, CompletionStream):
+            return dict(joined_completion(job.collected, job.chunks.usage()))
+        assert self.llama is not None
+        return whole_chat(job.collected, self.llama.chat_generator)
+
+    def _count(self, job: Job) -> None:
+        """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""
+        generator = self.llama.chat_generator if self.llama is not None and job.kind == "chat" else None
+        if generator is not None:
+            self.metrics.add("generated_tokens", len(generator.tokens))
+            self.metrics.add("drafted_tokens", generator.drafted)
+            self.metrics.add("accepted_tokens", generator.accepted)
+            self.cache.put(_pairs(generator.messages), generator.checkpoint())
+            self.metrics.add("conversations_cached")
+
+    def _restore_cached(self, job: Job) -> None:
+        """Continue the longest cached conversation that the job's messages extend, if there is one (one of
+        another model, build or chat template is passed over: the turn is decoded from its messages)."""
+        assert self.llama is not None
+        found = self.cache.longest(job.request.pairs)
+        if found is None:
+            return
+        try:
+            self.llama.restore_chat(found[1])
+        except Exception:
+            return
+        self.metrics.add("conversations_restored")
+
+
+def _deliver_error(job: Job, error: BaseException) -> None:
+    """Tell the job's client why it failed: a bad argument is a 400, anything else a 500."""
+    if isinstance(error, RequestError):
+        job.deliver(error)
+    elif isinstance(error, (TypeError, ValueError, UnsupportedParameterError)):
+        job.deliver(RequestError(400, str(error)))
+    else:  # the model failed (a full context, say)
+        job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+
+
+def _pairs(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """Role and text of each of a generator's messages."""
+    return [(message["role"], message["content"]) for message in messages]
+
+
+def load(config: ServerConfig) -> Llama:
+    return Llama(
+        config.model_path,
+        n_ctx=config.n_ctx,
+        n_threads=config.threads_per_slot(),
+        mode=config.mode,
+        draft_model_path=config.draft_model_path,
+        n_draft=config.n_draft,
+        chat_template=config.chat_template,
+        seed=-1,
+    )
