@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from peer_venv import PEER_VENV
 from specstate import Model, json_schema_to_grammar
 from specstate.bench import CODE_PROMPT, interleave, pair_ratio, timed_generation
 from specstate.smollm2 import smollm2_path
 
-PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 PEER = Path(__file__).resolve().parent / "peer_llama_cpp_python.py"
 #: llama-cpp-python's chat defaults (as benchmarks/peer_llama_cpp_python.py's CHAIN).
 CHAIN: dict[str, Any] = dict(temperature=0.2, top_p=0.95, top_k=40, min_p=0.05, typical_p=1.0, repeat_penalty=1.0)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from llama_cpp_spec import KERNEL_FLAGS, llama_cpp_source
+from peer_venv import peer_python
 from specstate import Model, native_info
 from specstate.bench import (
     CODE_PROMPT,
@@ -55,41 +56,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: Greedy tokens per speculation run.
 SPECULATION_TOKENS = 160
 
-PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
-LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 TARGET_DIR = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "specstate-target"))
 
 
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def peer_python() -> Path:
-    """The bench venv's python, with llama-cpp-python built from its sdist (once)."""
-    python = PEER_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
-    probe = subprocess.run([str(python), "-c", "import llama_cpp"], capture_output=True)
-    if probe.returncode != 0:
-        log(f"building {LLAMA_CPP_PYTHON} from its sdist (several minutes on 2 cores)")
-        env = dict(os.environ, CMAKE_ARGS=" ".join(KERNEL_FLAGS))
-        subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-binary",
-                "llama-cpp-python",
-                LLAMA_CPP_PYTHON,
-                "numpy",
-                "matplotlib",
-            ],
-            check=True,
-            env=env,
-        )
-    return python
 
 
 def llama_bench() -> Path:

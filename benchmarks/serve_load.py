@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import socket
 import statistics
@@ -38,9 +37,9 @@ from typing import Any
 
 import openai
 
+from peer_venv import PEER_VENV
 from specstate.smollm2 import smollm2_path
 
-PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 PROMPTS = [
     "Write a short story about a lighthouse keeper.",
     "List ten fruits and one fact about each.",

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from peer_venv import peer_python
 from specstate import Generator, Model
 from specstate.bench import (
     CODE_PROMPT,
@@ -204,7 +205,6 @@ def build_peers(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
     if args.skip_peers:
         return {}
     from llama_cpp_spec import build_llama_spec
-    from run import peer_python
 
     log("building the peers (once; several minutes on 2 cores)")
     binary = build_llama_spec()

@@ -37,7 +37,7 @@ def run_serve_demo() -> bool:
     """Run the demo; returns whether the parked and resumed stream equals the uninterrupted reply."""
     out = Console(highlight=False)
     path = smollm2_path()
-    config = ServerConfig(model_path=str(path), mode="ngram", n_ctx=2048, slots=1, queue=4)
+    config = ServerConfig(model_path=str(path), mode="ngram", slots=1, queue=4)
     question = f"Here is a notice:\n\n{NOTICE}\n\nCopy the notice word for word."
     with running(config) as (url, state):
         out.print(f"[bold]specstate serve[/bold] at {url}: {SMOLLM2_FILE}, mode ngram, one slot")
@@ -47,7 +47,7 @@ def run_serve_demo() -> bool:
         out.print(f"urgent reply, served in {seconds:.2f} s: {urgent!r}")
         out.print(f"preemptions: {state.metrics.counts['preemptions']}, the stream parked for {parked_ms} ms")
     out.print(streamed.rstrip() + "\n", markup=False)
-    generator = Generator(Model(path), mode="ngram", n_ctx=2048)
+    generator = Generator(Model(path), mode="ngram")
     same = streamed == generator.chat(question, max_tokens=TOKENS)
     colour = "green" if same else "red"
     out.print(f"[bold {colour}]streamed text identical to the uninterrupted reply: {same}[/]")

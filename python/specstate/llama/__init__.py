@@ -4,7 +4,7 @@
 
     from specstate import Llama  # was: from llama_cpp import Llama
 
-    llm = Llama("model.gguf", n_ctx=2048, mode="ngram")  # mode, draft_model_path, n_draft: specstate's own
+    llm = Llama("model.gguf", n_ctx=4096, mode="ngram")  # mode, draft_model_path, n_draft: specstate's own
     out = llm("Q: Name the planets. A:", max_tokens=32, stop=["Q:"])
     print(out["choices"][0]["text"])
     reply = llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])
