@@ -206,7 +206,7 @@ bench: develop
 	$(BIN)/python benchmarks/report.py --record-run
 
 # docs/benchmarks.md from benchmarks/results/*.json and the text of benchmarks/benchmarks.md.template, measuring
-# nothing (`make bench` and `make bench-speculation` rebuild it after their runs; tests/test_bench.py checks it).
+# nothing (`make bench` and `make bench-speculation` rebuild it after their runs; tests/project/test_bench.py checks it).
 bench-report: develop
 	$(BIN)/python benchmarks/report.py
 
@@ -243,7 +243,7 @@ bench-cluster: develop
 	$(BIN)/python benchmarks/cluster.py --json benchmarks/results/cluster.json --chart benchmarks/results/cluster.png
 
 fuzz: develop
-	$(BIN)/python tests/checkpoint_fuzz.py --cases 100000 --smollm2-share 0.05 --json benchmarks/results/fuzz.json
+	$(BIN)/python tests/support/checkpoint_fuzz.py --cases 100000 --smollm2-share 0.05 --json benchmarks/results/fuzz.json
 
 # The Python suite against llama.cpp and the crate's shims built with AddressSanitizer
 # (own target directory and .venv-asan; the first run compiles llama.cpp again).

@@ -4,7 +4,7 @@
 ``benchmarks/benchmarks.md.template`` with the figures of ``benchmarks/results/*.json``: every measured figure on
 the page comes from those files, so that text and figures cannot drift apart. ``make bench-report`` writes the page
 from the results in the tree without measuring anything (``make bench`` and ``make bench-speculation`` do it after
-their runs); tests/test_bench.py checks that the page in the tree is what they give.
+their runs); tests/project/test_bench.py checks that the page in the tree is what they give.
 
 ``record_run`` adds the headline ratios of a finished ``make bench`` run (latest.json and the chain runs) to
 ``runs.json``, so that the page shows how they hold from run to run on a shared machine, not one run's luck.

@@ -6,7 +6,7 @@
 # build), so `make`, `cargo build`, `maturin build` and `pip install .` all read it. CMake reads a toolchain file
 # at the start of every configure, before any source is compiled: this one applies patches/*.patch (in name
 # order) to the source tree being configured. LLAMA_SPECSTATE_PATCHES in .cargo/config.toml is the SHA-256 of
-# the patches (tests/test_build.py keeps it so): the sys crate reruns its build when a LLAMA_* variable changes.
+# the patches (tests/project/test_build.py keeps it so): the sys crate reruns its build when a LLAMA_* variable changes.
 #
 # Idempotent: the files a patch touches are kept as they came (*.specstate-orig) before the first patch, and a
 # stamp records the patch set applied; another patch set restores the originals and applies the new set.

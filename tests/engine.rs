@@ -1,14 +1,15 @@
 //! The round engine on the real SmolLM2-135M-Instruct model, with no Python:
 //! every drafter that needs no extra model (none, n-gram, a draft model),
 //! exact resume from a captured boundary, the rules for a full context and an
-//! end-of-generation token, and argument errors. `make test-rust` fetches
+//! end-of-generation token, argument errors, and grammars over the bounds of
+//! llama.cpp's grammar engine (patch 0004). `make test-rust` fetches
 //! the model first (SPECSTATE_SMOLLM2 names it; otherwise the cache).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use specstate::generator::{Generator, GeneratorConfig, Mode, NgramConfig, RuntimeOptions};
-use specstate::native::{Context, ContextKind, ContextParams, Model};
+use specstate::native::{Context, ContextKind, ContextParams, Model, NativeError};
 use specstate::sampling::SamplingParams;
 use specstate::session::{DraftSession, SessionConfig, SessionError, SpecType};
 use specstate::Error;
@@ -252,4 +253,58 @@ fn a_session_refuses_a_configuration_or_contexts_that_cannot_work() {
 fn refused(target: &mut Context, draft: &mut Context, config: SessionConfig) -> SessionError {
     let session = DraftSession::new(target, draft, config);
     session.err().expect("refused")
+}
+
+/// A grammar whose `levels` nested rules have ten alternatives each (a rule of
+/// the next level, then a digit): 10^levels parse stacks once `root` reaches `l1`.
+fn nested_alternatives(levels: usize, root: &str) -> String {
+    let mut rules = format!("root ::= {root}\n");
+    for level in 1..=levels {
+        let inner = if level < levels {
+            format!("l{} ", level + 1)
+        } else {
+            String::new()
+        };
+        let alternatives: Vec<String> =
+            (0..10).map(|digit| format!("{inner}\"{digit}\"")).collect();
+        rules.push_str(&format!("l{level} ::= {}\n", alternatives.join(" | ")));
+    }
+    rules
+}
+
+#[test]
+fn a_grammar_over_the_engines_bounds_is_refused_with_a_typed_error() {
+    let _serial = serial();
+    let bound = "more than 1024 parse stacks at one point (LLAMA_GRAMMAR_MAX_STACKS)";
+    let runtime = RuntimeOptions { n_threads: 1 };
+    let mut exploding = config(Mode::None, 0.0, 256);
+    exploding.sampling.grammar = Some(nested_alternatives(6, "l1"));
+    match Generator::new(smollm2(), None, exploding, runtime) {
+        Err(Error::Setting(error)) => {
+            assert!(
+                error.field == "grammar" && error.reason.contains(bound),
+                "{error}"
+            );
+        }
+        other => panic!("expected the grammar's SettingError, got {:?}", other.err()),
+    }
+    // Two stacks at first, a million after an "a": refused when the first token is chosen.
+    let mut late = config(Mode::None, 0.0, 256);
+    late.sampling.grammar = Some(nested_alternatives(6, "\"a\" l1 | \"b\""));
+    let mut generator = Generator::new(smollm2(), None, late, runtime).expect("two stacks");
+    match generator.prefill(&prompt("Say a:")) {
+        Err(Error::Native(NativeError::InvalidArgument(message))) => {
+            assert!(message.contains(bound), "{message}");
+        }
+        other => panic!("expected the grammar's NativeError, got {other:?}"),
+    }
+    assert!(!generator.started(), "the prompt's decode is undone");
+    let mut sampling = generator.config().sampling.clone();
+    sampling.grammar = Some("root ::= \"b\" [a-z]*".into());
+    generator.set_sampling(sampling).expect("a bounded grammar");
+    let first = generator.prefill(&prompt("Say a:")).expect("prefill");
+    let mut reply = vec![first];
+    reply.extend(take(&mut generator, 4));
+    let text = smollm2().detokenize(&reply, false).expect("detokenize");
+    assert!(text.starts_with(b"b"), "{text:?}");
 }

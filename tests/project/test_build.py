@@ -6,7 +6,7 @@ import hashlib
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PATCHES = ROOT / "llama-cpp-sys-4" / "patches"
 
 

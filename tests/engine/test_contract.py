@@ -34,7 +34,7 @@ from specstate import (
 from specstate import errors as errors_module
 from specstate import strategies as sst
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Integers concentrated on the interesting edges, but reaching far beyond 64 bits.
 EDGES = [

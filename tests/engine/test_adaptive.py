@@ -25,7 +25,7 @@ from conftest import examples
 from specstate import ConfigMismatchError, Generator, GeneratorSettings, Model, inspect_checkpoint
 from specstate_testkit.generator_support import sampling, tiny_generator, tiny_resume_matches
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
 SPECULATIVE = ("ngram", "draft", "mtp", "eagle3")
 #: Text that repeats, so that prompt lookup drafts and is often right (on the tiny models, whose greedy
 #: output cycles through 131 tokens, generations of 150 tokens repeat themselves).

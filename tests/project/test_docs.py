@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "llama-cpp-sys-4" / "README.md"]
 #: The repository's top-level folders: a reference that starts with one is a path of the repository.
 TOP = ("python/", "src/", "tests/", "docs/", "benchmarks/", "scripts/", "llama-cpp-sys-4/", "examples/", "cmake/")

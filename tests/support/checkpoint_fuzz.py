@@ -54,9 +54,9 @@ address-space limit), ``unexpected-accept`` / ``unexpected-accept-positions``,
 
 Usage::
 
-    python tests/checkpoint_fuzz.py --cases N [--seed S] [--json OUT] [--workers 2]
+    python tests/support/checkpoint_fuzz.py --cases N [--seed S] [--json OUT] [--workers 2]
         [--timeout 60] [--smollm2-share 0.2] [--load-share 0.15] [--bases DIR]
-    python tests/checkpoint_fuzz.py worker --bases DIR --seed S --start A --stop B
+    python tests/support/checkpoint_fuzz.py worker --bases DIR --seed S --start A --stop B
 
 ``--bases DIR`` keeps the base checkpoints in DIR (and reuses them while the
 native build is the same), so that a failing case can be replayed alone with
@@ -1676,7 +1676,7 @@ def mutate_memory(ctx: Context) -> Mutation:
     changes: dict[str, Any] = {"n_draft": n_draft, "n_batch": n_batch, "n_ctx": n_ctx}
     if ctx.rng.random() < 0.5:
         # A recorded count within the CPUs or past them. One past them is capped to the CPUs when the restore
-        # names none (tests/test_checkpoint.py); here it names 1, since more would spin threads against the
+        # names none (tests/engine/test_checkpoint.py); here it names 1, since more would spin threads against the
         # other worker on the same cores, seconds per token.
         changes["n_threads"] = ctx.pick([1, AVAILABLE_CPUS + 1, 64, MAX_THREADS])
         ctx.threads = None if changes["n_threads"] == 1 else 1

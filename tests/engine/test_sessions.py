@@ -41,7 +41,7 @@ from specstate import (
 from specstate_testkit.reference import error_from_another_thread, outcomes_during
 from specstate_testkit.reference import plain_greedy as reference_greedy
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
 PROMPTS = ["hello speculative world", "the quick brown fox", "abc", "state is exact; resume it!"]
 
 

@@ -93,7 +93,7 @@ def rewrite_meta(data: bytes, **changes: Any) -> bytes:
     return reseal_sections(data, {"meta": json.dumps(content, separators=(",", ":")).encode()})
 
 
-# --- layouts, for crafting structurally wrong checkpoints (tests/checkpoint_fuzz.py) -----------
+# --- layouts, for crafting structurally wrong checkpoints (tests/support/checkpoint_fuzz.py) -----------
 
 
 def parse(data: bytes) -> tuple[dict[str, Any], list[tuple[int, str, int, bytes]]]:

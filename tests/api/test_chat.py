@@ -14,7 +14,7 @@ from specstate._native import ChatTemplate
 from specstate_testkit import models
 from specstate_testkit.generator_support import MODES, TINY_CTX, tiny_generator
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
 REPLY_TOKENS = 12
 
 #: A hand-written template for the tiny models: role markers, EOS closes the assistant's turns.

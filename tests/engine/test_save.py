@@ -174,7 +174,9 @@ def killed_while_saving(tiny_map: dict[str, Path], path: Path) -> tuple[int, lis
     """A process saving to ``path`` in a loop, killed (``SIGKILL``) while a temporary exists: its pid, what it left."""
     paths = json.dumps({name: str(p) for name, p in tiny_map.items()})
     writer = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(WRITER), paths, str(path)], cwd=Path(__file__).parent, text=True
+        [sys.executable, "-c", textwrap.dedent(WRITER), paths, str(path)],
+        cwd=Path(__file__).resolve().parent.parent / "support",
+        text=True,
     )
     try:
         left = stop_while_saving(writer, path.parent, path.name)

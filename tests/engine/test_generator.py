@@ -31,7 +31,7 @@ from specstate_testkit.generator_support import (
 )
 from specstate_testkit.reference import plain_greedy
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
 #: A prompt that repeats itself, so that prompt lookup drafts and gets accepted.
 REPEATING = (
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"

@@ -369,7 +369,7 @@ def test_after_hostile_bodies_the_server_serves_a_normal_chat(live: Live) -> Non
 
 def test_the_limits_table_of_the_server_page_is_request_limits() -> None:
     """docs/server.md lists every limit with its option and default: the ones RequestLimits has."""
-    page = (Path(__file__).parent.parent / "docs" / "server.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
     table = dict(re.findall(r"^\| [^|]+ \| `--([a-z-]+)` \| ([\d,]+) \|$", page, re.MULTILINE))
     defaults = {limit.name.replace("_", "-"): limit.default for limit in fields(RequestLimits)}
     assert {option: int(value.replace(",", "")) for option, value in table.items() if option != "queue"} == defaults

@@ -45,7 +45,7 @@ def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).resolve().parent.parent / "support",
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "system-deps.sh"
 
 # One fake library directory: (name, kind) entries, kind being "file", "link" (a symlink to a real

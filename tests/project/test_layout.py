@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"specstate": ROOT / "python" / "specstate", "specstate_testkit": ROOT / "python" / "specstate_testkit"}
 #: The most lines of one source file (generated code and test tables excepted, below).
 MOST_LINES = 800
 #: Files allowed to be longer: test tables and fuzzers (data more than logic).
-LONG_FILES = {"tests/checkpoint_fuzz.py"}
+LONG_FILES = {"tests/support/checkpoint_fuzz.py"}
 
 
 def _modules() -> dict[str, Path]:
@@ -34,7 +34,7 @@ def _imports(tree: ast.Module, module: str, known: dict[str, Path]) -> Iterator[
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
-        for child in [node] if not isinstance(node, ast.If | ast.Try) else ast.walk(node):
+        for child in [node] if not isinstance(node, (ast.If, ast.Try)) else ast.walk(node):
             if isinstance(child, ast.Import):
                 yield from (alias.name for alias in child.names if alias.name in known)
             elif isinstance(child, ast.ImportFrom) and child.module is not None and child.level == 0:

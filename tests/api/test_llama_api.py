@@ -560,7 +560,7 @@ def test_a_parked_chat_stream_resumes_elsewhere_token_for_token(tiny_chat: Path,
 
 
 def test_the_llama_cpp_python_chat_example_runs(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parent.parent / "examples" / "llama_cpp_python_chat.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama_cpp_python_chat.py"
     questions = ["--ask", "What is the capital of France?", "--ask", "And of Italy?"]
     result = subprocess.run(
         [sys.executable, str(example), *questions, "--seed", "1", "--threads", "2", "--max-tokens", "48"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "python" / "specstate"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "specstate"
 
 #: `typing` names added after Python 3.9 (3.10: TypeAlias and friends; 3.11; 3.12; 3.13).
 NEWER_TYPING = {
