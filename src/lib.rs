@@ -1,7 +1,10 @@
 //! specstate: speculative decoding on llama.cpp with exact, checkpointable state.
 //!
-//! Layout: [`speculative`] is the seed contract (bounds, errors, validators and
-//! the capture/restore protocol over the `mtp_session_*` shim);
+//! Layout: [`limits`] is a leaf of bounds and of the rules over bare numbers
+//! (threads, context lengths, rows, grammar sizes) that both the native layer
+//! and the settings read; [`speculative`] is the seed contract (bounds,
+//! errors, validators and the capture/restore protocol over the
+//! `mtp_session_*` shim's state calls);
 //! [`native`] is the safe layer of RAII owners over llama.cpp's handles,
 //! the only module that calls llama.cpp (its `info` describes the native
 //! build); [`settings`] holds the one
@@ -24,6 +27,7 @@ pub mod engine;
 mod error;
 pub mod generator;
 pub mod greedy_generation;
+pub mod limits;
 mod messages;
 pub mod native;
 pub mod sampling;

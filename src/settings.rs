@@ -3,17 +3,14 @@
 //! Every path that builds a setting (the Python constructor, a checkpoint's
 //! metadata, the CLI through the constructor) goes through the validating
 //! constructors here: [`Mode::parse`], [`NgramConfig::validate`],
-//! [`GeneratorConfig::validate`] and [`RuntimeOptions::validate`].
+//! [`GeneratorConfig::validate`] and [`RuntimeOptions::validate`]. The
+//! bounds and the rules over bare numbers that the native layer shares
+//! (`check_threads`, `resolve_n_ctx`, `SettingError`) are in the leaf
+//! [`crate::limits`], re-exported here.
 
-/// A setting outside its range: the setting's name and why.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field} {reason}")]
-pub struct SettingError {
-    /// The setting (`n_ctx`, `n_batch`, `n_draft`, `temperature`, ...).
-    pub field: &'static str,
-    /// What is wrong with its value.
-    pub reason: String,
-}
+pub use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_THREADS};
+use crate::limits::{MAX_BATCH_ROWS, MAX_GRAMMAR_BYTES};
+use crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS;
 
 fn refuse(field: &'static str, reason: String) -> Result<(), SettingError> {
     Err(SettingError { field, reason })
@@ -182,7 +179,7 @@ impl SamplingParams {
         let Some(text) = &self.grammar else {
             return Ok(());
         };
-        let most = crate::native::MAX_GRAMMAR_BYTES;
+        let most = MAX_GRAMMAR_BYTES;
         if text.trim().is_empty() {
             return refuse("grammar", "is empty (give None for no grammar)".into());
         }
@@ -384,30 +381,6 @@ pub fn parse_draft_policy(name: &str) -> Result<bool, SettingError> {
     }
 }
 
-/// The one rule for a context length: `n_ctx` 0 means the model's trained
-/// length `n_ctx_train` (llama.cpp's and llama-cpp-python's meaning);
-/// otherwise from 2 to that length (to any length when the model records
-/// none, `n_ctx_train` 0, or when no model is known yet). The resolved length.
-pub fn resolve_n_ctx(n_ctx: u32, n_ctx_train: u32) -> Result<u32, SettingError> {
-    let resolved = if n_ctx == 0 { n_ctx_train } else { n_ctx };
-    if resolved >= 2 && (n_ctx_train == 0 || resolved <= n_ctx_train) {
-        return Ok(resolved);
-    }
-    let reason = match (n_ctx, n_ctx_train) {
-        (0, 0) => "is 0, the model's trained context length, which this model does not record: \
-                   give a length of at least 2"
-            .to_owned(),
-        (_, 0) => format!("must be 0 (the model's trained context length) or at least 2, not {n_ctx}"),
-        (_, trained) => format!(
-            "must be between 2 and the model's trained context length {trained} (0: that length), not {n_ctx}"
-        ),
-    };
-    Err(SettingError {
-        field: "n_ctx",
-        reason,
-    })
-}
-
 impl GeneratorConfig {
     /// Check every setting that does not depend on a model: the one rule for
     /// the constructor, checkpoints and the CLI. `n_ctx` may be 0 (the
@@ -417,7 +390,7 @@ impl GeneratorConfig {
         if self.n_ctx != 0 {
             resolve_n_ctx(self.n_ctx, 0)?;
         }
-        let most_rows = u32::try_from(crate::native::MAX_BATCH_ROWS).unwrap_or(u32::MAX);
+        let most_rows = u32::try_from(MAX_BATCH_ROWS).unwrap_or(u32::MAX);
         if self.n_batch == 0 || self.n_batch > most_rows {
             return refuse(
                 "n_batch",
@@ -471,7 +444,7 @@ impl GeneratorConfig {
     }
 
     fn validate_n_draft(&self) -> Result<(), SettingError> {
-        let most = crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32;
+        let most = MAX_SPECULATIVE_DRAFT_TOKENS as u32;
         if self.n_draft > most {
             return refuse(
                 "n_draft",
@@ -494,25 +467,6 @@ impl GeneratorConfig {
             );
         }
         Ok(())
-    }
-}
-
-/// The most threads a context may use: ggml's `GGML_MAX_N_THREADS`. Beyond
-/// it ggml's thread pool aborts the process instead of failing.
-pub const MAX_THREADS: i32 = 512;
-
-/// The one rule for a thread count, wherever one comes from (a context, a
-/// generator, a restore, a checkpoint's record, the command line): 0 (the
-/// CPUs available) to [`MAX_THREADS`]. The count, narrowed to `i32`.
-pub fn check_threads(n_threads: i64) -> Result<i32, SettingError> {
-    match i32::try_from(n_threads) {
-        Ok(n) if (0..=MAX_THREADS).contains(&n) => Ok(n),
-        _ => Err(SettingError {
-            field: "n_threads",
-            reason: format!(
-                "must be between 0 (the CPUs available) and {MAX_THREADS}, not {n_threads}"
-            ),
-        }),
     }
 }
 
@@ -595,7 +549,7 @@ mod tests {
             ),
             (
                 GeneratorConfig {
-                    n_batch: crate::native::MAX_BATCH_ROWS as u32 + 1,
+                    n_batch: MAX_BATCH_ROWS as u32 + 1,
                     ..config(Mode::None)
                 },
                 "n_batch",

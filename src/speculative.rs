@@ -1,6 +1,9 @@
 //! Shared exact-state contracts for speculative draft sessions.
-
-use crate::native::SessionHandle;
+//!
+//! A leaf but for the message tables (`crate::messages`): the capture and
+//! restore protocol runs over [`SessionState`], the shim's three state calls,
+//! which `native::SessionHandle` implements, so this contract imports nothing
+//! of the native layer.
 
 /// Maximum speculative continuation bytes copied through the safe API.
 pub const MAX_SPECULATIVE_STATE_BYTES: usize = 64 * 1024 * 1024;
@@ -144,8 +147,23 @@ impl std::fmt::Display for SpeculativeStateError {
 
 impl std::error::Error for SpeculativeStateError {}
 
+/// The shim's state calls on one live session, as the protocol below makes
+/// them (`mtp_session_state_size`, `_get` and `_set`; `native::SessionHandle`
+/// implements them over its own session).
+pub trait SessionState {
+    /// `mtp_session_state_size`: the status, and the bytes of `seq_id`'s state.
+    fn state_size(&self, seq_id: i32) -> (llama_cpp_sys_4::mtp_state_status, usize);
+
+    /// `mtp_session_state_get` into `out`: the status, and the bytes written
+    /// (on `MTP_STATE_STATUS_BUFFER_SMALL`: the bytes needed).
+    fn state_get(&self, seq_id: i32, out: &mut [u8]) -> (llama_cpp_sys_4::mtp_state_status, usize);
+
+    /// `mtp_session_state_set`: restore `seq_id`'s state from `state`.
+    fn state_set(&mut self, seq_id: i32, state: &[u8]) -> llama_cpp_sys_4::mtp_state_status;
+}
+
 pub(crate) fn capture_state(
-    session: &SessionHandle,
+    session: &impl SessionState,
     seq_id: i32,
 ) -> Result<Vec<u8>, SpeculativeStateError> {
     let (status, size) = session.state_size(seq_id);
@@ -171,7 +189,7 @@ pub(crate) fn capture_state(
 }
 
 pub(crate) fn restore_state(
-    session: &mut SessionHandle,
+    session: &mut impl SessionState,
     seq_id: i32,
     state: &[u8],
 ) -> Result<(), SpeculativeStateError> {

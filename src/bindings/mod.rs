@@ -14,6 +14,7 @@ mod validators;
 use pyo3::prelude::*;
 
 use crate::checkpoint::MAX_CHECKPOINT_BYTES;
+use crate::limits::{MAX_GRAMMAR_BYTES, MAX_THREADS};
 use crate::speculative::{
     SpeculativeStateError, MAX_SPECULATIVE_DRAFT_TOKENS, MAX_SPECULATIVE_PROMPT_TOKENS,
     MAX_SPECULATIVE_SEQUENCES, MAX_SPECULATIVE_STATE_BYTES,
@@ -24,8 +25,8 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     info::ensure_cpu_supported()?;
     errors::classes::import_all(module.py())?;
     module.add("MAX_CHECKPOINT_BYTES", MAX_CHECKPOINT_BYTES)?;
-    module.add("MAX_GRAMMAR_BYTES", crate::native::MAX_GRAMMAR_BYTES)?;
-    module.add("MAX_THREADS", crate::settings::MAX_THREADS)?;
+    module.add("MAX_GRAMMAR_BYTES", MAX_GRAMMAR_BYTES)?;
+    module.add("MAX_THREADS", MAX_THREADS)?;
     module.add(
         "SPECULATIVE_STATE_MESSAGES",
         std::collections::BTreeMap::from(SpeculativeStateError::MESSAGES),

@@ -5,11 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use llama_cpp_sys_4 as sys;
 
 use super::{NativeError, NativeResult};
-
-/// The most rows a batch may hold. `llama_batch_init` allocates every per-row
-/// array up front (about 40 bytes a row) and does not check its allocations,
-/// so the capacity is bounded before it is called.
-pub const MAX_BATCH_ROWS: usize = 1 << 20;
+use crate::limits::MAX_BATCH_ROWS;
 
 /// Stamps of batch contents: never reused in a process, unlike addresses.
 static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);

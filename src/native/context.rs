@@ -7,6 +7,7 @@ use llama_cpp_sys_4 as sys;
 
 use super::seq_state::{check_recurrent_cells, Memories};
 use super::{Batch, Model, NativeError, NativeResult};
+use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS, MAX_SEQUENCES};
 use crate::speculative::SpeculativeContextCapacity;
 
 /// Which computation a context runs.
@@ -20,11 +21,11 @@ pub enum ContextKind {
 
 impl ContextKind {
     /// The kind called `default` or `mtp`.
-    pub fn parse(name: &str) -> Result<Self, crate::settings::SettingError> {
+    pub fn parse(name: &str) -> Result<Self, SettingError> {
         match name {
             "default" => Ok(Self::Default),
             "mtp" => Ok(Self::Mtp),
-            other => Err(crate::settings::SettingError {
+            other => Err(SettingError {
                 field: "kind",
                 reason: format!("must be 'default' or 'mtp', not {other:?}"),
             }),
@@ -82,22 +83,18 @@ pub struct ContextBytes {
     pub compute: u64,
 }
 
-/// The most sequences a context may hold: llama.cpp's `LLAMA_MAX_SEQ`.
-pub const MAX_SEQUENCES: u32 = 256;
-
 /// Refuse, before llama.cpp sees them, parameters it would abort on or that
 /// would allocate more than the model was made for; the context length,
-/// resolved (`crate::settings::resolve_n_ctx`: 0 is the trained length).
+/// resolved ([`resolve_n_ctx`]: 0 is the trained length).
 fn check_params(
     model: &Model,
     params: &ContextParams,
     other: Option<&Context>,
 ) -> NativeResult<u32> {
     let invalid = |message: String| Err(NativeError::InvalidArgument(message));
-    let setting = |e: crate::settings::SettingError| NativeError::InvalidArgument(e.to_string());
-    let n_ctx =
-        crate::settings::resolve_n_ctx(params.n_ctx, model.n_ctx_train()).map_err(setting)?;
-    let max_rows = u32::try_from(super::MAX_BATCH_ROWS).unwrap_or(u32::MAX);
+    let setting = |e: SettingError| NativeError::InvalidArgument(e.to_string());
+    let n_ctx = resolve_n_ctx(params.n_ctx, model.n_ctx_train()).map_err(setting)?;
+    let max_rows = u32::try_from(MAX_BATCH_ROWS).unwrap_or(u32::MAX);
     for (name, value) in [("n_batch", params.n_batch), ("n_ubatch", params.n_ubatch)] {
         if value == 0 || value > max_rows {
             return invalid(format!(
@@ -111,7 +108,7 @@ fn check_params(
             params.n_seq_max
         ));
     }
-    crate::settings::check_threads(params.n_threads.into()).map_err(setting)?;
+    check_threads(params.n_threads.into()).map_err(setting)?;
     if let Some(other) = other {
         let theirs = other.model();
         if theirs.n_embd() != model.n_embd() || theirs.n_vocab() != model.n_vocab() {

@@ -13,7 +13,7 @@ use super::chat::last_shim_error;
 use super::{Model, NativeError, NativeResult};
 
 /// The longest grammar accepted, from a caller or a file (bytes).
-pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+pub use crate::limits::MAX_GRAMMAR_BYTES;
 
 /// The start symbol of every grammar (as llama.cpp's tools and llama-cpp-python).
 const ROOT: &std::ffi::CStr = c"root";

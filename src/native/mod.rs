@@ -16,12 +16,13 @@ mod model;
 mod seq_state;
 mod session;
 
+/// The native layer's bounds, owned by the leaf [`crate::limits`].
+pub use crate::limits::{MAX_BATCH_ROWS, MAX_SEQUENCES};
 pub use backend::ensure_backend;
-pub use batch::{Batch, MAX_BATCH_ROWS};
+pub use batch::Batch;
 pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
 pub use context::{
     available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
-    MAX_SEQUENCES,
 };
 pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;

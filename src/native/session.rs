@@ -13,7 +13,8 @@ use llama_cpp_sys_4 as sys;
 
 use super::context::ContextHandle;
 use super::{Batch, Context};
-use crate::settings::SettingError;
+use crate::limits::SettingError;
+use crate::speculative::SessionState;
 
 /// The status of a speculative-state call, as the shim reports it.
 pub use sys::mtp_state_status as StateStatus;
@@ -221,9 +222,13 @@ impl SessionHandle {
         // SAFETY: the session is live; the shim only reads it.
         unsafe { sys::mtp_session_need_embd_pre_norm(self.raw.as_ptr()) }
     }
+}
 
+/// The shim's state calls, through which the seed's capture and restore
+/// protocol (`crate::speculative::capture_state`, `restore_state`) runs.
+impl SessionState for SessionHandle {
     /// `mtp_session_state_size`: the status, and the bytes of `seq_id`'s state.
-    pub fn state_size(&self, seq_id: i32) -> (StateStatus, usize) {
+    fn state_size(&self, seq_id: i32) -> (StateStatus, usize) {
         let mut size = 0_usize;
         // SAFETY: the session is live and only read; `size` is a live output
         // for the duration of the synchronous call.
@@ -234,7 +239,7 @@ impl SessionHandle {
 
     /// `mtp_session_state_get` into `out`: the status, and the bytes written
     /// (on `MTP_STATE_STATUS_BUFFER_SMALL`: the bytes needed).
-    pub fn state_get(&self, seq_id: i32, out: &mut [u8]) -> (StateStatus, usize) {
+    fn state_get(&self, seq_id: i32, out: &mut [u8]) -> (StateStatus, usize) {
         let mut written = 0_usize;
         // SAFETY: `out` has exactly `out.len()` writable bytes and the session
         // is live and only read during the synchronous call.
@@ -251,7 +256,7 @@ impl SessionHandle {
     }
 
     /// `mtp_session_state_set`: restore `seq_id`'s state from `state`.
-    pub fn state_set(&mut self, seq_id: i32, state: &[u8]) -> StateStatus {
+    fn state_set(&mut self, seq_id: i32, state: &[u8]) -> StateStatus {
         // SAFETY: `state` remains live and immutable for the synchronous
         // call; the session is exclusively borrowed.
         unsafe {
