@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use specstate::native::{Batch, Context, ContextParams, Model};
+use specstate::native::{Batch, Context, ContextKind, ContextParams, Model};
+use specstate::settings::GeneratorConfig;
 
 const PROMPT: &str =
     "Write a short story about a lighthouse keeper who finds a message in a bottle. \
@@ -27,13 +28,19 @@ fn argmax(logits: &[f32]) -> i32 {
 
 /// One run: (prefill seconds, decode seconds, tokens generated).
 fn run(model: &Arc<Model>, prompt: &[i32], tokens: usize, threads: i32) -> (f64, f64, Vec<i32>) {
+    // The rows of a generator's contexts by default.
+    let n_batch = GeneratorConfig::DEFAULT.n_batch;
     let params = ContextParams {
         n_ctx: 1024,
+        n_batch,
+        n_ubatch: n_batch,
+        n_seq_max: 1,
+        n_rs_seq: 0,
+        kind: ContextKind::Default,
         n_threads: threads,
-        ..ContextParams::default()
     };
     let mut context = Context::new(Arc::clone(model), params).expect("context");
-    let mut batch = Batch::new(512).expect("batch");
+    let mut batch = Batch::new(n_batch as usize).expect("batch");
     for (pos, &token) in prompt.iter().enumerate() {
         batch
             .push(token, pos as i32, 0, pos + 1 == prompt.len())

@@ -7,8 +7,9 @@
 //! `mtp_session_*` shim's state calls);
 //! [`native`] is the safe layer of RAII owners over llama.cpp's handles,
 //! the only module that calls llama.cpp (its `info` describes the native
-//! build); [`settings`] holds the one
-//! validating rule for each generation setting; [`engine`] is the one
+//! build); [`settings`] holds every default of a generation (one
+//! `DEFAULT` per settings type) and the one validating rule for each
+//! generation setting; [`engine`] is the one
 //! speculative round engine with a drafter per mode; [`generator`] (five
 //! modes) and [`greedy_generation`] (a session over caller-built contexts,
 //! Python's `GreedyGeneration`) drive it;
@@ -33,6 +34,8 @@ pub mod native;
 pub mod sampling;
 pub mod session;
 pub mod settings;
+#[cfg(test)]
+mod signature_tests;
 pub mod speculative;
 
 pub use error::{Error, Result};

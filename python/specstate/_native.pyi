@@ -11,9 +11,18 @@ from typing import Final, Literal, Self, SupportsIndex, final
 
 from typing_extensions import Unpack, disjoint_base
 
-from specstate._typing import CheckpointInfo, GeneratorConfig, GeneratorSettings, NativeInfo, SamplingSettings
+from specstate._typing import (
+    CheckpointInfo,
+    DraftPolicy,
+    GeneratorConfig,
+    GeneratorSettings,
+    Mode,
+    NativeInfo,
+    SamplingSettings,
+)
 
 __all__ = [
+    "DRAFT_POLICIES",
     "GENERATOR_DEFAULTS",
     "MAX_CHECKPOINT_BYTES",
     "MAX_GRAMMAR_BYTES",
@@ -22,6 +31,7 @@ __all__ = [
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
     "MAX_THREADS",
+    "MODES",
     "NATIVE_MESSAGES",
     "SPECULATIVE_STATE_MESSAGES",
     "Batch",
@@ -34,6 +44,7 @@ __all__ = [
     "Model",
     "_raise_for_status",
     "_seed_error_display",
+    "check_sampling",
     "inspect_checkpoint",
     "json_schema_to_grammar",
     "model_fingerprint",
@@ -68,6 +79,11 @@ NATIVE_MESSAGES: Final[dict[str, str]]
 #: Every defaulted parameter of ``Generator``'s constructor by name, with its default: written once, in Rust (the
 #: command line's defaults; Python 3.9 cannot read an abi3 class's signature).
 GENERATOR_DEFAULTS: Final[dict[str, object]]
+#: The five generation modes, in the order users read them: written once, in Rust (``_typing.Mode`` names the
+#: same, checked by a test).
+MODES: Final[tuple[Mode, ...]]
+#: The draft policies, ``fixed`` and ``adaptive``: written once, in Rust (``_typing.DraftPolicy`` names the same).
+DRAFT_POLICIES: Final[tuple[DraftPolicy, ...]]
 
 @final
 class ContextCapacity:
@@ -165,6 +181,18 @@ def json_schema_to_grammar(schema: str) -> str:
 
     Raises:
         ValueError: for text that is not JSON, a schema the converter refuses, or text over 1 MiB.
+    """
+
+def check_sampling(**settings: Unpack[SamplingSettings]) -> None:
+    """Check sampling settings as ``Generator(...)`` checks them, with no model: every range (one rule, in the
+    core), the logit bias's entries and values, the grammar's text. What needs a model (the bias's tokens
+    against its vocabulary, whether the grammar parses) is the generator's to check. Settings left out take
+    the constructor's defaults.
+
+    Raises:
+        ValueError: with the message ``Generator(...)`` gives for the same value (``temperature must be
+            finite and >= 0, not inf``, ``top_p must be in (0, 1], not 2``, ...).
+        TypeError: for an argument of the wrong type, as ``Generator(...)``.
     """
 
 def _raise_for_status(status: int) -> None:

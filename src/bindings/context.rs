@@ -12,6 +12,7 @@ use super::guarded::Guarded;
 use super::model::PyModel;
 use super::validators::ContextCapacity;
 use crate::native::{Batch, Context, ContextKind, ContextParams, NativeResult};
+use crate::settings::{GeneratorConfig, RuntimeOptions};
 use crate::speculative::SpeculativeContextCapacity;
 
 /// A batch of token rows to decode, reusable across calls, from any thread.
@@ -159,9 +160,13 @@ impl PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (model, *, n_ctx = WideInt(2048), n_batch = WideInt(512), n_ubatch = WideInt(512),
-                        n_seq_max = WideInt(1), n_rs_seq = WideInt(0), kind = "default", n_threads = WideInt(0),
-                        other = None),
+    // A generator's context sizes by default (`GeneratorConfig::DEFAULT`); the text signature is checked
+    // against them by `crate::signature_tests`.
+    #[pyo3(signature = (model, *, n_ctx = WideInt(GeneratorConfig::DEFAULT.n_ctx.into()),
+                        n_batch = WideInt(GeneratorConfig::DEFAULT.n_batch.into()),
+                        n_ubatch = WideInt(GeneratorConfig::DEFAULT.n_batch.into()), n_seq_max = WideInt(1),
+                        n_rs_seq = WideInt(0), kind = "default",
+                        n_threads = WideInt(RuntimeOptions::DEFAULT.n_threads.into()), other = None),
            text_signature = "(model, *, n_ctx=2048, n_batch=512, n_ubatch=512, n_seq_max=1, n_rs_seq=0, \
                              kind='default', n_threads=0, other=None)")]
     #[allow(clippy::too_many_arguments)]

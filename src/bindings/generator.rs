@@ -18,35 +18,116 @@ use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptio
 use crate::sampling::SamplingParams;
 use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig, SettingError};
 
-/// The constructor's defaults beyond the sampler's (`SamplingParams::DEFAULT`), written once: its signature and
-/// `GENERATOR_DEFAULTS` read them.
-const DEFAULT_MODE: &str = "none";
-const DEFAULT_N_DRAFT: i128 = 8;
-const DEFAULT_N_CTX: i128 = 2048;
-const DEFAULT_N_BATCH: i128 = 512;
-const DEFAULT_NGRAM_MAX: i128 = 4;
-const DEFAULT_NGRAM_MIN: i128 = 3;
-const DEFAULT_N_THREADS: i128 = 0;
-const DEFAULT_DRAFT_POLICY: &str = "fixed";
+/// The core's defaults, written once in `settings.rs`: the constructor's signature (its text signature checked
+/// against them by `crate::signature_tests`) and `GENERATOR_DEFAULTS` read them.
+const DEFAULTS: GeneratorConfig = GeneratorConfig::DEFAULT;
+const NGRAM: NgramConfig = NgramConfig::DEFAULT;
+const RUNTIME: RuntimeOptions = RuntimeOptions::DEFAULT;
 
 /// `specstate._native.GENERATOR_DEFAULTS`: every defaulted parameter of the constructor, by name. The command line
 /// reads its defaults here: Python 3.9 cannot read an abi3 class's signature (PyO3 attaches it from 3.10 on).
 pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let defaults = PyDict::new(py);
-    defaults.set_item("mode", DEFAULT_MODE)?;
+    defaults.set_item("mode", DEFAULTS.mode.name())?;
     defaults.set_item("draft_model", py.None())?;
-    defaults.set_item("n_draft", DEFAULT_N_DRAFT)?;
-    defaults.set_item("n_ctx", DEFAULT_N_CTX)?;
-    defaults.set_item("n_batch", DEFAULT_N_BATCH)?;
-    set_sampler_numbers(&defaults, &SamplingParams::DEFAULT)?;
+    defaults.set_item("n_draft", DEFAULTS.n_draft)?;
+    defaults.set_item("n_ctx", DEFAULTS.n_ctx)?;
+    defaults.set_item("n_batch", DEFAULTS.n_batch)?;
+    set_sampler_numbers(&defaults, &DEFAULTS.sampling)?;
     for name in ["logit_bias", "grammar", "cost_curve"] {
         defaults.set_item(name, py.None())?;
     }
-    defaults.set_item("ngram_max", DEFAULT_NGRAM_MAX)?;
-    defaults.set_item("ngram_min", DEFAULT_NGRAM_MIN)?;
-    defaults.set_item("n_threads", DEFAULT_N_THREADS)?;
-    defaults.set_item("draft_policy", DEFAULT_DRAFT_POLICY)?;
+    defaults.set_item("ngram_max", NGRAM.n_max)?;
+    defaults.set_item("ngram_min", NGRAM.n_min)?;
+    defaults.set_item("n_threads", RUNTIME.n_threads)?;
+    defaults.set_item("draft_policy", draft_policy_name(DEFAULTS.adaptive))?;
     Ok(defaults)
+}
+
+/// The sampler's arguments as `Generator(...)` and `check_sampling` take them, made into parameters in one way
+/// (the narrowing of each integer, the logit bias's entries, `""` for no grammar), so both refuse a value with
+/// the same message.
+struct SamplingArguments {
+    temperature: f32,
+    top_k: WideInt,
+    top_p: f32,
+    seed: WideInt,
+    min_p: f32,
+    typical_p: f32,
+    repeat_penalty: f32,
+    repeat_last_n: WideInt,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    logit_bias: Option<BTreeMap<i64, f32>>,
+    grammar: Option<String>,
+}
+
+impl SamplingArguments {
+    /// The parameters, their integers narrowed (ranges are the core's to check: `SamplingParams::validate`).
+    fn params(self) -> PyResult<SamplingParams> {
+        Ok(SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k.narrow("top_k")?,
+            top_p: self.top_p,
+            seed: self.seed.narrow("seed")?,
+            min_p: self.min_p,
+            typical_p: self.typical_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n.narrow("repeat_last_n")?,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: bias_entries(self.logit_bias)?,
+            grammar: self.grammar.filter(|text| !text.is_empty()),
+        })
+    }
+}
+
+/// Check sampling settings as `Generator(...)` checks them, with no model: every range, the logit bias's
+/// entries and values, the grammar's text. What needs the model (the bias's tokens against its vocabulary,
+/// whether the grammar parses) is left to the generator. `ValueError` or `TypeError` with the constructor's
+/// message; `None` when every setting passes.
+#[pyfunction]
+#[pyo3(signature = (*, temperature = DEFAULTS.sampling.temperature, top_k = WideInt(DEFAULTS.sampling.top_k.into()),
+                    top_p = DEFAULTS.sampling.top_p, seed = WideInt(DEFAULTS.sampling.seed.into()),
+                    min_p = DEFAULTS.sampling.min_p, typical_p = DEFAULTS.sampling.typical_p,
+                    repeat_penalty = DEFAULTS.sampling.repeat_penalty,
+                    repeat_last_n = WideInt(DEFAULTS.sampling.repeat_last_n.into()),
+                    presence_penalty = DEFAULTS.sampling.presence_penalty,
+                    frequency_penalty = DEFAULTS.sampling.frequency_penalty, logit_bias = None, grammar = None),
+       text_signature = "(*, temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
+                         repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
+                         logit_bias=None, grammar=None)")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_sampling(
+    temperature: f32,
+    top_k: WideInt,
+    top_p: f32,
+    seed: WideInt,
+    min_p: f32,
+    typical_p: f32,
+    repeat_penalty: f32,
+    repeat_last_n: WideInt,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    logit_bias: Option<BTreeMap<i64, f32>>,
+    grammar: Option<String>,
+) -> PyResult<()> {
+    let params = SamplingArguments {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        min_p,
+        typical_p,
+        repeat_penalty,
+        repeat_last_n,
+        presence_penalty,
+        frequency_penalty,
+        logit_bias,
+        grammar,
+    }
+    .params()?;
+    Ok(params.validate()?)
 }
 
 /// A generation over a target model in one of five modes (see `specstate.Generator`).
@@ -143,18 +224,18 @@ fn arc(model: &Option<Py<PyModel>>) -> Option<Arc<crate::native::Model>> {
 #[pymethods]
 impl PyGenerator {
     #[new]
-    #[pyo3(signature = (target, *, mode = DEFAULT_MODE, draft_model = None, n_draft = WideInt(DEFAULT_N_DRAFT),
-                        n_ctx = WideInt(DEFAULT_N_CTX), n_batch = WideInt(DEFAULT_N_BATCH), temperature = SamplingParams::DEFAULT.temperature,
-                        top_k = WideInt(SamplingParams::DEFAULT.top_k.into()), top_p = SamplingParams::DEFAULT.top_p,
-                        seed = WideInt(SamplingParams::DEFAULT.seed.into()), min_p = SamplingParams::DEFAULT.min_p,
-                        typical_p = SamplingParams::DEFAULT.typical_p,
-                        repeat_penalty = SamplingParams::DEFAULT.repeat_penalty,
-                        repeat_last_n = WideInt(SamplingParams::DEFAULT.repeat_last_n.into()),
-                        presence_penalty = SamplingParams::DEFAULT.presence_penalty,
-                        frequency_penalty = SamplingParams::DEFAULT.frequency_penalty, logit_bias = None,
-                        grammar = None, ngram_max = WideInt(DEFAULT_NGRAM_MAX),
-                        ngram_min = WideInt(DEFAULT_NGRAM_MIN), n_threads = WideInt(DEFAULT_N_THREADS),
-                        draft_policy = DEFAULT_DRAFT_POLICY, cost_curve = None),
+    #[pyo3(signature = (target, *, mode = DEFAULTS.mode.name(), draft_model = None,
+                        n_draft = WideInt(DEFAULTS.n_draft.into()), n_ctx = WideInt(DEFAULTS.n_ctx.into()),
+                        n_batch = WideInt(DEFAULTS.n_batch.into()), temperature = DEFAULTS.sampling.temperature,
+                        top_k = WideInt(DEFAULTS.sampling.top_k.into()), top_p = DEFAULTS.sampling.top_p,
+                        seed = WideInt(DEFAULTS.sampling.seed.into()), min_p = DEFAULTS.sampling.min_p,
+                        typical_p = DEFAULTS.sampling.typical_p, repeat_penalty = DEFAULTS.sampling.repeat_penalty,
+                        repeat_last_n = WideInt(DEFAULTS.sampling.repeat_last_n.into()),
+                        presence_penalty = DEFAULTS.sampling.presence_penalty,
+                        frequency_penalty = DEFAULTS.sampling.frequency_penalty, logit_bias = None,
+                        grammar = None, ngram_max = WideInt(NGRAM.n_max as i128),
+                        ngram_min = WideInt(NGRAM.n_min as i128), n_threads = WideInt(RUNTIME.n_threads.into()),
+                        draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
@@ -194,20 +275,21 @@ impl PyGenerator {
         let config = GeneratorConfig {
             mode: Mode::parse(mode, ngram)?,
             n_draft: n_draft.narrow("n_draft")?,
-            sampling: SamplingParams {
+            sampling: SamplingArguments {
                 temperature,
-                top_k: top_k.narrow("top_k")?,
+                top_k,
                 top_p,
-                seed: seed.narrow("seed")?,
+                seed,
                 min_p,
                 typical_p,
                 repeat_penalty,
-                repeat_last_n: repeat_last_n.narrow("repeat_last_n")?,
+                repeat_last_n,
                 presence_penalty,
                 frequency_penalty,
-                logit_bias: bias_entries(logit_bias)?,
-                grammar: grammar.filter(|text| !text.is_empty()),
-            },
+                logit_bias,
+                grammar,
+            }
+            .params()?,
             n_ctx: n_ctx.narrow("n_ctx")?,
             n_batch: n_batch.narrow("n_batch")?,
             adaptive: parse_draft_policy(draft_policy)?,

@@ -12,9 +12,11 @@ mod session;
 mod validators;
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use crate::checkpoint::MAX_CHECKPOINT_BYTES;
 use crate::limits::{MAX_GRAMMAR_BYTES, MAX_THREADS};
+use crate::settings::{Mode, DRAFT_POLICIES};
 use crate::speculative::{
     SpeculativeStateError, MAX_SPECULATIVE_DRAFT_TOKENS, MAX_SPECULATIVE_PROMPT_TOKENS,
     MAX_SPECULATIVE_SEQUENCES, MAX_SPECULATIVE_STATE_BYTES,
@@ -39,6 +41,8 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
         "GENERATOR_DEFAULTS",
         generator::generator_defaults(module.py())?,
     )?;
+    module.add("MODES", PyTuple::new(module.py(), Mode::NAMES)?)?;
+    module.add("DRAFT_POLICIES", PyTuple::new(module.py(), DRAFT_POLICIES)?)?;
     module.add("MAX_SPECULATIVE_STATE_BYTES", MAX_SPECULATIVE_STATE_BYTES)?;
     module.add("MAX_SPECULATIVE_SEQUENCES", MAX_SPECULATIVE_SEQUENCES)?;
     module.add("MAX_SPECULATIVE_DRAFT_TOKENS", MAX_SPECULATIVE_DRAFT_TOKENS)?;
@@ -56,6 +60,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<generator::PyGenerator>()?;
     module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;
     module.add_function(wrap_pyfunction!(generator::model_fingerprint, module)?)?;
+    module.add_function(wrap_pyfunction!(generator::check_sampling, module)?)?;
     module.add_function(wrap_pyfunction!(validators::validate_config, module)?)?;
     module.add_function(wrap_pyfunction!(
         validators::validate_context_capacities,

@@ -17,8 +17,16 @@ use crate::Error;
 pub const DEFAULT_MAX_N_CTX: u32 = 8192;
 
 /// The most rows per compute pass a restore allocates when the caller names
-/// no `max_n_batch`: the generator's default `n_batch`.
-pub const DEFAULT_MAX_N_BATCH: u32 = 512;
+/// no `max_n_batch`: the generator's default `n_batch`
+/// ([`GeneratorConfig::DEFAULT`]).
+pub const DEFAULT_MAX_N_BATCH: u32 = {
+    let defaults = GeneratorConfig::DEFAULT;
+    let n_batch = defaults.n_batch;
+    // A constant cannot drop the rest (an empty `Vec`, no `String`): nothing
+    // to free, so it is forgotten.
+    std::mem::forget(defaults);
+    n_batch
+};
 
 /// The caller's limits on what a restore may allocate (`None`: the defaults).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -42,6 +42,8 @@ impl ContextKind {
 }
 
 /// Parameters of a new context; zero means llama.cpp's default where it has one.
+/// Every one is given: the native layer holds no defaults of its own (a
+/// generator's sizes are `settings::GeneratorConfig::DEFAULT`'s).
 #[derive(Clone, Copy, Debug)]
 pub struct ContextParams {
     /// Context length in tokens (0: the model's training length).
@@ -58,20 +60,6 @@ pub struct ContextParams {
     pub kind: ContextKind,
     /// Threads for single-token and for batch decoding (0: the CPUs available).
     pub n_threads: i32,
-}
-
-impl Default for ContextParams {
-    fn default() -> Self {
-        Self {
-            n_ctx: 2048,
-            n_batch: 512,
-            n_ubatch: 512,
-            n_seq_max: 1,
-            n_rs_seq: 0,
-            kind: ContextKind::Default,
-            n_threads: 0,
-        }
-    }
 }
 
 /// Bytes a context holds (see [`Context::allocated_bytes`]).
