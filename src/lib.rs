@@ -28,6 +28,8 @@ pub mod engine;
 mod error;
 pub mod generator;
 pub mod greedy_generation;
+#[cfg(test)]
+mod layout_tests;
 pub mod limits;
 mod messages;
 pub mod native;
