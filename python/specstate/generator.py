@@ -366,6 +366,26 @@ class Generator:
         template_ = chat_template(self._native.target, template)
         return self._stream(lambda: self._start_turn(template_, new), max_tokens, stops, within=True)
 
+    def stream_after(self, tokens: Sequence[int], *, max_tokens: int, stop: str | Sequence[str] = ()) -> TextStream:
+        """Go on with more prompt: ``tokens`` are decoded after every committed token (as a chat's next turn
+        is, so the prompt of what follows is everything so far), then up to ``max_tokens`` new tokens are
+        generated as :meth:`stream` generates them. For a generation started with a prompt, not a chat.
+        Every argument is checked before anything is decoded."""
+        max_tokens = _count("max_tokens", max_tokens, minimum=0)
+        stops = _stop_strings(stop)
+        more = [_count("prompt token", token, minimum=0) for token in tokens]
+        native = self._native
+        if not native.history or native.conversation is not None:
+            raise GenerationError("stream_after continues a generation started with a prompt (not a chat)")
+        if not more:
+            raise ValueError("stream_after needs at least one token")
+
+        def start() -> None:
+            native.extend(more)
+            self._reset_text()
+
+        return self._stream(start, max_tokens, stops)
+
     def continue_reply(self, *, max_tokens: int) -> TextStream:
         """Go on with the current chat reply by up to ``max_tokens`` tokens, as :meth:`stream_chat` runs it.
 

@@ -28,124 +28,67 @@ The package, a module a concern: :mod:`~specstate.llama.types` (the results' sha
 from __future__ import annotations
 
 from specstate.llama.api import (
-    Llama as Llama,
+    Llama,
+    LlamaTokenizer,
+)
+from specstate.llama.compat import (
+    ACCEPTED_AT,
+    WITHOUT_EFFECT,
 )
 from specstate.llama.options import (
-    CHAT_TEMPERATURE as CHAT_TEMPERATURE,
-)
-from specstate.llama.options import (
-    COMPLETION_MAX_TOKENS as COMPLETION_MAX_TOKENS,
-)
-from specstate.llama.options import (
-    COMPLETION_TEMPERATURE as COMPLETION_TEMPERATURE,
-)
-from specstate.llama.options import (
-    LAST_N_TOKENS_SIZE as LAST_N_TOKENS_SIZE,
-)
-from specstate.llama.options import (
-    LLAMA_DEFAULT_SEED as LLAMA_DEFAULT_SEED,
-)
-from specstate.llama.options import (
-    MIN_P as MIN_P,
-)
-from specstate.llama.options import (
-    N_BATCH as N_BATCH,
-)
-from specstate.llama.options import (
-    N_CTX as N_CTX,
-)
-from specstate.llama.options import (
-    N_DRAFT as N_DRAFT,
-)
-from specstate.llama.options import (
-    NEUTRAL as NEUTRAL,
-)
-from specstate.llama.options import (
-    TOP_K as TOP_K,
-)
-from specstate.llama.options import (
-    TOP_P as TOP_P,
-)
-from specstate.llama.options import (
-    CallSettings as CallSettings,
-)
-from specstate.llama.options import (
-    ChatCompletionOptions as ChatCompletionOptions,
-)
-from specstate.llama.options import (
-    CompletionOptions as CompletionOptions,
-)
-from specstate.llama.options import (
-    LlamaGrammar as LlamaGrammar,
-)
-from specstate.llama.options import (
-    UnsupportedParameterError as UnsupportedParameterError,
-)
-from specstate.llama.options import (
-    call_settings as call_settings,
-)
-from specstate.llama.options import (
-    chat_pairs as chat_pairs,
+    CHAT_TEMPERATURE,
+    COMPLETION_MAX_TOKENS,
+    COMPLETION_TEMPERATURE,
+    LAST_N_TOKENS_SIZE,
+    LLAMA_DEFAULT_SEED,
+    MIN_P,
+    N_BATCH,
+    N_CTX,
+    N_DRAFT,
+    NEUTRAL,
+    TOP_K,
+    TOP_P,
+    CallSettings,
+    ChatCompletionOptions,
+    CompletionOptions,
+    LlamaGrammar,
+    UnsupportedParameterError,
+    call_settings,
+    chat_pairs,
 )
 from specstate.llama.results import (
-    ChatStream as ChatStream,
+    ChatStream,
+    CompletionStream,
+    ParkedChat,
+    joined_completion,
 )
-from specstate.llama.results import (
-    CompletionStream as CompletionStream,
-)
-from specstate.llama.results import (
-    ParkedChat as ParkedChat,
-)
-from specstate.llama.results import (
-    joined_completion as joined_completion,
-)
-from specstate.llama.types import (
-    ChatCompletion as ChatCompletion,
+from specstate.llama.state import (
+    BaseLlamaCache,
+    LlamaCache,
+    LlamaDiskCache,
+    LlamaRAMCache,
+    LlamaState,
 )
 from specstate.llama.types import (
-    ChatCompletionChoice as ChatCompletionChoice,
-)
-from specstate.llama.types import (
-    ChatCompletionChunk as ChatCompletionChunk,
-)
-from specstate.llama.types import (
-    ChatCompletionChunkChoice as ChatCompletionChunkChoice,
-)
-from specstate.llama.types import (
-    ChatCompletionDelta as ChatCompletionDelta,
-)
-from specstate.llama.types import (
-    ChatCompletionLogprobs as ChatCompletionLogprobs,
-)
-from specstate.llama.types import (
-    ChatCompletionMessage as ChatCompletionMessage,
-)
-from specstate.llama.types import (
-    ChatCompletionTokenLogprob as ChatCompletionTokenLogprob,
-)
-from specstate.llama.types import (
-    Completion as Completion,
-)
-from specstate.llama.types import (
-    CompletionChoice as CompletionChoice,
-)
-from specstate.llama.types import (
-    CompletionChunk as CompletionChunk,
-)
-from specstate.llama.types import (
-    CompletionLogprobs as CompletionLogprobs,
-)
-from specstate.llama.types import (
-    CompletionUsage as CompletionUsage,
-)
-from specstate.llama.types import (
-    FinishReason as FinishReason,
-)
-from specstate.llama.types import (
-    TopLogprob as TopLogprob,
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionDelta,
+    ChatCompletionLogprobs,
+    ChatCompletionMessage,
+    ChatCompletionTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionUsage,
+    FinishReason,
+    TopLogprob,
 )
 
 __all__ = [
+    "ACCEPTED_AT",
     "CHAT_TEMPERATURE",
     "COMPLETION_MAX_TOKENS",
     "COMPLETION_TEMPERATURE",
@@ -158,6 +101,8 @@ __all__ = [
     "N_DRAFT",
     "TOP_K",
     "TOP_P",
+    "WITHOUT_EFFECT",
+    "BaseLlamaCache",
     "CallSettings",
     "ChatCompletion",
     "ChatCompletionChoice",
@@ -178,7 +123,12 @@ __all__ = [
     "CompletionUsage",
     "FinishReason",
     "Llama",
+    "LlamaCache",
+    "LlamaDiskCache",
     "LlamaGrammar",
+    "LlamaRAMCache",
+    "LlamaState",
+    "LlamaTokenizer",
     "ParkedChat",
     "TopLogprob",
     "UnsupportedParameterError",

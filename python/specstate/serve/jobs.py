@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from specstate import Generator
 from specstate.llama import (
     ParkedChat,
 )
+from specstate.llama.results import usage_of
 from specstate.serve.request import ServerRequest
 
 
@@ -36,6 +37,8 @@ class Job:
     collected: list[Any] = field(default_factory=list)
     #: The stream that made them, once it is done.
     chunks: Iterator[Any] | None = None
+    #: The last chunk made (what labels a stream's usage chunk).
+    last: Any = None
 
     @property
     def kind(self) -> str:
@@ -92,7 +95,8 @@ def whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any]
     """The ``chat.completion`` that a whole answer's chunks make (usage from the generation that made them)."""
     last = chunks[-1]
     text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
-    prompt, reply = (len(generator.prompt_tokens), len(generator.tokens)) if generator is not None else (0, 0)
+    usage = usage_of(generator) if generator is not None else None
+    prompt, reply = (usage["prompt_tokens"], usage["completion_tokens"]) if usage is not None else (0, 0)
     labels = (last["id"], last["created"], last["model"])
     whole = openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=(prompt, reply))
     parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
@@ -129,3 +133,10 @@ def openai_result(
     if usage is not None:
         result["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
     return result
+
+
+def usage_chunk(last: Mapping[str, Any], usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The chunk that ends a stream whose request asked ``stream_options.include_usage``: no choices, the
+    usage (OpenAI's shape), labelled as ``last``, the stream's last chunk."""
+    labels = {key: last[key] for key in ("id", "object", "created", "model")}
+    return {**labels, "choices": [], "usage": dict(usage)}

@@ -31,8 +31,9 @@ from typing import Any
 
 from specstate import Model
 from specstate.chat import chat_template
+from specstate.llama.results import reply_tokens
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics, openai_result
+from specstate.serve.jobs import DONE, Job, Metrics, openai_result, usage_chunk
 from specstate.serve.request import RequestError, ServerRequest
 
 __all__ = ["PoolDriver"]
@@ -189,7 +190,10 @@ class PoolDriver(threading.Thread):
                 active.job.deliver(self._chunk(active, text, None))
                 active.started = True
             if done:
-                active.job.deliver(self._chunk(active, "", self._finish(active)))
+                last = self._chunk(active, "", self._finish(active))
+                active.job.deliver(last)
+                if active.job.request.include_usage:
+                    active.job.deliver(usage_chunk(last, self._usage(active)))
         else:
             active.text.append(text)
             if done:
@@ -208,9 +212,16 @@ class PoolDriver(threading.Thread):
     def _chunk(self, active: _Active, text: str, finish: str | None) -> dict[str, Any]:
         return openai_result(active.chat, self._labels(active), text, finish, first=not active.started)
 
+    def _usage(self, active: _Active) -> dict[str, int]:
+        prompt, reply = active.prompt_tokens, reply_tokens(self.model, self.pool.tokens(active.handle))
+        return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+
     def _whole(self, active: _Active, text: str) -> dict[str, Any]:
-        usage = (active.prompt_tokens, len(self.pool.tokens(active.handle)))
-        return openai_result(active.chat, self._labels(active), text, self._finish(active), usage=usage)
+        usage = self._usage(active)
+        labels, finish = self._labels(active), self._finish(active)
+        return openai_result(
+            active.chat, labels, text, finish, usage=(usage["prompt_tokens"], usage["completion_tokens"])
+        )
 
 
 def _unsupported(request: ServerRequest) -> str | None:

@@ -80,12 +80,14 @@ class ServerRequest:
     #: Higher runs first; a chat of lower priority is parked to make room for a higher one.
     priority: int
     #: :class:`specstate.Llama`'s keyword arguments (``messages`` or ``prompt`` included), checked and with
-    #: ``max_tokens`` resolved, ``logit_bias`` keyed by int, ``response_format`` made into its ``grammar``.
+    #: ``max_tokens`` resolved, ``response_format`` made into its ``grammar``.
     options: dict[str, Any]
     #: The call's settings (sampling with llama-cpp-python's defaults, stops, log-probabilities).
     call: CallSettings
     #: A chat's ``(role, text)`` pairs (what conversations are keyed by); empty for a completion.
     pairs: tuple[tuple[str, str], ...] = ()
+    #: A stream ends with a chunk holding the usage (OpenAI's ``stream_options.include_usage``).
+    include_usage: bool = False
 
     @property
     def max_tokens(self) -> int:
@@ -144,7 +146,7 @@ def read_request(
         options.pop("response_format")
         options["grammar"] = call.sampling.grammar
     options["messages" if chat else "prompt"] = subject
-    return ServerRequest(kind, header[0], header[1], options, call, pairs)
+    return ServerRequest(kind, header[0], header[1], options, call, pairs, header[2])
 
 
 def _check_model(model: object, name: str) -> None:
@@ -152,8 +154,9 @@ def _check_model(model: object, name: str) -> None:
         raise RequestError(404, f"the model {model!r} does not exist; this server has {name!r}", param="model")
 
 
-def _header(body: dict[str, Any]) -> tuple[bool, int]:
-    """``stream`` and ``priority``, and OpenAI's fields about the exchange rather than the generation, removed."""
+def _header(body: dict[str, Any]) -> tuple[bool, int, bool]:
+    """``stream``, ``priority`` and ``stream_options.include_usage``, and OpenAI's other fields about the exchange
+    rather than the generation, removed."""
     n = body.pop("n", 1)
     if n != 1 or isinstance(n, bool):
         raise RequestError(400, "n must be 1: one choice per request", param="n")
@@ -163,13 +166,18 @@ def _header(body: dict[str, Any]) -> tuple[bool, int]:
     options = body.pop("stream_options", None)
     if options is not None and not isinstance(options, dict):
         raise RequestError(400, "stream_options must be an object", param="stream_options")
+    include_usage = (options or {}).get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise RequestError(400, "stream_options.include_usage must be a boolean", param="stream_options")
     stream = body.pop("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(400, "stream must be a boolean", param="stream")
     priority = body.pop("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
         raise RequestError(400, f"priority must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}", param="priority")
-    return stream, priority
+    if include_usage and not stream:
+        raise RequestError(400, "stream_options is only for stream=true", param="stream_options")
+    return stream, priority, include_usage
 
 
 def _max_tokens(alias: object, options: dict[str, Any], limits: RequestLimits) -> int:
@@ -195,23 +203,12 @@ def _bound_costs(options: dict[str, Any], limits: RequestLimits) -> None:
     if any(isinstance(s, str) and len(s) > limits.max_stop_chars for s in stops):
         raise RequestError(400, f"a stop string may be at most {limits.max_stop_chars} characters", param="stop")
     bias = options.get("logit_bias")
-    if isinstance(bias, dict):
-        if len(bias) > limits.max_logit_bias:
-            message = f"logit_bias may hold at most {limits.max_logit_bias} entries, not {len(bias)}"
-            raise RequestError(400, message, param="logit_bias")
-        options["logit_bias"] = {_token_id(key): value for key, value in bias.items()}
+    if isinstance(bias, dict) and len(bias) > limits.max_logit_bias:
+        message = f"logit_bias may hold at most {limits.max_logit_bias} entries, not {len(bias)}"
+        raise RequestError(400, message, param="logit_bias")
     grammar = options.get("grammar")
     if isinstance(grammar, str) and len(grammar.encode()) > limits.max_grammar_bytes:
         raise RequestError(400, f"grammar may be at most {limits.max_grammar_bytes} bytes", param="grammar")
-
-
-def _token_id(key: object) -> object:
-    """A ``logit_bias`` key: JSON's keys are strings, so ``"19556"`` is token 19556 (as llama-cpp-python reads it)."""
-    if isinstance(key, str):
-        if not (key.isascii() and key.isdigit()) or len(key) > 10:
-            raise RequestError(400, f"a logit_bias key must be a token id, not {key[:32]!r}", param="logit_bias")
-        return int(key)
-    return key
 
 
 def _messages(messages: object, limits: RequestLimits, template_source: str) -> tuple[tuple[str, str], ...]:

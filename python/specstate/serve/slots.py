@@ -15,9 +15,11 @@ from specstate.llama import (
     UnsupportedParameterError,
     joined_completion,
 )
+from specstate.llama.results import usage_of
+from specstate.llama.types import CompletionUsage
 from specstate.serve.cache import ConversationCache
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics, whole_chat
+from specstate.serve.jobs import DONE, Job, Metrics, usage_chunk, whole_chat
 from specstate.serve.request import RequestError
 from specstate.serve.scheduler import Scheduler, unspilled
 
@@ -80,6 +82,8 @@ class Slot(threading.Thread):
                 return
             if not job.stream:
                 job.deliver(self._whole(job))
+            elif job.request.include_usage and job.last is not None:
+                job.deliver(usage_chunk(job.last, self._usage(job)))
             self._count(job)
             job.deliver(DONE)
         except Exception as error:  # the client hears it, the slot goes on
@@ -104,6 +108,7 @@ class Slot(threading.Thread):
     def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
         """Deliver the chunks; True if the job stopped early (its client left, or it was parked)."""
         for chunk in chunks:
+            job.last = chunk
             if job.stream:
                 job.deliver(chunk)
             else:
@@ -119,6 +124,13 @@ class Slot(threading.Thread):
                 return True
         job.chunks = chunks
         return False
+
+    def _usage(self, job: Job) -> CompletionUsage:
+        """The finished job's usage."""
+        if isinstance(job.chunks, CompletionStream):
+            return job.chunks.usage()
+        assert self.llama is not None and self.llama.chat_generator is not None
+        return usage_of(self.llama.chat_generator)
 
     def _whole(self, job: Job) -> dict[str, Any]:
         """The whole answer that a non-streamed job's chunks make."""

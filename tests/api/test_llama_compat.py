@@ -1,0 +1,189 @@
+"""What ported llama-cpp-python scripts use beyond the calls (issue 35): the state and cache API, the
+constructor's parameters, the helper methods, signatures that show every parameter, string logit_bias keys,
+and usage counted as llama-cpp-python counts it."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import specstate
+from specstate import Llama, LlamaDiskCache, LlamaRAMCache, LlamaState, UnsupportedParameterError
+from specstate.llama.compat import ACCEPTED_AT, WITHOUT_EFFECT
+from specstate_testkit import models
+from test_chat import TINY_TEMPLATE
+
+N_CTX = 256
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return models.build_llama(tmp_path_factory.mktemp("llama_compat") / "templated.gguf", chat_template=TINY_TEMPLATE)
+
+
+def tiny_llama(path: Path, **settings: object) -> Llama:
+    return Llama(str(path), n_ctx=N_CTX, n_threads=1, seed=7, **settings)  # type: ignore[arg-type]
+
+
+# --- state and cache
+
+
+def test_a_saved_state_pickles_and_a_later_completion_continues_it_in_another_process(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat, mode="ngram")
+    first = llm.create_completion(PROMPT, max_tokens=8, temperature=0)
+    state = llm.save_state()
+    assert state.n_tokens > 8 and state.llama_state_size == len(state.llama_state) > 0
+    more = state.input_ids + tuple(llm.tokenize(b" and then", add_bos=False))
+    llm.load_state(pickle.loads(pickle.dumps(state)))  # as it came back
+    here = llm.create_completion(list(more), max_tokens=8, temperature=0)
+    script = textwrap.dedent(
+        """
+        import pickle, sys
+        from specstate import Llama
+        state, more = pickle.loads(sys.stdin.buffer.read())
+        llm = Llama(sys.argv[1], n_ctx=256, n_threads=1, seed=7, mode="ngram")
+        llm.load_state(state)
+        print(llm.create_completion(list(more), max_tokens=8, temperature=0)["choices"][0]["text"], end="")
+        """
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_chat)],
+        input=pickle.dumps((state, more)),
+        capture_output=True,
+        check=True,
+    )
+    assert there.stdout.decode() == here["choices"][0]["text"]
+    assert first["choices"][0]["text"]
+
+
+def test_a_chat_state_restores_the_conversation(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    history = [{"role": "user", "content": "Hi"}]
+    reply = llm.create_chat_completion(history, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+    state = llm.save_state()
+    assert state.chat
+    history += [{"role": "assistant", "content": reply or ""}, {"role": "user", "content": "Go on."}]
+    expected = llm.create_chat_completion(history, max_tokens=6, temperature=0)
+    other = tiny_llama(tiny_chat)
+    other.load_state(state)
+    assert other.create_chat_completion(history, max_tokens=6, temperature=0)["choices"] == expected["choices"]
+
+
+@pytest.mark.parametrize("kind", ["ram", "disk"])
+def test_a_cached_prefix_then_a_different_continuation_equals_a_cold_run(
+    tiny_chat: Path, tmp_path: Path, kind: str
+) -> None:
+    llm = tiny_llama(tiny_chat)
+    cache = LlamaRAMCache(capacity_bytes=64 << 20) if kind == "ram" else LlamaDiskCache(tmp_path, 64 << 20)
+    llm.set_cache(cache)
+    llm.create_completion(PROMPT, max_tokens=8, temperature=0)
+    cached = llm.save_state().input_ids
+    assert cache.cache_size > 0 and cached in cache
+    for suffix in (b" the end.", b" a dragon"):
+        prompt = [*cached, *llm.tokenize(suffix, add_bos=False)]
+        warm = llm.create_completion(prompt, max_tokens=12, temperature=0)
+        cold = tiny_llama(tiny_chat).create_completion(prompt, max_tokens=12, temperature=0)
+        assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+        assert warm["usage"] == cold["usage"]
+    if kind == "disk":  # a later process finds the files
+        assert cached in LlamaDiskCache(tmp_path, 64 << 20)
+
+
+def test_a_cache_is_bounded_in_bytes(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    llm.create_completion(PROMPT, max_tokens=4, temperature=0)
+    size = llm.save_state().llama_state_size
+    cache = LlamaRAMCache(capacity_bytes=size + size // 2)
+    llm.set_cache(cache)
+    for prompt in ("one", "two", "three"):
+        llm.create_completion(prompt, max_tokens=4, temperature=0)
+    assert cache.cache_size <= cache.capacity_bytes
+    with pytest.raises(TypeError):
+        llm.set_cache("not a cache")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        LlamaRAMCache(capacity_bytes=-1)
+
+
+def test_an_empty_state_before_any_call_loads_as_nothing(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    state = llm.save_state()
+    assert state == LlamaState((), b"") and state.n_tokens == 0
+    llm.load_state(state)
+    with pytest.raises(TypeError):
+        llm.load_state(b"bytes")  # type: ignore[arg-type]
+
+
+# --- the constructor and the methods
+
+
+def test_llama_cpp_pythons_constructor_parameters_are_accepted_as_documented(tiny_chat: Path) -> None:
+    llm = tiny_llama(
+        tiny_chat, logits_all=True, n_ubatch=128, n_threads_batch=2, use_mlock=True, flash_attn=True, rope_freq_base=0.0
+    )
+    assert llm.create_completion(PROMPT, max_tokens=2, temperature=0)["choices"][0]["text"] is not None
+    with pytest.raises(UnsupportedParameterError, match="rope_freq_base"):
+        tiny_llama(tiny_chat, rope_freq_base=10000.0)
+    with pytest.raises(UnsupportedParameterError, match="mode='ngram'"):
+        tiny_llama(tiny_chat, draft_model=object())
+    with pytest.raises(TypeError, match="'n_gqa'"):
+        tiny_llama(tiny_chat, n_gqa=8)
+    parameters = inspect.signature(Llama).parameters
+    assert set(WITHOUT_EFFECT) | set(ACCEPTED_AT) <= set(parameters) and parameters["use_mlock"].default is False
+
+
+def test_llama_cpp_pythons_helpers(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    assert llm.token_eos() == models.EOS_ID and llm.token_bos() == models.BOS_ID
+    assert llm.n_vocab() == models.N_VOCAB and llm.n_embd() > 0 and llm.n_ctx() == N_CTX
+    assert "general.architecture" in llm.metadata
+    tokenizer = llm.tokenizer()
+    assert tokenizer.decode(tokenizer.encode("hello", add_bos=False)) == "hello"
+    llm.set_seed(3)
+    sampled = [llm.create_completion(PROMPT, max_tokens=6)["choices"][0]["text"] for _ in range(2)]
+    assert sampled[0] == sampled[1]  # the same seed each call
+    with Llama(str(tiny_chat), n_ctx=N_CTX, n_threads=1) as scoped:
+        scoped.create_completion(PROMPT, max_tokens=1)
+    assert scoped.save_state().n_tokens == 0  # closed
+    with pytest.raises(UnsupportedParameterError, match="hub"):
+        Llama.from_pretrained("org/model", "model.gguf")
+    assert specstate.UnsupportedParameterError is UnsupportedParameterError
+
+
+def test_help_shows_every_parameter_with_its_default() -> None:
+    chat = inspect.signature(Llama.create_chat_completion).parameters
+    assert chat["temperature"].default == 0.2 and chat["top_k"].default == 40 and chat["max_tokens"].default is None
+    completion = inspect.signature(Llama.create_completion).parameters
+    assert completion["temperature"].default == 0.8 and completion["max_tokens"].default == 16
+    assert "echo" in inspect.signature(Llama.__call__).parameters
+
+
+# --- the small ones
+
+
+def test_logit_bias_keys_may_be_decimal_strings(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    plain = llm.create_completion(PROMPT, max_tokens=1, temperature=0)["choices"][0]["text"]
+    first = llm.tokenize(plain.encode(), add_bos=False)[0]
+    biased = llm.create_completion(PROMPT, max_tokens=1, temperature=0, logit_bias={str(first): -100.0})
+    assert biased["choices"][0]["text"] != plain
+    with pytest.raises(ValueError, match="'x1'"):
+        llm.create_completion(PROMPT, max_tokens=1, logit_bias={"x1": 1.0})
+
+
+def test_completion_tokens_leave_out_the_end_of_generation_token(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    ends = {str(models.EOS_ID): 100.0}  # the tiny model never ends on its own: bias its end-of-generation token
+    result = llm.create_chat_completion(
+        [{"role": "user", "content": "Hi"}], max_tokens=20, temperature=0, logit_bias=ends
+    )
+    generator = llm.chat_generator
+    assert generator is not None and result["choices"][0]["finish_reason"] == "stop"
+    assert llm.model.is_eog(generator.tokens[-1])
+    assert result["usage"]["completion_tokens"] == len(generator.tokens) - 1
