@@ -1,5 +1,6 @@
-//! Final-link settings for the `cuda` feature. The pinned sys crate builds ggml's CUDA backend as a static
-//! archive and leaves the CUDA libraries it calls to whoever links it; without the feature this does nothing.
+//! specstate's own C++ (`src/native/grammar_guard.cpp`: llama.cpp's grammar calls with every C++ exception caught),
+//! and the final-link settings of the `cuda` feature: the pinned sys crate builds ggml's CUDA backend as a static
+//! archive and leaves the CUDA libraries it calls to whoever links it; without the feature that part does nothing.
 
 use std::env;
 use std::path::PathBuf;
@@ -8,8 +9,19 @@ use std::path::PathBuf;
 /// (`site-packages/specstate/_native.abi3.so` → `site-packages/nvidia/cu13/lib`).
 const CUBLAS_RPATH: &str = "$ORIGIN/../nvidia/cu13/lib";
 
+/// specstate's own C++ sources, compiled into one static archive linked before the sys crate's.
+const GUARD_SOURCE: &str = "src/native/grammar_guard.cpp";
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed={GUARD_SOURCE}");
+    // The sys crate links the C++ runtime (libstdc++, or the toolchain's libc++); the archive only needs it too.
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .cpp_link_stdlib(None)
+        .file(GUARD_SOURCE)
+        .compile("specstate_grammar_guard");
     println!("cargo:rerun-if-env-changed=CUDAToolkit_ROOT");
     println!("cargo:rerun-if-env-changed=CUDA_PATH");
     let linux = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux");

@@ -199,18 +199,23 @@ impl GrammarState {
     /// Advance over the tokens of `reply` not yet followed (from the start
     /// again if the reply is shorter than what was followed). On a token the
     /// grammar forbids, the state goes back to the start of the reply and the
-    /// error names the token and its place.
+    /// error names the token and its place; so on a step llama.cpp refuses
+    /// (a grammar over its bounds), with llama.cpp's reason.
     pub fn follow(&mut self, reply: &[i32]) -> Result<(), NativeError> {
         if reply.len() < self.covers {
-            self.restart();
+            self.restart()?;
         }
         for (index, &token) in reply.iter().enumerate().skip(self.covers) {
-            // `accept` checks that the grammar allows the token first.
-            if self.grammar.accept(token).is_err() {
-                self.restart();
-                return Err(NativeError::InvalidArgument(format!(
+            let refused = match self.grammar.try_accept(token) {
+                Ok(true) => None,
+                Ok(false) => Some(NativeError::InvalidArgument(format!(
                     "the reply does not follow the grammar: token {token} at reply position {index} is not allowed there"
-                )));
+                ))),
+                Err(error) => Some(error),
+            };
+            if let Some(error) = refused {
+                self.restart()?;
+                return Err(error);
             }
             self.covers = index + 1;
         }
@@ -218,9 +223,10 @@ impl GrammarState {
     }
 
     /// Back to the start of a reply.
-    pub fn restart(&mut self) {
-        self.grammar.restart();
+    pub fn restart(&mut self) -> Result<(), NativeError> {
+        self.grammar.restart()?;
         self.covers = 0;
+        Ok(())
     }
 }
 
@@ -311,10 +317,8 @@ impl Sampler {
     }
 
     /// A new reply begins: the grammar starts again.
-    pub fn restart_grammar(&mut self) {
-        if let Some(state) = self.grammar.as_mut() {
-            state.restart();
-        }
+    pub fn restart_grammar(&mut self) -> Result<(), NativeError> {
+        self.grammar.as_mut().map_or(Ok(()), GrammarState::restart)
     }
 }
 
@@ -463,7 +467,7 @@ pub fn constrained_distribution(
         return Ok(distribution(logits, params, history));
     };
     let mut masked = adjusted(logits, params, history).into_owned();
-    grammar.mask(&mut masked);
+    grammar.mask(&mut masked)?;
     let dist = chain(&masked, params);
     if dist.is_empty() {
         return Err(dead_end());
@@ -570,11 +574,14 @@ fn greedy_choice(
 ) -> Result<i32, NativeError> {
     let logits = adjusted(row, params, history);
     let best = argmax(&logits);
-    let Some(grammar) = grammar.filter(|g| !g.allows(best)) else {
+    let Some(grammar) = grammar else {
         return Ok(best);
     };
+    if grammar.allows(best)? {
+        return Ok(best);
+    }
     let mut masked = logits.into_owned();
-    grammar.mask(&mut masked);
+    grammar.mask(&mut masked)?;
     let best = argmax(&masked);
     if masked
         .get(best as usize)

@@ -4,7 +4,9 @@ A grammar constrains each reply (the tokens generated after the prompt or a new 
 a grammar commits what plain decoding with it commits, in every mode, a drafted token the grammar forbids being
 rejected; sampled generations resume exactly in another process (the grammar's state is rebuilt by following
 the reply); rejection sampling keeps the constrained distribution; bad grammars and replies that do not follow
-a grammar are refused before anything changes.
+a grammar are refused before anything changes. A grammar whose alternatives multiply its parse stacks is refused
+in milliseconds (llama.cpp's engine is bounded by specstate's patch 0004), from a caller or a checkpoint, and
+one that explodes only after its first character fails the generation cleanly.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,25 @@ PERSON = {
     "required": ["name", "age"],
 }
 CHAT_PROMPT = "<|im_start|>user\nDescribe a person as JSON.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _nested_alternatives(levels: int, root: str = "l1") -> str:
+    """`levels` rules of ten alternatives (a rule of the next level, then a digit): 10**levels parse stacks."""
+    rules = [f"root ::= {root}"]
+    for level in range(1, levels + 1):
+        inner = f"l{level + 1} " if level < levels else ""
+        rules.append(f"l{level} ::= " + " | ".join(f'{inner}"{digit}"' for digit in range(10)))
+    return "\n".join(rules) + "\n"
+
+
+#: 552 bytes asking llama.cpp's engine for a million parse stacks from the start (unbounded, it took hours).
+EXPLODING = _nested_alternatives(6)
+#: Two parse stacks at the start, a million once an "a" is read.
+EXPLODING_AFTER_A = _nested_alternatives(6, root='"a" l1 | "b"')
+#: What llama.cpp's engine says of both (patch 0004), after specstate's "the grammar is refused by ...".
+TOO_MANY_STACKS = "(grammar too complex: more than 1024 parse stacks at one point (LLAMA_GRAMMAR_MAX_STACKS)"
+#: Loose: a refusal takes milliseconds; the bound is that it is not hours.
+QUICKLY = 10.0
 
 
 def _text(generator: Generator) -> str:
@@ -171,3 +193,75 @@ def test_a_json_schema_constrains_smollm2_and_speculation_keeps_the_text(smollm2
 def test_bad_schemas_are_refused(schema: str) -> None:
     with pytest.raises(ValueError):
         json_schema_to_grammar(schema)
+
+
+def test_a_grammar_of_a_million_parse_stacks_is_refused_at_once(tiny_map: dict[str, Path]) -> None:
+    started = time.monotonic()
+    with pytest.raises(
+        ValueError, match=re.escape("grammar is refused by llama.cpp's grammar engine " + TOO_MANY_STACKS)
+    ):
+        tiny_generator("none", tiny_map, grammar=EXPLODING)
+    generator = tiny_generator("none", tiny_map, temperature=0.5, seed=3)
+    with pytest.raises(ValueError, match=re.escape(TOO_MANY_STACKS)):
+        generator.set_sampling(grammar=EXPLODING, temperature=0.0)
+    assert time.monotonic() - started < QUICKLY
+    assert generator.config["temperature"] == 0.5 and generator.config["grammar"] is None
+    generator.generate(generator.model.tokenize(TEXT), max_tokens=3)
+    assert len(generator.tokens) == 3
+
+
+@pytest.mark.parametrize("grammar", [EXPLODING, EXPLODING_AFTER_A], ids=["from-the-start", "after-an-a"])
+def test_a_checkpoint_whose_grammar_explodes_is_corrupt(tiny_map: dict[str, Path], grammar: str) -> None:
+    """Restore compiles the grammar (the first one is refused there) and follows the reply with it (the reply
+    starts with an "a", so the second is refused there)."""
+    generator = tiny_generator("ngram", tiny_map, grammar='root ::= "a" [a-e ]+ "."')
+    generator.generate(generator.model.tokenize(TEXT), max_tokens=6)
+    data = generator.checkpoint()
+    meta = codec.meta(data)
+    meta["sampler"]["grammar"] = grammar
+    crafted = codec.reseal_sections(data, {"meta": json.dumps(meta).encode()})
+    kept = generator.checkpoint()
+    started = time.monotonic()
+    with pytest.raises(CorruptCheckpointError, match=r"meta\.grammar.*" + re.escape(TOO_MANY_STACKS)):
+        Generator.restore(crafted, _tiny(tiny_map))
+    with pytest.raises(CorruptCheckpointError, match=r"meta\.grammar.*" + re.escape(TOO_MANY_STACKS)):
+        generator.load(crafted)
+    assert time.monotonic() - started < QUICKLY
+    assert generator.checkpoint() == kept
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_grammar_whose_stacks_explode_after_its_first_character_fails_the_reply_cleanly(
+    tiny_map: dict[str, Path], mode: str
+) -> None:
+    """The grammar compiles (two stacks); checking the first token's candidates, those that start with an "a",
+    would need a million: the prompt's decode is undone and the generator goes on with another grammar."""
+    generator = tiny_generator(mode, tiny_map, grammar=EXPLODING_AFTER_A)
+    prompt = generator.model.tokenize(TEXT)
+    started = time.monotonic()
+    with pytest.raises(
+        ValueError, match=re.escape("the grammar is refused by llama.cpp's grammar engine " + TOO_MANY_STACKS)
+    ):
+        generator.generate(prompt, max_tokens=10)
+    assert time.monotonic() - started < QUICKLY
+    assert generator.tokens == []
+    generator.set_sampling(grammar=WORDS)
+    generator.generate(prompt, max_tokens=60)
+    reference = tiny_generator(mode, tiny_map, grammar=WORDS)
+    reference.generate(prompt, max_tokens=60)
+    assert generator.tokens == reference.tokens
+
+
+def test_a_json_schema_of_a_thousand_choices_stays_within_the_bounds(smollm2: Model) -> None:
+    """An enum of 1000 strings is 1000 parse stacks at its start, near the engine's 1024: followed on SmolLM2."""
+    choices = [f"item-{index:04d}" for index in range(1000)]
+    grammar = json_schema_to_grammar(json.dumps({"enum": choices}))
+    prompt = smollm2.tokenize(CHAT_PROMPT.replace("a person", "an item"), add_special=False, parse_special=True)
+    generator = Generator(smollm2, mode="none", grammar=grammar, n_threads=2)
+    started = time.monotonic()
+    generator.generate(prompt, max_tokens=30)
+    assert time.monotonic() - started < 30
+    assert (
+        json.loads(smollm2.detokenize(generator.tokens[:-1] if generator.stopped_by == "eos" else generator.tokens))
+        in choices
+    )

@@ -264,11 +264,16 @@ pub fn restore(
     let logprobs = recorded_logprobs(checkpoint, &target)?;
     check_context_cap(&config, &target, limits.max_n_ctx)?;
     check_allocation(&config, &target, limits.max_n_batch)?;
-    let mut generator = Generator::new(target, draft, config, runtime).map_err(|error| {
-        CheckpointError::Corrupt(format!(
-            "meta: the configuration cannot run on these models: {error}"
-        ))
-    })?;
+    let mut generator =
+        Generator::new(target, draft, config, runtime).map_err(|error| match error {
+            // The grammar llama.cpp refuses, as `load_into` names it.
+            Error::Setting(setting) if setting.field == "grammar" => {
+                CheckpointError::Corrupt(format!("meta.{setting}"))
+            }
+            error => CheckpointError::Corrupt(format!(
+                "meta: the configuration cannot run on these models: {error}"
+            )),
+        })?;
     generator
         .restore(
             checkpoint.state.clone(),

@@ -207,12 +207,15 @@ pub struct Engine<'a> {
 
 impl Engine<'_> {
     /// Decode `prompt` in batch-sized chunks (the drafter observing each),
-    /// begin the drafter, and return the first generated token.
+    /// begin the drafter, and return the first generated token. Should the
+    /// first token not be chosen (a grammar llama.cpp refuses, or one that
+    /// allows no token), the target and the drafter are left empty again.
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
         self.check_prompt(prompt)?;
         self.decode_prompt(prompt, 0)?;
         self.drafter.begin(self.target, prompt)?;
         self.choose_first(prompt)
+            .map_err(|error| self.abandon_after(0, error))
     }
 
     /// The first token after a decoded prompt, its log-probability recorded.
@@ -226,7 +229,8 @@ impl Engine<'_> {
     /// Continue the generation at `at` with a new turn: decode the last
     /// committed token and `tokens` after it, begin the drafter on the whole
     /// history as its new prompt, and return the first token generated after
-    /// it. The rules of [`Engine::prefill`] apply to that new prompt.
+    /// it. The rules of [`Engine::prefill`] apply to that new prompt (a first
+    /// token not chosen leaves the target and the drafter at `at`).
     pub fn extend(&mut self, at: Cursor<'_>, tokens: &[i32]) -> Result<i32> {
         if tokens.is_empty() {
             return Err(Error::Invalid("the new turn is empty".into()));
@@ -236,6 +240,7 @@ impl Engine<'_> {
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
         self.drafter.begin(self.target, &prompt)?;
         self.choose_first(&prompt)
+            .map_err(|error| self.abandon_after(at.n_past, error))
     }
 
     /// Decode `rows` at positions `start..` in batch-sized chunks, the drafter observing each.
@@ -293,7 +298,7 @@ impl Engine<'_> {
         let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let round = match self.judge(&at, &draft) {
             Ok(round) => round,
-            Err(error) => return Err(self.abandon_round(&at, error)),
+            Err(error) => return Err(self.abandon_after(at.n_past, error)),
         };
         self.drafter
             .settle(self.target, round.n_past, round.accepted)?;
@@ -426,13 +431,14 @@ impl Engine<'_> {
         })
     }
 
-    /// Verification failed after the verify batch was decoded (a grammar that
-    /// allows no token): leave the target and the drafter as before the round.
-    fn abandon_round(&mut self, at: &Cursor<'_>, error: Error) -> Error {
+    /// Choosing failed after tokens were decoded (a verify batch, a prompt:
+    /// a grammar that allows no token, or one llama.cpp refuses): keep the
+    /// first `keep` positions of the target and the drafter, as before.
+    fn abandon_after(&mut self, keep: usize, error: Error) -> Error {
         let undone = self
             .drafter
-            .settle(self.target, at.n_past, 0)
-            .and_then(|()| self.roll_back_target(at.n_past));
+            .settle(self.target, keep, 0)
+            .and_then(|()| self.roll_back_target(keep));
         undone.err().unwrap_or(error)
     }
 

@@ -353,7 +353,7 @@ impl Generator {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
         self.measure_cost_curve(prompt)?;
-        self.new_reply();
+        self.new_reply()?;
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
         self.state.history = prompt.to_vec();
         self.commit_first(first);
@@ -361,11 +361,12 @@ impl Generator {
     }
 
     /// A new reply begins: the grammar and the log-probability records start again.
-    fn new_reply(&mut self) {
-        self.sampler.restart_grammar();
+    fn new_reply(&mut self) -> Result<()> {
+        self.sampler.restart_grammar()?;
         if let Some(log) = self.logprobs.as_mut() {
             log.restart();
         }
+        Ok(())
     }
 
     /// An adaptive generation without a pinned cost curve measures it on the
@@ -438,7 +439,7 @@ impl Generator {
         if !self.started() {
             return Err(Error::Usage("call prefill() first".into()));
         }
-        self.new_reply();
+        self.new_reply()?;
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
         self.state.history.extend_from_slice(tokens);
         self.commit_first(first);
