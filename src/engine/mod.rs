@@ -261,9 +261,11 @@ impl Engine<'_> {
         }
         let n_ctx = self.target.n_ctx() as usize;
         if prompt.len() >= n_ctx {
+            // The words llama-cpp-python's error has, so that code matching them goes on working.
             return Err(Error::Invalid(format!(
-                "the prompt has {} tokens, which leaves no room in the {n_ctx}-token context",
-                prompt.len()
+                "the prompt has {n} tokens, which leaves no room in the {n_ctx}-token context \
+                 (Requested tokens ({n}) exceed context window of {n_ctx})",
+                n = prompt.len()
             )));
         }
         Ok(self.target.model().check_tokens(prompt)?)

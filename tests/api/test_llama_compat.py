@@ -187,3 +187,9 @@ def test_completion_tokens_leave_out_the_end_of_generation_token(tiny_chat: Path
     assert generator is not None and result["choices"][0]["finish_reason"] == "stop"
     assert llm.model.is_eog(generator.tokens[-1])
     assert result["usage"]["completion_tokens"] == len(generator.tokens) - 1
+
+
+def test_a_prompt_over_the_context_says_so_in_llama_cpp_pythons_words(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    with pytest.raises(ValueError, match=r"Requested tokens \(\d+\) exceed context window of 256"):
+        llm.create_completion([65] * 300, max_tokens=1)
