@@ -193,3 +193,19 @@ def test_a_prompt_over_the_context_says_so_in_llama_cpp_pythons_words(tiny_chat:
     llm = tiny_llama(tiny_chat)
     with pytest.raises(ValueError, match=r"Requested tokens \(\d+\) exceed context window of 256"):
         llm.create_completion([65] * 300, max_tokens=1)
+
+
+# --- embeddings
+
+
+def test_embeddings_through_llama_as_llama_cpp_python_gives_them(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat, embedding=True, pooling_type=1)  # mean
+    one = llm.embed("hello world")
+    assert isinstance(one, list) and len(one) == llm.n_embd() and all(isinstance(x, float) for x in one)
+    reply = llm.create_embedding(["hello world", "goodbye"], model="mine")
+    assert [entry["index"] for entry in reply["data"]] == [0, 1] and reply["model"] == "mine"
+    assert reply["data"][0]["embedding"] == one and reply["usage"]["prompt_tokens"] > 0
+    with pytest.raises(RuntimeError, match="embedding=True"):
+        tiny_llama(tiny_chat).embed("x")
+    with pytest.raises(UnsupportedParameterError, match="pooling_type"):
+        tiny_llama(tiny_chat, embedding=True, pooling_type=4)

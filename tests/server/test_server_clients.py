@@ -63,3 +63,16 @@ def test_unknown_paths_and_methods_get_openai_error_bodies(live: Live) -> None:
         response = connection.getresponse()
         body = json.loads(response.read())
         assert response.status == status and set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_embeddings_through_the_openai_client(live: Live) -> None:
+    client = live.client()
+    reply = client.embeddings.create(model=MODEL, input=["hello world", "goodbye"])  # base64, as the client asks
+    vectors = [entry.embedding for entry in reply.data]
+    assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0
+    assert abs(sum(x * x for x in vectors[0]) - 1.0) < 1e-4  # normalized, as OpenAI's are
+    floats = client.embeddings.create(model=MODEL, input="hello world", encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
+    assert reply.usage.prompt_tokens > 0
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=MODEL, input=[])

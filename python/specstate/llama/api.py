@@ -6,11 +6,12 @@ import os
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from specstate._native import Model
 from specstate._typing import GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template, template_sha256
+from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
 from specstate.errors import ChatTemplateError
 from specstate.generator import Generator, encode_prompt
 from specstate.llama.compat import LLAMA_CPP_DEFAULTS, LlamaCppOptions, check_llama_cpp_options, keyword_signature
@@ -49,6 +50,9 @@ from specstate.llama.types import ChatCompletion, Completion
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+#: llama-cpp-python's ``LLAMA_POOLING_TYPE_UNSPECIFIED``: the model's own pooling.
+LLAMA_POOLING_TYPE_UNSPECIFIED = -1
+
 
 @dataclass
 class _Conversation:
@@ -79,6 +83,11 @@ class Llama:
         chat_format: None (the model's own template) or ``"chatml"``; llama-cpp-python's other
             format names are not available (give the template's Jinja source as ``chat_template``).
         chat_template: a Jinja chat template used instead of the model's own.
+        embedding: allow :meth:`embed` and :meth:`create_embedding` (an embedding context over the same model,
+            made at the first call).
+        pooling_type: the embeddings' pooling, llama.cpp's numbers as llama-cpp-python gives them: -1 (the
+            model's own; a generative model records none, so one vector per token), 0 none, 1 mean, 2 cls,
+            3 last.
         verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
         **llama_cpp_options: llama-cpp-python's other constructor parameters, for ported code: those of
             :data:`~specstate.llama.compat.WITHOUT_EFFECT` with any value (each with the reason it has no
@@ -133,6 +142,8 @@ class Llama:
         last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
         chat_template: str | None = None,
+        embedding: bool = False,
+        pooling_type: int = LLAMA_POOLING_TYPE_UNSPECIFIED,
         verbose: bool = False,
         **llama_cpp_options: Unpack[LlamaCppOptions],
     ) -> None:
@@ -142,6 +153,9 @@ class Llama:
         threads = 0 if n_threads is None else n_threads
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_draft", n_draft), ("n_threads", threads)):
             _integer(name, value)  # the ranges are the generator's to check
+        self._embedding = _flag("embedding", embedding)
+        self._pooling = _pooling(pooling_type)
+        self._embedder: Embedder | None = None
         self._seed = _seed(seed)
         self._last_n = _integer("last_n_tokens_size", last_n_tokens_size)
         self._template = _template_source(chat_format, chat_template)
@@ -205,6 +219,28 @@ class Llama:
         if cache is not None and not isinstance(cache, BaseLlamaCache):
             raise TypeError(f"cache must be a LlamaRAMCache, a LlamaDiskCache or None, not {type(cache).__name__}")
         self._cache = cache
+
+    # --- embeddings ------------------------------------------------------------------------------
+
+    def embed(
+        self, input: str | list[str], normalize: bool = False, truncate: bool = True, return_count: bool = False
+    ) -> Any:
+        """llama-cpp-python's ``embed``: the embedding of ``input`` (a string), or of each of its strings (see
+        :meth:`specstate.embeddings.Embedder.embed`). Needs ``embedding=True``."""
+        return self._embeddings().embed(input, normalize=normalize, truncate=truncate, return_count=return_count)
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> CreateEmbeddingResponse:
+        """llama-cpp-python's ``create_embedding``: OpenAI's embeddings reply for ``input`` (``model``: the name
+        it reports, by default the model's path). Needs ``embedding=True``."""
+        return self._embeddings().create_embedding(input, model=model if model is not None else self.model_path)
+
+    def _embeddings(self) -> Embedder:
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        if self._embedder is None:
+            n_ctx, threads = self._settings["n_ctx"], self._settings["n_threads"]
+            self._embedder = Embedder(self.model, n_ctx=n_ctx, pooling=self._pooling, n_threads=threads)
+        return self._embedder
 
     # --- llama-cpp-python's helpers --------------------------------------------------------------
 
@@ -511,3 +547,13 @@ for _method, _options, _chat in (
     _method.__signature__ = keyword_signature(  # type: ignore[union-attr]
         _method, _options, call_defaults(_chat), last={*NEUTRAL, "mirostat_tau", "mirostat_eta"}
     )
+
+
+def _pooling(pooling_type: object) -> Pooling | None:
+    """The pooling of llama-cpp-python's ``pooling_type`` number (-1: the model's own)."""
+    number = _integer("pooling_type", pooling_type)
+    if not -1 <= number < len(EMBEDDING_POOLINGS):
+        raise UnsupportedParameterError(
+            f"pooling_type={number} is not supported: -1 (the model's), 0 none, 1 mean, 2 cls or 3 last"
+        )
+    return None if number == -1 else EMBEDDING_POOLINGS[number]

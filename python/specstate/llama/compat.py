@@ -35,7 +35,6 @@ ACCEPTED_AT: dict[str, tuple[object, ...]] = {
     "tensor_split": (None,),
     "kv_overrides": (None,),
     "rope_scaling_type": (None, -1),
-    "pooling_type": (-1,),
     "attention_type": (-1,),
     "rope_freq_base": (0.0,),
     "rope_freq_scale": (0.0,),
@@ -76,7 +75,6 @@ class LlamaCppOptions(TypedDict, total=False):
     tensor_split: list[float] | None
     kv_overrides: dict[str, bool | int | float | str] | None
     rope_scaling_type: int | None
-    pooling_type: int
     attention_type: int
     rope_freq_base: float
     rope_freq_scale: float

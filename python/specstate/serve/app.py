@@ -59,6 +59,7 @@ from specstate import Model
 from specstate.chat import chat_template
 from specstate.serve.cache import ConversationCache
 from specstate.serve.config import ServerConfig
+from specstate.serve.embeddings import Embeddings, read_embedding_request
 from specstate.serve.jobs import DONE, Job, Metrics
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
@@ -89,6 +90,9 @@ class Server:
         self.started = int(time.time())
         #: The chat template's source, once the model is loaded ("" for a model without one).
         self.template = ""
+        #: The target model, once loaded.
+        self.model: Model | None = None
+        self.embeddings = Embeddings(config.embedding_pooling, config.n_ctx, config.threads_per_slot())
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
@@ -113,7 +117,8 @@ class Server:
             self.driver.loaded.wait()
             if self.driver.error is not None:
                 raise self.driver.error
-            self.template = _template_source(self.driver.model, self.config.chat_template)
+            self.model = self.driver.model
+            self.template = _template_source(self.model, self.config.chat_template)
             return
         for _ in range(self.config.slots):
             loaded = threading.Event()
@@ -125,7 +130,8 @@ class Server:
                 raise slot.error
             self.slots.append(slot)
         assert self.slots[0].llama is not None
-        self.template = _template_source(self.slots[0].llama.model, self.config.chat_template)
+        self.model = self.slots[0].llama.model
+        self.template = _template_source(self.model, self.config.chat_template)
 
     def stop(self) -> None:
         self.scheduler.close()
@@ -143,20 +149,31 @@ class Server:
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise RequestError(401, "a valid API key is needed (Authorization: Bearer ...)", "authentication_error")
 
-    async def read(self, request: Request, kind: Kind) -> ServerRequest:
-        """The request's body, read up to the limit, as a checked :class:`ServerRequest` (off the event loop)."""
-        limits = self.config.limits
+    async def body(self, request: Request) -> bytes:
+        """The request's body, read up to the limit (413 beyond)."""
+        limit = self.config.limits.max_body_bytes
         data = bytearray()
         async for part in request.stream():
             data += part
-            if len(data) > limits.max_body_bytes:
-                raise RequestError(413, f"the request body is larger than {limits.max_body_bytes} bytes")
-        return await asyncio.to_thread(self._read, bytes(data), kind)
+            if len(data) > limit:
+                raise RequestError(413, f"the request body is larger than {limit} bytes")
+        return bytes(data)
+
+    async def read(self, request: Request, kind: Kind) -> ServerRequest:
+        """The request as a checked :class:`ServerRequest` (read off the event loop)."""
+        return await asyncio.to_thread(self._read, await self.body(request), kind)
 
     def _read(self, data: bytes, kind: Kind) -> ServerRequest:
         limits = self.config.limits
         body = read_json(data, limits)
         return read_request(kind, body, limits, model_name=self.config.name(), template_source=self.template)
+
+    async def embed(self, request: Request) -> dict[str, Any]:
+        """The reply to an embeddings request (computed off the event loop)."""
+        body = read_json(await self.body(request), self.config.limits)
+        texts, base64_floats = read_embedding_request(body, self.config.name())
+        assert self.model is not None
+        return await asyncio.to_thread(self.embeddings.answer, self.model, texts, base64_floats, self.config.name())
 
     def model_entry(self) -> dict[str, Any]:
         """The one model, as ``/v1/models`` lists it."""
@@ -189,6 +206,19 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
             return _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
         server.metrics.request(endpoint, response.status_code)
         return response
+
+    async def embeddings(request: Request) -> Response:
+        try:
+            server.authorize(request)
+            reply = await server.embed(request)
+        except RequestError as error:
+            server.metrics.request("embeddings", error.status)
+            return _error_response(error)
+        except Exception as error:  # never a bare 500: an OpenAI-shaped body says what failed
+            server.metrics.request("embeddings", 500)
+            return _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+        server.metrics.request("embeddings", 200)
+        return JSONResponse(reply)
 
     async def chat(request: Request) -> Response:
         return await completions(request, "chat", "chat")
@@ -237,6 +267,7 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completion, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -99,6 +99,11 @@ class ServerConfig:
     spill_dir: str | None = field(
         default=None, metadata=_option("parked replies' checkpoints beyond --parked-mib go here", path=True)
     )
+    #: The pooling of ``/v1/embeddings`` (None: the model's own, else ``mean``).
+    embedding_pooling: str | None = field(
+        default=None,
+        metadata=_option("pooling of /v1/embeddings: none, mean, cls or last (default: the model's own, else mean)"),
+    )
     #: Serve from a pool of this many Ray workers (``slots`` generations each) instead of slot threads.
     ray_workers: int = field(
         default=0, metadata=_option("serve from this many Ray workers (needs the ray extra)", low=0, high=1024)
