@@ -55,6 +55,7 @@ from specstate._typing import (  # noqa: E402
     TokenLogprobs,
 )
 from specstate.chat import chat_template, render_chat  # noqa: E402
+from specstate.embeddings import CreateEmbeddingResponse, Embedder  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
 from specstate.generator import Generator, encode_prompt  # noqa: E402
 from specstate.llama import Llama as Llama  # noqa: E402 (llama-cpp-python's API; see specstate.llama)
@@ -83,10 +84,12 @@ __all__ = [
     "CheckpointInfo",
     "Context",
     "ContextCapacity",
+    "CreateEmbeddingResponse",
     "DeviceInfo",
     "DraftPolicy",
     "DraftSession",
     "Eagle3Session",
+    "Embedder",
     "Generator",
     "GeneratorConfig",
     "GeneratorSettings",

@@ -23,8 +23,12 @@ from specstate._typing import (
 
 __all__ = [
     "DRAFT_POLICIES",
+    "EMBEDDING_N_CTX",
+    "EMBEDDING_POOLINGS",
     "GENERATOR_DEFAULTS",
     "MAX_CHECKPOINT_BYTES",
+    "MAX_EMBEDDING_FLOATS",
+    "MAX_EMBEDDING_INPUTS",
     "MAX_GRAMMAR_BYTES",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
@@ -39,6 +43,7 @@ __all__ = [
     "Context",
     "ContextCapacity",
     "DraftSession",
+    "Embedder",
     "Generator",
     "GreedyGeneration",
     "Model",
@@ -84,6 +89,14 @@ GENERATOR_DEFAULTS: Final[dict[str, object]]
 MODES: Final[tuple[Mode, ...]]
 #: The draft policies, ``fixed`` and ``adaptive``: written once, in Rust (``_typing.DraftPolicy`` names the same).
 DRAFT_POLICIES: Final[tuple[DraftPolicy, ...]]
+#: An ``Embedder``'s context length unless one is given (llama-cpp-python's default ``n_ctx``).
+EMBEDDING_N_CTX: Final[int]
+#: The poolings an ``Embedder`` takes, in llama.cpp's order.
+EMBEDDING_POOLINGS: Final[tuple[Literal["none", "mean", "cls", "last"], ...]]
+#: The most inputs one ``Embedder.embed_batch`` call embeds (OpenAI's bound per request).
+MAX_EMBEDDING_INPUTS: Final[int]
+#: The most floats one ``Embedder`` call returns (pooling ``"none"`` gives ``n_embd`` per token).
+MAX_EMBEDDING_FLOATS: Final[int]
 
 @final
 class ContextCapacity:
@@ -375,6 +388,65 @@ class Context:
         """Clear one sequence."""
     def seq_pos_max(self, seq_id: int = 0) -> int:
         """The highest position stored for ``seq_id``, or -1 when empty."""
+
+@final
+class Embedder:
+    """A llama.cpp embedding context over a model (``embeddings = true``), which embeds one token sequence at a
+    time: each decoded alone, from an empty memory, in one batch (the same input gives the same bits, alone or
+    in a batch).
+
+    ``n_ctx`` is the longest input (0: the model's trained length); ``pooling`` is ``None`` (the model's own,
+    from its GGUF metadata; ``"none"`` for a generative model, which records none), ``"none"`` (one vector per
+    token), ``"mean"``, ``"cls"`` (the first token's) or ``"last"``; a model whose own pooling is a reranker's
+    (``rank``) needs one of these. ``n_threads`` 0 uses the CPUs available. Usable from any thread: calls run
+    one at a time, each with the GIL released while it decodes.
+
+    Raises:
+        ValueError: for a pooling name, ``n_ctx`` or ``n_threads`` outside its range.
+        ContextError: when llama.cpp refuses the context (an encoder-decoder model included).
+    """
+
+    def __new__(
+        cls,
+        model: Model,
+        *,
+        n_ctx: int = 512,
+        pooling: Literal["none", "mean", "cls", "last"] | None = None,
+        n_threads: int = 0,
+    ) -> Embedder: ...
+    @property
+    def model(self) -> Model:
+        """The model this embedder runs."""
+    @property
+    def n_ctx(self) -> int:
+        """The context length: the most tokens an input may have."""
+    @property
+    def n_embd(self) -> int:
+        """Floats in one embedding (the model's output width)."""
+    @property
+    def n_threads(self) -> int:
+        """The threads decoding uses."""
+    @property
+    def pooling(self) -> Literal["none", "mean", "cls", "last"]:
+        """The pooling in effect (the model's own when none was asked for)."""
+    def embed(self, tokens: Sequence[int]) -> list[float] | list[list[float]]:
+        """The embedding of one token sequence: ``n_embd`` floats, or with pooling ``"none"`` one such list
+        per token.
+
+        Raises:
+            ValueError: for an empty sequence, one longer than ``n_ctx`` (``"Requested tokens (N) exceed
+                context window of n_ctx (input 0)"``, llama-cpp-python's words), or a token outside the
+                vocabulary; nothing is decoded then.
+            TypeError: for a string or anything else that is not a sequence of integers.
+            DecodeError: when llama.cpp fails to decode.
+        """
+    def embed_batch(self, inputs: Sequence[Sequence[int]]) -> list[list[float] | list[list[float]]]:
+        """The embeddings of ``inputs``, in order, each computed alone as ``embed`` computes it.
+
+        Every input is checked (as ``embed`` checks it, the message naming its index) and their count (at most
+        ``MAX_EMBEDDING_INPUTS``) and total size (at most ``MAX_EMBEDDING_FLOATS`` floats) bounded before any
+        is decoded.
+        """
 
 @disjoint_base
 class DraftSession:

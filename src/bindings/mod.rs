@@ -3,6 +3,7 @@
 mod arguments;
 mod chat;
 mod context;
+mod embedding;
 mod errors;
 mod generator;
 mod guarded;
@@ -58,6 +59,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<session::PySession>()?;
     module.add_class::<session::PyGreedyGeneration>()?;
     module.add_class::<generator::PyGenerator>()?;
+    embedding::register(module)?;
     module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;
     module.add_function(wrap_pyfunction!(generator::model_fingerprint, module)?)?;
     module.add_function(wrap_pyfunction!(generator::check_sampling, module)?)?;

@@ -1,6 +1,7 @@
 //! The safe native layer: RAII owners of llama.cpp's handles (models,
-//! contexts, batches, grammars, chat templates, speculative sessions) and
-//! safe functions over its other calls (the build's description).
+//! contexts, embedding contexts, batches, grammars, chat templates,
+//! speculative sessions) and safe functions over its other calls (the
+//! build's description).
 //!
 //! Every `unsafe` call into `llama-cpp-sys-4` lives in this module tree, next
 //! to a `// SAFETY:` note. Types here are plain Rust: the Python bindings wrap
@@ -10,6 +11,7 @@ mod backend;
 mod batch;
 mod chat;
 mod context;
+mod embedding;
 mod grammar;
 pub mod info;
 mod model;
@@ -23,6 +25,10 @@ pub use batch::Batch;
 pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
 pub use context::{
     available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
+};
+pub use embedding::{
+    Embedder, EmbedderParams, Embedding, EmbeddingInputError, Pooling, MAX_EMBEDDING_FLOATS,
+    MAX_EMBEDDING_INPUTS,
 };
 pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;
