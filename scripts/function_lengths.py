@@ -21,12 +21,24 @@ PYTHON_LIMIT = 60
 RUST_FN = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:unsafe\s+)?(?:extern\s+\"C\"\s+)?fn\s+(\w+)")
 
 
+def _declaration(lines: list[str], index: int) -> bool:
+    """Whether the ``fn`` at ``lines[index]`` is only declared (in an ``extern`` block): its signature, over
+    however many lines, ends with ``;`` before any body opens."""
+    for line in lines[index:]:
+        stripped = line.rstrip()
+        if stripped.endswith(";"):
+            return True
+        if stripped.endswith("{") or stripped.endswith("}"):
+            return False
+    return False
+
+
 def rust_functions(path: Path) -> Iterator[tuple[str, int, int]]:
     """(name, first line, line count) of every function in a Rust file."""
     lines = path.read_text().splitlines()
     for index, line in enumerate(lines):
         match = RUST_FN.match(line)
-        if not match or line.rstrip().endswith(";"):
+        if not match or _declaration(lines, index):
             continue
         indent = match.group(1)
         for end in range(index, len(lines)):

@@ -31,7 +31,15 @@ from typing import Any, NoReturn
 from specstate import errors
 from specstate.cli import _args, _models, bench, chat, demo, generate, resume, serve
 from specstate.cli import inspect as inspect_command
-from specstate.cli._args import NATIVE_DEFAULTS, Parser, Range, UsageError, check_numbers, one_line
+from specstate.cli._args import (
+    NATIVE_DEFAULTS,
+    Parser,
+    Range,
+    UsageError,
+    check_numbers,
+    check_sampling_options,
+    one_line,
+)
 
 __all__ = ["COMMANDS", "EXPECTED_ERRORS", "NATIVE_DEFAULTS", "RANGES", "UsageError", "build_parser", "main"]
 
@@ -122,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _raise_on_sigterm()
     try:
         check_numbers(args, RANGES.get(args.command, ()))
+        check_sampling_options(args)
         COMMANDS[args.command](args)
     except KeyboardInterrupt:
         sys.stderr.write("specstate: interrupted\n")

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from specstate import DraftPolicy, GeneratorSettings, _native
 from specstate._files import read_small_file, special_kind
-from specstate._typing import U32_MAX, U64_MAX, Mode
+from specstate._typing import U32_MAX, Mode
 
 MODES = get_args(Mode)
 #: Progress, summaries and status lines.
@@ -175,11 +175,20 @@ SETTING_RANGES = (
     N_CTX,
     Range("n_draft", 1, U32_MAX, when=lambda args: args.mode not in (None, "none"), note=" when speculating"),
     Range("n_draft", 0, U32_MAX),
-    Range("seed", 0, U64_MAX),
-    Range("top_k", 0, U32_MAX),
-    Range("temperature", 0),
-    Range("top_p", 0, 1, low_open=True),
 )
+
+
+def check_sampling_options(args: argparse.Namespace) -> None:
+    """Refuse, naming the option, a sampler option the core refuses: its ranges are checked once, in the core
+    (``_native.check_sampling``), with the message a ``Generator`` gives."""
+    for setting, _, _ in _SAMPLERS:
+        value = getattr(args, setting, None)
+        if value is None:
+            continue
+        try:
+            _native.check_sampling(**{setting: value})
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"--{setting.replace('_', '-')}: {error}") from None
 
 
 def check_numbers(args: argparse.Namespace, ranges: Sequence[Range]) -> None:

@@ -11,11 +11,11 @@ import secrets
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from specstate import _defaults
-from specstate._native import json_schema_to_grammar
-from specstate._typing import GeneratorConfig, GeneratorSettings
+from specstate._native import check_sampling, json_schema_to_grammar
+from specstate._typing import GeneratorConfig, GeneratorSettings, SamplingSettings
 
 if TYPE_CHECKING:
     pass
@@ -282,19 +282,20 @@ def call_settings(
     _check_options(options, ChatCompletionOptions if chat else CompletionOptions, call)
     given = options.get("seed")
     seed = seed if given is None else _seed(given)
-    temperature = _real(
-        "temperature", options.get("temperature", CHAT_TEMPERATURE if chat else COMPLETION_TEMPERATURE), 0.0, math.inf
+    temperature = _number(
+        "temperature", options.get("temperature", CHAT_TEMPERATURE if chat else COMPLETION_TEMPERATURE)
     )
     sampling = _Sampling(
         temperature=temperature,
         top_k=max(0, _integer("top_k", options.get("top_k", TOP_K))),
-        top_p=_real("top_p", options.get("top_p", TOP_P), 0.0, 1.0, open_low=True),
+        top_p=_number("top_p", options.get("top_p", TOP_P)),
         seed=0 if temperature == 0 else seed,  # greedy: any seed chooses alike (and continues a conversation)
         repeat_last_n=last_n,
         logit_bias=_logit_bias(options.get("logit_bias")),
         grammar=_grammar_text(options.get("grammar")),
         **_chain_reals(options),
     )
+    check_sampling(**cast(SamplingSettings, sampling.settings()))  # every range, once, in the core
     limit = options.get("max_tokens", None if chat else COMPLETION_MAX_TOKENS)
     limit = None if limit is None else _integer("max_tokens", limit)
     model = options.get("model")
@@ -400,7 +401,7 @@ def _check_options(options: Mapping[str, object], allowed: type, call: str) -> N
         raise TypeError(f"{call}() got an unexpected keyword argument {unknown[0]!r}")
     for name in ("mirostat_tau", "mirostat_eta"):
         if name in options:
-            _real(name, options[name], -math.inf, math.inf)
+            _number(name, options[name])
     for name, value in options.items():
         neutral = NEUTRAL.get(name)
         if neutral is not None and not any(_same(value, choice) for choice in neutral):
@@ -429,15 +430,11 @@ def _integer(name: str, value: object) -> int:
     return value
 
 
-def _real(name: str, value: object, low: float, high: float, *, open_low: bool = False) -> float:
-    """``value``, a number (not a bool) in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
+def _number(name: str, value: object) -> float:
+    """``value``, a number (not a bool); its range is the core's to check."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-    number = float(value)
-    if math.isnan(number) or number < low or number > high or (open_low and number == low):
-        bounds = f"{'(' if open_low else '['}{low}, {high}]"
-        raise ValueError(f"{name} must be in {bounds}, not {value!r}")
-    return number
+    return float(value)
 
 
 #: The sampler chain's real-valued parameters and llama-cpp-python's defaults (the generator checks their ranges).
@@ -452,9 +449,7 @@ _CHAIN_REALS = {
 
 def _chain_reals(options: Mapping[str, object]) -> dict[str, float]:
     """The chain's real-valued parameters of a call's options (numbers, not bools), defaults filled in."""
-    return {
-        name: _real(name, options.get(name, default), -math.inf, math.inf) for name, default in _CHAIN_REALS.items()
-    }
+    return {name: _number(name, options.get(name, default)) for name, default in _CHAIN_REALS.items()}
 
 
 def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
@@ -465,7 +460,7 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
         return ()
     if not isinstance(value, Mapping):
         raise TypeError(f"logit_bias must be a mapping of token ids to numbers, not {type(value).__name__}")
-    pairs = ((_token_id(token), _real("logit_bias", bias, -math.inf, math.inf)) for token, bias in value.items())
+    pairs = ((_token_id(token), _number("logit_bias", bias)) for token, bias in value.items())
     return tuple(sorted(pairs))
 
 
@@ -518,19 +513,24 @@ def _stops(stop: object) -> list[str]:
 
 
 def _template_source(chat_format: object, template: object) -> str | None:
-    """The chat template to render with: None (the model's own), ``"chatml"``, or Jinja source."""
+    """The chat template to render with: None (the model's own), a chat format's name (llama-cpp-python's names
+    that llama.cpp has a built-in template for, :data:`specstate.chat.CHAT_FORMATS`, or llama.cpp's own names),
+    or Jinja source."""
+    from specstate.chat import CHAT_FORMATS, builtin_name
+
     if template is not None and not isinstance(template, str):
         raise TypeError(f"chat_template must be a str or None, not {type(template).__name__}")
     if chat_format is None:
         return template
-    if chat_format != "chatml":
+    if not isinstance(chat_format, str) or builtin_name(chat_format) is None:
         raise ValueError(
-            f"chat_format {chat_format!r} is not available: use None (the model's template), 'chatml', "
+            f"chat_format {chat_format!r} is not available: use None (the model's template), one of "
+            f"{', '.join(CHAT_FORMATS)} (or a name of llama.cpp's built-in templates), "
             "or give the template's Jinja source as chat_template"
         )
     if template is not None:
         raise ValueError("give chat_format or chat_template, not both")
-    return "chatml"
+    return chat_format
 
 
 def chat_pairs(messages: object, template_source: str) -> list[tuple[str, str]]:

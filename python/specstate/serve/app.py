@@ -47,7 +47,7 @@ import hmac
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -189,72 +189,29 @@ class Server:
         return {"status": status, "slots": total, "slots_serving": serving}, 200 if serving else 503
 
 
+Handler = Callable[["Server", Request], Awaitable[Response]]
+
+
 def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
     """The ASGI application and its state (the slots start with the application)."""
     server = Server(config)
 
-    async def completions(request: Request, kind: Kind, endpoint: str) -> Response:
-        try:
-            server.authorize(request)
-            job = Job(await server.read(request, kind), _no_delivery)
-            response = await _answer(server, job, request)
-        except RequestError as error:
-            server.metrics.request(endpoint, error.status)
-            return _error_response(error)
-        except Exception as error:  # never a bare 500: an OpenAI-shaped body says what failed
-            server.metrics.request(endpoint, 500)
-            return _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
-        server.metrics.request(endpoint, response.status_code)
-        return response
+    def endpoint(handler: Handler, name: str | None) -> Callable[[Request], Awaitable[Response]]:
+        """``handler`` bound to the server; a refusal or a failure as an OpenAI error body (never a bare 500),
+        counted under ``name`` when it has one."""
 
-    async def embeddings(request: Request) -> Response:
-        try:
-            server.authorize(request)
-            reply = await server.embed(request)
-        except RequestError as error:
-            server.metrics.request("embeddings", error.status)
-            return _error_response(error)
-        except Exception as error:  # never a bare 500: an OpenAI-shaped body says what failed
-            server.metrics.request("embeddings", 500)
-            return _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
-        server.metrics.request("embeddings", 200)
-        return JSONResponse(reply)
+        async def answer(request: Request) -> Response:
+            try:
+                response = await handler(server, request)
+            except RequestError as error:
+                response = _error_response(error)
+            except Exception as error:
+                response = _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+            if name is not None:
+                server.metrics.request(name, response.status_code)
+            return response
 
-    async def chat(request: Request) -> Response:
-        return await completions(request, "chat", "chat")
-
-    async def completion(request: Request) -> Response:
-        return await completions(request, "completion", "completions")
-
-    async def models(request: Request) -> Response:
-        try:
-            server.authorize(request)
-        except RequestError as error:
-            return _error_response(error)
-        return JSONResponse({"object": "list", "data": [server.model_entry()]})
-
-    async def model(request: Request) -> Response:
-        try:
-            server.authorize(request)
-            name = request.path_params["model"]
-            if name != server.config.name():
-                message = f"the model {name!r} does not exist; this server has {server.config.name()!r}"
-                raise RequestError(404, message, param="model")
-        except RequestError as error:
-            return _error_response(error)
-        return JSONResponse(server.model_entry())
-
-    async def health(request: Request) -> Response:
-        body, status = server.health()
-        return JSONResponse(body, status_code=status)
-
-    async def metrics(request: Request) -> Response:
-        try:
-            if not server.config.metrics_public:
-                server.authorize(request)
-        except RequestError as error:
-            return _error_response(error)
-        return PlainTextResponse(server.metrics.text(*server.gauges()))
+        return answer
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -264,17 +221,62 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
         finally:
             server.stop()
 
-    routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completion, methods=["POST"]),
-        Route("/v1/embeddings", embeddings, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
+    routes = [Route(path, endpoint(handler, name), methods=[method]) for path, method, handler, name in _ROUTES]
     handlers = {404: _http_error, 405: _http_error}
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers), server
+
+
+async def _chat(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    return await _answer(server, Job(await server.read(request, "chat"), _no_delivery), request)
+
+
+async def _completion(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    return await _answer(server, Job(await server.read(request, "completion"), _no_delivery), request)
+
+
+async def _embeddings(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    return JSONResponse(await server.embed(request))
+
+
+async def _models(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    return JSONResponse({"object": "list", "data": [server.model_entry()]})
+
+
+async def _model(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    name = request.path_params["model"]
+    if name != server.config.name():
+        raise RequestError(
+            404, f"the model {name!r} does not exist; this server has {server.config.name()!r}", param="model"
+        )
+    return JSONResponse(server.model_entry())
+
+
+async def _health(server: Server, request: Request) -> Response:
+    body, status = server.health()
+    return JSONResponse(body, status_code=status)
+
+
+async def _metrics(server: Server, request: Request) -> Response:
+    if not server.config.metrics_public:
+        server.authorize(request)
+    return PlainTextResponse(server.metrics.text(*server.gauges()))
+
+
+#: Each path: its method, its handler, and the name its requests are counted under in /metrics (None: not).
+_ROUTES: list[tuple[str, str, Handler, str | None]] = [
+    ("/v1/chat/completions", "POST", _chat, "chat"),
+    ("/v1/completions", "POST", _completion, "completions"),
+    ("/v1/embeddings", "POST", _embeddings, "embeddings"),
+    ("/v1/models", "GET", _models, None),
+    ("/v1/models/{model:path}", "GET", _model, None),
+    ("/health", "GET", _health, None),
+    ("/metrics", "GET", _metrics, None),
+]
 
 
 def _no_delivery(item: object) -> None:
