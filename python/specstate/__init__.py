@@ -59,7 +59,12 @@ from specstate.embeddings import CreateEmbeddingResponse, Embedder  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
 from specstate.generator import Generator, encode_prompt  # noqa: E402
 from specstate.llama import Llama as Llama  # noqa: E402 (llama-cpp-python's API; see specstate.llama)
+from specstate.llama import LlamaCache as LlamaCache  # noqa: E402
+from specstate.llama import LlamaDiskCache as LlamaDiskCache  # noqa: E402
 from specstate.llama import LlamaGrammar as LlamaGrammar  # noqa: E402
+from specstate.llama import LlamaRAMCache as LlamaRAMCache  # noqa: E402
+from specstate.llama import LlamaState as LlamaState  # noqa: E402
+from specstate.llama import UnsupportedParameterError as UnsupportedParameterError  # noqa: E402
 from specstate.sessions import Eagle3Session, MtpSession  # noqa: E402
 
 

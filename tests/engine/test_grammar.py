@@ -26,7 +26,7 @@ from generator_worker import resume_elsewhere
 from specstate import CorruptCheckpointError, Generator, Model, inspect_checkpoint, json_schema_to_grammar
 from specstate_testkit.generator_support import MODES, tiny_generator
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
 TEXT = "abc abc abd. abc abc"
 #: Words of a, b, c, d and e, then a full stop: the tiny models' free text has every byte in it.
 WORDS = 'root ::= [a-e ]+ "."'
