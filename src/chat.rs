@@ -17,6 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::native::{ChatTemplates, Model, NativeError, PromptPart};
 
+mod named;
+#[cfg(test)]
+mod named_tests;
+
 /// Longest role name accepted.
 pub const MAX_ROLE_BYTES: usize = 64;
 
@@ -109,6 +113,9 @@ fn render(
     messages: &[Message],
     add_generation_prompt: bool,
 ) -> Result<Vec<PromptPart>> {
+    if templates.builtin_name().is_some() {
+        return named::render(templates, messages, add_generation_prompt);
+    }
     let json = serde_json::to_string(messages).map_err(|e| ChatError::Messages(e.to_string()))?;
     templates
         .apply(&json, add_generation_prompt)
@@ -172,6 +179,18 @@ fn specials_only_in_template(model: &Model, parts: &[PromptPart], tokens: &[i32]
     Ok(at == input.len())
 }
 
+/// The tokens of a rendered prompt (a conversation rendered with tools, say),
+/// BOS first if the model adds one: template text with special tokens
+/// parsed, message text literally (see `tokenize_parts`).
+pub fn parts_tokens(model: &Model, parts: &[PromptPart]) -> Result<Vec<i32>> {
+    let mut tokens = Vec::new();
+    if model.add_bos() {
+        tokens.push(model.bos());
+    }
+    tokens.extend(tokenize_parts(model, parts)?);
+    Ok(tokens)
+}
+
 /// The first turn's prompt: the conversation rendered with the assistant's
 /// turn opened, BOS first if the model adds one.
 pub fn prompt_tokens(
@@ -180,13 +199,7 @@ pub fn prompt_tokens(
     messages: &[Message],
 ) -> Result<Vec<i32>> {
     check_messages(messages)?;
-    let parts = render(templates, messages, true)?;
-    let mut tokens = Vec::new();
-    if model.add_bos() {
-        tokens.push(model.bos());
-    }
-    tokens.extend(tokenize_parts(model, &parts)?);
-    Ok(tokens)
+    parts_tokens(model, &render(templates, messages, true)?)
 }
 
 /// The tokens of a next turn, to decode after a reply.

@@ -47,6 +47,7 @@ __all__ = [
     "Generator",
     "GreedyGeneration",
     "Model",
+    "ToolRender",
     "_raise_for_status",
     "_seed_error_display",
     "check_sampling",
@@ -291,12 +292,21 @@ class Model:
 
 @final
 class ChatTemplate:
-    """A model's chat template (or ``source`` in its place; ``"chatml"`` for ChatML), rendered by llama.cpp."""
+    """A model's chat template, rendered by llama.cpp: the model's own, ``source`` (Jinja; ``"chatml"`` for
+    ChatML) in its place, or llama.cpp's built-in template ``name`` (one of :meth:`builtin_names`, rendered by
+    ``llama_chat_apply_template``; not with ``source``). Raises ``ChatTemplateError`` for a template that does
+    not parse or an unknown name."""
 
-    def __new__(cls, model: Model, source: str | None = None) -> ChatTemplate: ...
+    def __new__(cls, model: Model, source: str | None = None, *, name: str | None = None) -> ChatTemplate: ...
+    @staticmethod
+    def builtin_names() -> list[str]:
+        """The names of llama.cpp's built-in templates (``llama_chat_builtin_templates``), sorted."""
     @property
     def source(self) -> str:
-        """The Jinja source in use."""
+        """The Jinja source in use (a built-in template's name)."""
+    @property
+    def name(self) -> str | None:
+        """The built-in template's name, or None for a Jinja template."""
     def render(self, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The conversation ``(role, content)`` pairs as text."""
     def prompt_tokens(self, messages: Sequence[tuple[str, str]]) -> list[int]:
@@ -305,6 +315,57 @@ class ChatTemplate:
         self, before: Sequence[tuple[str, str]], last_token: int, new: Sequence[tuple[str, str]]
     ) -> list[int]:
         """The tokens that follow a reply ending with ``last_token``: the end of its turn, ``new``, the next opening."""
+    def render_tools(
+        self,
+        messages_json: str,
+        tools_json: str | None = None,
+        *,
+        tool_choice: Literal["auto", "required", "none"] = "auto",
+        parallel_tool_calls: bool = False,
+        add_generation_prompt: bool = True,
+    ) -> ToolRender:
+        """OpenAI-shaped messages and tools (JSON arrays) rendered by this Jinja template as llama.cpp's server
+        renders them (``common_chat_templates_apply``). Raises ``ChatTemplateError`` for a built-in template or
+        messages and tools llama.cpp refuses, ``ValueError`` for another ``tool_choice`` or over 64 MiB of JSON."""
+
+@final
+class ToolRender:
+    """A conversation rendered with tools (:meth:`ChatTemplate.render_tools`), and llama.cpp's parser of its
+    replies."""
+
+    @property
+    def text(self) -> str:
+        """The prompt's text."""
+    @property
+    def format(self) -> int:
+        """llama.cpp's chat format (``common_chat_format``)."""
+    @property
+    def format_name(self) -> str:
+        """Its name (``peg-native``, ``Content-only``, ...)."""
+    @property
+    def grammar(self) -> str:
+        """llama.cpp's grammar for the reply ("" for none)."""
+    @property
+    def grammar_lazy(self) -> bool:
+        """Whether the grammar applies only from a trigger on."""
+    @property
+    def grammar_triggers(self) -> list[tuple[str, str, int]]:
+        """The lazy grammar's triggers: ``(type, value, token)``."""
+    @property
+    def preserved_tokens(self) -> list[str]:
+        """Texts the calls are written with."""
+    @property
+    def additional_stops(self) -> list[str]:
+        """More stop strings."""
+    @property
+    def generation_prompt(self) -> str:
+        """What llama.cpp's parser sees before the reply."""
+    def prompt_tokens(self) -> list[int]:
+        """The prompt's tokens: BOS if the model adds one, template text with special tokens parsed, message text
+        literally."""
+    def parse(self, text: str, *, partial: bool = False) -> str:
+        """llama.cpp's reading of a reply: an OpenAI-shaped JSON message. Raises ``ValueError`` for a complete
+        reply the parser does not accept."""
 
 @final
 class Batch:

@@ -10,4 +10,5 @@ subprocesses and Ray workers too). ``scripts/gpu-check.sh`` carries it to a mach
 * :mod:`~specstate_testkit.requantize` -- SmolLM2 requantized to other weight types.
 * :mod:`~specstate_testkit.generator_support` -- generators of every mode over the tiny models.
 * :mod:`~specstate_testkit.reference` -- plain greedy reference runs, near-tie checks, thread checks.
+* :mod:`~specstate_testkit.gemma3` -- Gemma 3 270M from its PyPI chunk wheels (a real GGUF without a chat template).
 """

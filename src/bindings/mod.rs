@@ -54,6 +54,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<validators::ContextCapacity>()?;
     module.add_class::<model::PyModel>()?;
     module.add_class::<chat::PyChatTemplate>()?;
+    module.add_class::<chat::PyToolRender>()?;
     module.add_class::<context::PyContext>()?;
     module.add_class::<context::PyBatch>()?;
     module.add_class::<session::PySession>()?;

@@ -1,6 +1,9 @@
-//! llama.cpp's own chat templates (`common_chat_templates_*`, through the
-//! pinned crate's `chat_shim_*` C layer): the model's Jinja template, or one
-//! the caller gives, rendered by llama.cpp's Jinja engine.
+//! llama.cpp's own chat templates: the model's Jinja template, or one the
+//! caller gives, rendered by llama.cpp's Jinja engine
+//! (`common_chat_templates_*`, through the pinned crate's `chat_shim_*` C
+//! layer), or one of llama.cpp's built-in templates by name (`gemma`,
+//! `llama3`, ...), rendered by `llama_chat_apply_template`. Rendering with
+//! tools, and llama.cpp's parser of the replies, are in `chat_tools.rs`.
 
 use std::ffi::{c_char, CStr, CString};
 use std::ptr::NonNull;
@@ -23,17 +26,55 @@ pub struct PromptPart {
     pub is_input: bool,
 }
 
-/// A model's chat template set, owned (`chat_shim_templates_init`/`_free`).
+/// Longest name of a built-in template (bytes).
+const MAX_BUILTIN_NAME_BYTES: usize = 64;
+
+/// Most built-in template names read from llama.cpp.
+const MAX_BUILTIN_TEMPLATES: usize = 1024;
+
+/// A chat template: a model's Jinja template set, owned
+/// (`chat_shim_templates_init`/`_free`), or a built-in one by name.
 pub struct ChatTemplates {
-    raw: NonNull<sys::chat_shim_templates>,
+    kind: Kind,
     add_bos: bool,
+}
+
+enum Kind {
+    Jinja(NonNull<sys::chat_shim_templates>),
+    /// A name of `llama_chat_builtin_templates`.
+    Builtin(CString),
 }
 
 // SAFETY: the template set is plain data built once; `apply` and `source`
 // only read it, and the shim keeps its error text in thread-local storage.
+// A built-in template is a name.
 unsafe impl Send for ChatTemplates {}
 // SAFETY: see `Send`.
 unsafe impl Sync for ChatTemplates {}
+
+/// The names of llama.cpp's built-in chat templates
+/// (`llama_chat_builtin_templates`), in its order (sorted).
+pub fn builtin_template_names() -> Vec<String> {
+    // SAFETY: a NULL output with length 0 asks for the count only.
+    let count = unsafe { sys::llama_chat_builtin_templates(std::ptr::null_mut(), 0) };
+    let count = usize::try_from(count)
+        .unwrap_or(0)
+        .min(MAX_BUILTIN_TEMPLATES);
+    let mut names = vec![std::ptr::null(); count];
+    // SAFETY: `names` has `count` writable pointer slots; llama.cpp fills at
+    // most that many with pointers to its static map's keys.
+    unsafe { sys::llama_chat_builtin_templates(names.as_mut_ptr(), names.len()) };
+    names
+        .into_iter()
+        .filter(|name| !name.is_null())
+        .map(|name| {
+            // SAFETY: each pointer is a NUL-terminated key of llama.cpp's static
+            // template map, alive for the whole program; it is copied at once.
+            let name = unsafe { CStr::from_ptr(name) };
+            name.to_string_lossy().into_owned()
+        })
+        .collect()
+}
 
 /// The shim's text for the failure that just happened on this thread.
 pub(super) fn last_shim_error() -> String {
@@ -44,7 +85,7 @@ pub(super) fn last_shim_error() -> String {
         .into_owned()
 }
 
-fn c_string(what: &str, text: &str) -> NativeResult<CString> {
+pub(super) fn c_string(what: &str, text: &str) -> NativeResult<CString> {
     CString::new(text)
         .map_err(|_| NativeError::InvalidArgument(format!("the {what} contains a NUL character")))
 }
@@ -65,18 +106,61 @@ impl ChatTemplates {
             ))
         })?;
         Ok(Self {
-            raw,
+            kind: Kind::Jinja(raw),
             add_bos: model.add_bos(),
         })
     }
 
-    /// The Jinja source of the template in use.
+    /// llama.cpp's built-in template `name` (one of [`builtin_template_names`]).
+    pub fn builtin(model: &Model, name: &str) -> NativeResult<Self> {
+        if name.len() > MAX_BUILTIN_NAME_BYTES
+            || !builtin_template_names().iter().any(|n| n == name)
+        {
+            return Err(NativeError::InvalidArgument(format!(
+                "{name:?} is not one of llama.cpp's built-in chat templates"
+            )));
+        }
+        Ok(Self {
+            kind: Kind::Builtin(c_string("template name", name)?),
+            add_bos: model.add_bos(),
+        })
+    }
+
+    /// The name of the built-in template, if this is one.
+    pub fn builtin_name(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Builtin(name) => name.to_str().ok(),
+            Kind::Jinja(_) => None,
+        }
+    }
+
+    /// The Jinja template set, or an error naming `what` for a built-in template.
+    pub(super) fn jinja(&self, what: &str) -> NativeResult<NonNull<sys::chat_shim_templates>> {
+        match &self.kind {
+            Kind::Jinja(raw) => Ok(*raw),
+            Kind::Builtin(name) => Err(NativeError::InvalidArgument(format!(
+                "{what} needs a Jinja chat template, and llama.cpp's built-in {:?} is not one",
+                name.to_string_lossy()
+            ))),
+        }
+    }
+
+    /// Whether the model adds BOS (so the template's BOS text is dropped).
+    pub(super) fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The Jinja source of the template in use (a built-in template's name).
     pub fn source(&self) -> NativeResult<String> {
+        let raw = match &self.kind {
+            Kind::Jinja(raw) => *raw,
+            Kind::Builtin(name) => return Ok(name.to_string_lossy().into_owned()),
+        };
         let mut needed = 0_usize;
         // SAFETY: the handle is live; a NULL buffer asks for the size only.
         let status = unsafe {
             sys::chat_shim_templates_source(
-                self.raw.as_ptr(),
+                raw.as_ptr(),
                 std::ptr::null(),
                 std::ptr::null_mut(),
                 0,
@@ -88,7 +172,7 @@ impl ChatTemplates {
         // SAFETY: `buffer` has `needed` writable bytes, the size just reported.
         let status = unsafe {
             sys::chat_shim_templates_source(
-                self.raw.as_ptr(),
+                raw.as_ptr(),
                 std::ptr::null(),
                 buffer.as_mut_ptr().cast::<c_char>(),
                 buffer.len(),
@@ -97,6 +181,68 @@ impl ChatTemplates {
         };
         check_status(status)?;
         Ok(text_at(&buffer, 0))
+    }
+
+    /// Render `messages` (role and content) with the built-in template, as
+    /// `llama_chat_apply_template` renders them; `add_generation_prompt` opens
+    /// the assistant's turn.
+    pub fn apply_builtin(
+        &self,
+        messages: &[(&str, &str)],
+        add_generation_prompt: bool,
+    ) -> NativeResult<String> {
+        let Kind::Builtin(name) = &self.kind else {
+            return Err(NativeError::InvalidArgument(
+                "apply_builtin needs a built-in chat template".into(),
+            ));
+        };
+        let mut strings = Vec::with_capacity(messages.len());
+        for (role, content) in messages {
+            strings.push((c_string("role", role)?, c_string("message", content)?));
+        }
+        let chat: Vec<sys::llama_chat_message> = strings
+            .iter()
+            .map(|(role, content)| sys::llama_chat_message {
+                role: role.as_ptr(),
+                content: content.as_ptr(),
+            })
+            .collect();
+        let mut buffer = vec![0_u8; 0];
+        loop {
+            let length = i32::try_from(buffer.len()).unwrap_or(i32::MAX);
+            // SAFETY: `name` and every role and content pointer are
+            // NUL-terminated and outlive the call; `buffer` has `length`
+            // writable bytes (llama.cpp writes nothing when the length is 0,
+            // which asks for the size only).
+            let needed = unsafe {
+                sys::llama_chat_apply_template(
+                    name.as_ptr(),
+                    chat.as_ptr(),
+                    chat.len(),
+                    add_generation_prompt,
+                    buffer.as_mut_ptr().cast::<c_char>(),
+                    length,
+                )
+            };
+            let needed = usize::try_from(needed).map_err(|_| {
+                NativeError::InvalidArgument(format!(
+                    "llama.cpp's {:?} chat template failed",
+                    name.to_string_lossy()
+                ))
+            })?;
+            if needed > MAX_RENDERED_BYTES {
+                return Err(NativeError::InvalidArgument(format!(
+                    "the rendered chat prompt would be {needed} bytes (at most {MAX_RENDERED_BYTES})"
+                )));
+            }
+            if needed <= buffer.len() {
+                buffer.truncate(needed);
+                return String::from_utf8(buffer).map_err(|_| {
+                    NativeError::InvalidArgument("the rendered chat prompt is not UTF-8".into())
+                });
+            }
+            buffer = vec![0_u8; needed];
+        }
     }
 
     /// Render `messages_json` (an OpenAI-shaped JSON array of messages) into
@@ -123,19 +269,14 @@ impl ChatTemplates {
             add_eos: false,
             force_pure_content: false,
         };
-        let (result, buffer) = self.apply_raw(&params)?;
-        let parts = text_at(&buffer, result.prompt_parts_off);
-        serde_json::from_str(&parts).map_err(|e| {
-            NativeError::InvalidArgument(format!("unreadable rendered chat prompt: {e}"))
-        })
+        let applied = self.apply_raw(&params)?;
+        parse_parts(&applied.buffer, applied.result.prompt_parts_off)
     }
 
     /// The shim's two-call protocol: size, then fill. The parser the second
-    /// call hands over is released at once (specstate does not parse replies).
-    fn apply_raw(
-        &self,
-        params: &sys::chat_shim_apply_params,
-    ) -> NativeResult<(sys::chat_shim_apply_result, Vec<u8>)> {
+    /// call hands over is owned by the result (and freed with it).
+    pub(super) fn apply_raw(&self, params: &sys::chat_shim_apply_params) -> NativeResult<Applied> {
+        let raw = self.jinja("rendering")?;
         // SAFETY: a zeroed result is a valid value of this plain C struct.
         let mut result: sys::chat_shim_apply_result = unsafe { std::mem::zeroed() };
         let mut needed = 0_usize;
@@ -143,7 +284,7 @@ impl ChatTemplates {
         // for the call; a NULL buffer asks for the size only.
         let status = unsafe {
             sys::chat_shim_templates_apply(
-                self.raw.as_ptr(),
+                raw.as_ptr(),
                 params,
                 &mut result,
                 std::ptr::null_mut(),
@@ -156,7 +297,7 @@ impl ChatTemplates {
         // SAFETY: as above, with `buffer` holding `needed` writable bytes.
         let status = unsafe {
             sys::chat_shim_templates_apply(
-                self.raw.as_ptr(),
+                raw.as_ptr(),
                 params,
                 &mut result,
                 buffer.as_mut_ptr().cast::<c_char>(),
@@ -164,25 +305,73 @@ impl ChatTemplates {
                 &mut needed,
             )
         };
-        if !result.parser.is_null() {
-            // SAFETY: the parser was handed to us by this call and is freed once.
-            unsafe { sys::chat_shim_parser_free(result.parser) };
-            result.parser = std::ptr::null_mut();
-        }
+        // The parser is owned from here on, whatever the status.
+        let parser = NonNull::new(std::mem::replace(&mut result.parser, std::ptr::null_mut()))
+            .map(ChatParser::new);
         check_status(status)?;
-        Ok((result, buffer))
+        Ok(Applied {
+            result,
+            buffer,
+            parser,
+        })
     }
 }
 
 impl Drop for ChatTemplates {
     fn drop(&mut self) {
-        // SAFETY: `raw` came from `chat_shim_templates_init` and is freed once.
-        unsafe { sys::chat_shim_templates_free(self.raw.as_ptr()) };
+        if let Kind::Jinja(raw) = &self.kind {
+            // SAFETY: `raw` came from `chat_shim_templates_init` and is freed once.
+            unsafe { sys::chat_shim_templates_free(raw.as_ptr()) };
+        }
     }
 }
 
+/// What one `chat_shim_templates_apply` produced: offsets into `buffer`, and
+/// the reply parser, if the template gave one.
+pub(super) struct Applied {
+    pub(super) result: sys::chat_shim_apply_result,
+    pub(super) buffer: Vec<u8>,
+    pub(super) parser: Option<ChatParser>,
+}
+
+/// llama.cpp's parser of a template's replies (`chat_shim_parser`), owned.
+pub struct ChatParser {
+    raw: NonNull<sys::chat_shim_parser>,
+}
+
+// SAFETY: the parser is an arena built once and only read by
+// `chat_shim_parse` (a const parse with a per-call context); it is freed once,
+// by its owner.
+unsafe impl Send for ChatParser {}
+// SAFETY: see `Send`: concurrent parses only read the arena.
+unsafe impl Sync for ChatParser {}
+
+impl ChatParser {
+    fn new(raw: NonNull<sys::chat_shim_parser>) -> Self {
+        Self { raw }
+    }
+
+    pub(super) fn as_ptr(&self) -> *const sys::chat_shim_parser {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for ChatParser {
+    fn drop(&mut self) {
+        // SAFETY: the parser was handed over by `chat_shim_templates_apply` and
+        // is freed once, here.
+        unsafe { sys::chat_shim_parser_free(self.raw.as_ptr()) };
+    }
+}
+
+/// The prompt parts at `offset` of a packed shim buffer.
+pub(super) fn parse_parts(buffer: &[u8], offset: usize) -> NativeResult<Vec<PromptPart>> {
+    serde_json::from_str(&text_at(buffer, offset))
+        .map_err(|e| NativeError::InvalidArgument(format!("unreadable rendered chat prompt: {e}")))
+}
+
 /// A size query must answer "buffer too small" with a bounded size.
-fn check_size_query(status: i32, needed: usize) -> NativeResult<()> {
+pub(super) fn check_size_query(status: i32, needed: usize) -> NativeResult<()> {
     if status != sys::LLAMA_SHIM_BUFFER_TOO_SMALL && status != sys::LLAMA_SHIM_OK {
         return check_status(status);
     }
@@ -194,7 +383,7 @@ fn check_size_query(status: i32, needed: usize) -> NativeResult<()> {
     Ok(())
 }
 
-fn check_status(status: i32) -> NativeResult<()> {
+pub(super) fn check_status(status: i32) -> NativeResult<()> {
     if status == sys::LLAMA_SHIM_OK {
         return Ok(());
     }
@@ -205,7 +394,7 @@ fn check_status(status: i32) -> NativeResult<()> {
 }
 
 /// The NUL-terminated text at `offset` of a packed shim buffer ("" if out of range).
-fn text_at(buffer: &[u8], offset: usize) -> String {
+pub(super) fn text_at(buffer: &[u8], offset: usize) -> String {
     let tail = buffer.get(offset..).unwrap_or_default();
     let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
     String::from_utf8_lossy(&tail[..end]).into_owned()

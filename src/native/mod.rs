@@ -10,6 +10,7 @@
 mod backend;
 mod batch;
 mod chat;
+mod chat_tools;
 mod context;
 mod embedding;
 mod grammar;
@@ -22,7 +23,8 @@ mod session;
 pub use crate::limits::{MAX_BATCH_ROWS, MAX_SEQUENCES};
 pub use backend::ensure_backend;
 pub use batch::Batch;
-pub use chat::{ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
+pub use chat::{builtin_template_names, ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
+pub use chat_tools::{format_name, GrammarTrigger, ToolChoice, ToolRender, ToolRequest};
 pub use context::{
     available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
 };

@@ -67,13 +67,12 @@ def test_hand_written_template_from_the_file_or_given(templated_llama: Model, qw
     assert ChatTemplate(qwen35_model, TINY_TEMPLATE).source == TINY_TEMPLATE
 
 
-def test_a_model_without_a_template_needs_one(qwen35_model: Model) -> None:
+def test_a_model_without_a_template_falls_back_to_chatml_with_a_warning(qwen35_model: Model) -> None:
     assert qwen35_model.chat_template is None
-    with pytest.raises(ChatTemplateError, match="no chat template"):
-        render_chat(qwen35_model, "Hi")
-    assert (
-        render_chat(qwen35_model, "Hi", template="chatml") == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    )
+    chatml = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.warns(UserWarning, match="no chat template"):
+        assert render_chat(qwen35_model, "Hi") == chatml  # llama.cpp's default, as llama-server's
+    assert render_chat(qwen35_model, "Hi", template="chatml") == chatml
 
 
 @pytest.mark.parametrize(
