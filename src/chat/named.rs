@@ -18,6 +18,9 @@ const MARK: char = '\u{1}';
 /// The marker's text between the two `MARK`s, before the message's index.
 const MARK_TAG: &str = "specstate:message:";
 
+/// Most steps of the search for a split (a conversation needs about two per message).
+const MAX_SPLIT_STEPS: usize = 1 << 20;
+
 fn marker(index: usize) -> String {
     format!("{MARK}{MARK_TAG}{index}{MARK}")
 }
@@ -131,7 +134,10 @@ pub(super) fn split(text: &str, skeleton: &str, messages: &[Message]) -> Option<
     // For each piece matched so far: where it starts in `text`, and which option matched.
     let mut chosen: Vec<(usize, usize)> = Vec::with_capacity(pieces.len());
     let (mut at, mut option) = (0_usize, 0_usize);
+    // Each step matches a piece or backs up; pathological texts give up (an error) rather than search on.
+    let mut steps = MAX_SPLIT_STEPS;
     loop {
+        steps = steps.checked_sub(1)?;
         let index = chosen.len();
         if index == pieces.len() && at == text.len() {
             break;
