@@ -20,6 +20,9 @@ use crate::native::{ChatTemplates, Model, NativeError, PromptPart};
 mod named;
 #[cfg(test)]
 mod named_tests;
+mod tools;
+
+pub use tools::{tool_next_turn_tokens, ToolTurn};
 
 /// Longest role name accepted.
 pub const MAX_ROLE_BYTES: usize = 64;
@@ -223,7 +226,14 @@ pub fn next_turn_tokens(
     let mut messages = before.to_vec();
     messages.push(Message::new("assistant", REPLY_SENTINEL));
     messages.extend_from_slice(new);
-    let mut tail = after_reply(render(templates, &messages, true)?)?;
+    turn_tokens(model, render(templates, &messages, true)?, last_token)
+}
+
+/// The tokens after the reply's mark in `parts` (a conversation rendered with
+/// the reply marked): the end of the reply's turn, without the
+/// end-of-generation token the reply already holds, then the next turn.
+fn turn_tokens(model: &Model, parts: Vec<PromptPart>, last_token: i32) -> Result<Vec<i32>> {
+    let mut tail = after_reply(parts)?;
     if model.is_eog(last_token) {
         let piece = model.token_to_piece(last_token, true)?;
         let piece = String::from_utf8_lossy(&piece);

@@ -327,6 +327,19 @@ class ChatTemplate:
         """OpenAI-shaped messages and tools (JSON arrays) rendered by this Jinja template as llama.cpp's server
         renders them (``common_chat_templates_apply``). Raises ``ChatTemplateError`` for a built-in template or
         messages and tools llama.cpp refuses, ``ValueError`` for another ``tool_choice`` or over 64 MiB of JSON."""
+    def tool_next_turn_tokens(
+        self,
+        before_json: str,
+        last_token: int,
+        new_json: str,
+        tools_json: str | None = None,
+        *,
+        tool_choice: Literal["auto", "required", "none"] = "auto",
+        parallel_tool_calls: bool = False,
+    ) -> list[int]:
+        """The tokens of a next turn of a conversation with tools after a reply ending with ``last_token``:
+        ``before_json`` (the messages before the reply), the reply as written, ``new_json`` (the next turn's
+        messages), rendered with ``tools_json``; what follows the reply, tokenized."""
 
 @final
 class ToolRender:

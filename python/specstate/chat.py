@@ -62,6 +62,7 @@ __all__ = [
     "render_chat",
     "render_tools",
     "tool_call_grammar",
+    "tool_turn_tokens",
 ]
 
 Messages = Union[str, Sequence[Union[Message, Mapping[str, str]]]]
@@ -278,3 +279,44 @@ def render_tools(
         add_generation_prompt=add_generation_prompt,
     )
     return ToolPrompt(native, chat.source)
+
+
+def _json_messages(messages: Sequence[Mapping[str, Any]], what: str) -> str:
+    try:
+        return json.dumps(list(messages))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{what} must be JSON values: {error}") from None
+
+
+def tool_turn_tokens(
+    model: Model,
+    before: Sequence[Mapping[str, Any]],
+    last_token: int,
+    new: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = False,
+    template: str | None = None,
+) -> list[int]:
+    """The tokens of the next turn of a conversation with tools, to decode after a reply ending with
+    ``last_token`` (as a :class:`~specstate.Generator` conversation's next turn is, without re-reading the
+    conversation): ``before`` are the messages that led to the reply (the messages of the
+    :func:`render_tools` call that started it, and of the turns since), ``new`` the next turn's (``tool``
+    results, a user message). The template renders ``before``, the reply as written (a marker in its place) and
+    ``new``; what follows the marker (the end of the reply's turn, without an end-of-generation token the
+    reply already holds; the new messages; the next reply's opening) is tokenized as :meth:`ToolPrompt.tokens`
+    tokenizes. The reply stays as the model wrote it: a tool call in it is the call's text, not the template's
+    rendering of a ``tool_calls`` message."""
+    chosen = _tool_choice(tool_choice)
+    chat = chat_template(model, template)
+    if chat.name is not None:
+        raise ChatTemplateError(f"tools need a Jinja chat template, and llama.cpp's built-in {chat.name!r} is not one")
+    return chat.tool_next_turn_tokens(
+        _json_messages(before, "before"),
+        last_token,
+        _json_messages(new, "new"),
+        None if tools is None else _json_messages(tools, "tools"),
+        tool_choice=chosen,
+        parallel_tool_calls=parallel_tool_calls,
+    )

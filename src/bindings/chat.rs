@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use super::arguments::WideInt;
 use super::model::PyModel;
-use crate::chat::{self, Message};
+use crate::chat::{self, Message, ToolTurn};
 use crate::native::{
     builtin_template_names, ChatTemplates, Model, ToolChoice, ToolRender, ToolRequest,
     MAX_RENDERED_BYTES,
@@ -159,6 +159,70 @@ impl PyChatTemplate {
             model: Arc::clone(&self.model),
         })
     }
+
+    /// The tokens of a next turn of a conversation with tools, after a reply
+    /// ending with `last_token` (the reply stays as the model wrote it).
+    #[pyo3(signature = (
+        before_json, last_token, new_json, tools_json = None, *, tool_choice = "auto",
+        parallel_tool_calls = false
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn tool_next_turn_tokens(
+        &self,
+        py: Python<'_>,
+        before_json: &str,
+        last_token: WideInt,
+        new_json: &str,
+        tools_json: Option<&str>,
+        tool_choice: &str,
+        parallel_tool_calls: bool,
+    ) -> PyResult<Vec<i32>> {
+        let last_token: i32 = last_token.narrow("last_token")?;
+        let tools = ToolTurn {
+            tools_json,
+            tool_choice: self::tool_choice(tool_choice)?,
+            parallel_tool_calls,
+        };
+        check_json_sizes(&[
+            ("before_json", Some(before_json)),
+            ("new_json", Some(new_json)),
+            ("tools_json", tools_json),
+        ])?;
+        Ok(py.detach(|| {
+            chat::tool_next_turn_tokens(
+                &self.model,
+                &self.templates,
+                before_json,
+                last_token,
+                new_json,
+                tools,
+            )
+        })?)
+    }
+}
+
+fn tool_choice(choice: &str) -> PyResult<ToolChoice> {
+    match choice {
+        "auto" => Ok(ToolChoice::Auto),
+        "required" => Ok(ToolChoice::Required),
+        "none" => Ok(ToolChoice::None),
+        other => Err(PyValueError::new_err(format!(
+            "tool_choice must be 'auto', 'required' or 'none', not {other:?}"
+        ))),
+    }
+}
+
+/// JSON arguments are bounded as rendered prompts are.
+fn check_json_sizes(texts: &[(&str, Option<&str>)]) -> PyResult<()> {
+    for (what, text) in texts {
+        let len = text.map_or(0, str::len);
+        if len > MAX_RENDERED_BYTES {
+            return Err(PyValueError::new_err(format!(
+                "{what} is {len} bytes (at most {MAX_RENDERED_BYTES})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A conversation rendered with tools by a Jinja chat template, and

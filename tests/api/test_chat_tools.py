@@ -24,6 +24,7 @@ from specstate.chat import (
     parse_tool_calls,
     render_tools,
     tool_call_grammar,
+    tool_turn_tokens,
 )
 
 #: A Hermes / Qwen 2.5 style template: tools in the system turn, calls in <tool_call> blocks, tool results
@@ -113,6 +114,23 @@ def test_llama_cpps_parser_reads_the_templates_calls(smollm2: Model) -> None:
     shown = "".join(stream.feed(reply[i : i + 5]) for i in range(0, len(reply), 5))
     rest, calls = stream.finish()
     assert stream.started and shown + rest == "Checking.\n" and calls == message["tool_calls"]
+
+
+def test_a_next_turn_with_tools_decodes_only_what_follows_the_reply(smollm2: Model) -> None:
+    first = HISTORY[:1]
+    prompt = render_tools(smollm2, first, TOOLS, template=HERMES_TEMPLATE)
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    [im_end] = smollm2.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    held = prompt.tokens() + smollm2.tokenize(reply, add_special=False, parse_special=False) + [im_end]
+    new = [{"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"}]
+    tail = tool_turn_tokens(smollm2, first, im_end, new, TOOLS, template=HERMES_TEMPLATE)
+    whole = render_tools(
+        smollm2, [*first, {"role": "assistant", "content": reply}, *new], TOOLS, template=HERMES_TEMPLATE
+    )
+    assert smollm2.detokenize(held + tail, special=True) == whole.text
+    assert tail[0] != im_end  # the reply's end-of-turn token is not written twice
+    with pytest.raises(ValueError, match="new message"):
+        tool_turn_tokens(smollm2, first, im_end, [], TOOLS, template=HERMES_TEMPLATE)
 
 
 def test_tools_need_a_jinja_template(smollm2: Model) -> None:
