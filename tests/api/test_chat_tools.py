@@ -29,7 +29,7 @@ from specstate.chat import (
 
 #: A Hermes / Qwen 2.5 style template: tools in the system turn, calls in <tool_call> blocks, tool results
 #: in a user turn.
-HERMES_TEMPLATE = (Path(__file__).resolve().parents[1] / "support" / "hermes_tools.jinja").read_text()
+HERMES_TEMPLATE = (Path(__file__).resolve().parents[2] / "examples" / "hermes_tools.jinja").read_text()
 
 WEATHER: dict[str, Any] = {
     "type": "function",

@@ -18,3 +18,10 @@ def test_the_rag_example_retrieves_the_right_note_and_answers_from_it() -> None:
     lines = run_example("rag.py", "--ask", "Where do the otters sleep?")
     assert lines[0] == "context: The otters of the river sleep in the hollow willow by the mill."
     assert lines[1].startswith("answer:") and "willow" in lines[1]
+
+
+def test_the_tools_example_calls_the_function_and_answers() -> None:
+    lines = run_example("tools.py")
+    assert lines[0] == "finish_reason: tool_calls"
+    assert lines[1] == 'call: get_weather {"city": "Paris"}'
+    assert lines[2].startswith("answer:")

@@ -76,3 +76,32 @@ def test_embeddings_through_the_openai_client(live: Live) -> None:
     assert reply.usage.prompt_tokens > 0
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=MODEL, input=[])
+
+
+def test_tool_calls_through_the_openai_client_streamed_and_whole(smollm2_file: Path) -> None:
+    hermes = (Path(__file__).resolve().parents[2] / "examples" / "hermes_tools.jinja").read_text()
+    server = Live(config(smollm2_file, mode="none", n_threads=2, chat_template=hermes))
+    try:
+        client = server.client()
+        weather = {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+        asked: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
+        options: dict[str, Any] = {"tools": [weather], "tool_choice": "required", "max_tokens": 48, "temperature": 0}
+        name = smollm2_file.name
+        whole = client.chat.completions.create(model=name, messages=asked, **options)
+        calls = whole.choices[0].message.tool_calls
+        assert whole.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name == "get_weather"
+        assert json.loads(calls[0].function.arguments)["city"] == "Paris"
+        chunks = list(client.chat.completions.create(model=name, messages=asked, stream=True, **options))
+        streamed = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+        assert [(c.function.name, c.function.arguments) for c in streamed if c.function] == [
+            (calls[0].function.name, calls[0].function.arguments)
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        server.stop()

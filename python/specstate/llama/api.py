@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from specstate._native import Model
 from specstate._typing import GeneratorSettings, Mode
-from specstate.chat import as_messages, chat_template, template_sha256
+from specstate.chat import as_messages, chat_template, render_tools, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
 from specstate.errors import ChatTemplateError
 from specstate.generator import Generator, encode_prompt
@@ -22,6 +22,7 @@ from specstate.llama.options import (
     N_CTX,
     N_DRAFT,
     NEUTRAL,
+    CallSettings,
     ChatCompletionOptions,
     ChatMessage,
     CompletionOptions,
@@ -34,18 +35,23 @@ from specstate.llama.options import (
     call_defaults,
     call_settings,
     chat_pairs,
+    tool_messages,
+    uses_tools,
 )
 from specstate.llama.results import (
     ChatStream,
     CompletionStream,
     ParkedChat,
+    ToolChatStream,
     _chat_completion,
     _LogprobTracker,
     _Run,
     _StopScanner,
+    _tool_chat_completion,
 )
 from specstate.llama.state import BaseLlamaCache, LlamaState
 from specstate.llama.types import ChatCompletion, Completion
+from specstate.tool_calls import tool_call_grammar
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -80,8 +86,10 @@ class Llama:
         n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
         last_n_tokens_size: tokens of the history the repetition penalties count
             (default :data:`LAST_N_TOKENS_SIZE`; 0: none, -1: the whole history).
-        chat_format: None (the model's own template) or ``"chatml"``; llama-cpp-python's other
-            format names are not available (give the template's Jinja source as ``chat_template``).
+        chat_format: None (the model's own template; ChatML, with a warning, for a model without one), or a
+            format name: llama-cpp-python's names wherever llama.cpp has the template built in
+            (:data:`specstate.chat.CHAT_FORMATS`: ``chatml``, ``llama-2``, ``llama-3``, ``mistral-instruct``,
+            ``zephyr``, ``gemma``, ...) or llama.cpp's own names.
         chat_template: a Jinja chat template used instead of the model's own.
         embedding: allow :meth:`embed` and :meth:`create_embedding` (an embedding context over the same model,
             made at the first call).
@@ -434,6 +442,8 @@ class Llama:
         """
         streaming = _flag("stream", stream)
         call = call_settings(options, chat=True, seed=self._seed, last_n=self._last_n)
+        if call.tools is not None or uses_tools(messages):
+            return self._tool_chat(messages, call, streaming)
         template = chat_template(self.model, self._template)
         generator, new = self._pick(chat_pairs(messages, template.source), call.sampling)
         generator.set_logprobs(call.top_logprobs)
@@ -446,6 +456,41 @@ class Llama:
         run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
         run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
         return ChatStream(self, run) if streaming else _chat_completion(run)
+
+    def _tool_chat(
+        self, messages: Sequence[ChatMessage], call: CallSettings, streaming: bool
+    ) -> ChatCompletion | ChatStream:
+        """A chat with tools, or with tool calls and results in its messages: the template renders the messages
+        and the tools whole (llama.cpp's ``common_chat_templates_apply``) into a new generation's prompt; with
+        ``tool_choice`` ``required`` or a named function, a grammar keeps the reply to calls whose arguments
+        follow the functions' schemas; llama.cpp's parser for the template reads the calls out of the reply."""
+        prompt = render_tools(
+            self.model,
+            tool_messages(messages),
+            call.tools,
+            tool_choice=call.tool_choice if call.tools is not None else "none",
+            parallel_tool_calls=call.parallel_tool_calls,
+            template=self._template,
+        )
+        sampling = call.sampling
+        if call.tools is not None and call.tool_choice != "auto":
+            if prompt.tool_call_format is None:
+                raise UnsupportedParameterError(
+                    f"tool_choice={call.tool_choice!r} needs a chat template whose tool calls specstate knows "
+                    "(hermes, llama3 or mistral); this one writes them otherwise: use tool_choice='auto'"
+                )
+            grammar = tool_call_grammar(
+                call.tools, call.tool_choice, prompt.tool_call_format, parallel_tool_calls=call.parallel_tool_calls
+            )
+            sampling = replace(sampling, grammar=grammar)
+        generator = self._generator(sampling)
+        limit = call.max_tokens or generator.context_length
+        pieces = generator.stream(prompt.tokens(), max_tokens=limit, stop=[*call.stops, *prompt.additional_stops])
+        self._last = generator
+        run = _Run(generator, pieces, call.model or self.model_path, f"chatcmpl-{uuid.uuid4()}", limit=limit)
+        if streaming:
+            return ToolChatStream(run, prompt.stream())
+        return _tool_chat_completion(run, prompt.parse_tool_calls)
 
     def resume_chat(self, parked: ParkedChat) -> ChatStream:
         """The rest of a streamed chat reply that :meth:`ChatStream.park` paused: restored from its checkpoint

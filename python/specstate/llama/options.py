@@ -58,8 +58,6 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
     "suffix": (None,),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
 }
 
 
@@ -160,10 +158,15 @@ class ChatCompletionOptions(_Common, total=False):
     functions: object
     #: Function calling: None or ``"none"`` only.
     function_call: object
-    #: Tool calling: None only.
-    tools: object
-    #: Tool calling: None or ``"none"`` only.
-    tool_choice: object
+    #: Tools the model may call: OpenAI's ``[{"type": "function", "function": {"name", "description",
+    #: "parameters"}}]`` (None: none). The chat template receives them; calls come back in
+    #: ``message.tool_calls`` (``finish_reason`` ``"tool_calls"``).
+    tools: Sequence[Mapping[str, object]] | None
+    #: ``"auto"`` (the default with tools: the model chooses), ``"none"``, ``"required"`` (a call, whose
+    #: arguments a grammar keeps to the function's schema) or ``{"type": "function", "function": {"name": ...}}``.
+    tool_choice: str | Mapping[str, object] | None
+    #: Whether a reply may hold several calls (default False).
+    parallel_tool_calls: bool
 
 
 #: A chat message as OpenAI clients send it: ``role``, ``content`` (a string or a list of ``{"type": "text",
@@ -269,6 +272,10 @@ class CallSettings:
     top_logprobs: int | None
     #: Whether the prompt's text goes in front of a completion's.
     echo: bool = False
+    #: A chat's tools (None: none, or ``tool_choice`` ``"none"``), its choice and whether calls may be parallel.
+    tools: list[Mapping[str, object]] | None = None
+    tool_choice: str | Mapping[str, object] = "auto"
+    parallel_tool_calls: bool = False
 
 
 def call_settings(
@@ -304,7 +311,15 @@ def call_settings(
     max_tokens = limit if limit and limit > 0 else None
     if chat:
         sampling = _with_response_format(sampling, options.get("response_format"))
-        return CallSettings(sampling, max_tokens, _stops(options.get("stop")), model, _chat_top_logprobs(options))
+        tools, choice, parallel = _tools(options)
+        if tools is not None and (sampling.grammar is not None or options.get("logprobs")):
+            raise UnsupportedParameterError(
+                "tools are not supported together with a grammar, response_format or logprobs"
+            )
+        top = _chat_top_logprobs(options)
+        return CallSettings(
+            sampling, max_tokens, _stops(options.get("stop")), model, top, False, tools, choice, parallel
+        )
     echo = _flag("echo", options.get("echo", False))
     top = _count_option("logprobs", options.get("logprobs"))
     if top is not None and echo:
@@ -501,6 +516,24 @@ def _chat_top_logprobs(options: Mapping[str, object]) -> int | None:
     return top or 0
 
 
+def _tools(options: Mapping[str, object]) -> tuple[list[Mapping[str, object]] | None, str | Mapping[str, object], bool]:
+    """A chat call's tools (None without any, or with ``tool_choice`` ``"none"``), choice and parallelism."""
+    tools = options.get("tools")
+    if tools is not None and (
+        isinstance(tools, (str, bytes))
+        or not isinstance(tools, Sequence)
+        or not all(isinstance(t, Mapping) for t in tools)
+    ):
+        raise TypeError("tools must be a list of {'type': 'function', 'function': {...}} mappings, or None")
+    choice = options.get("tool_choice") or "auto"
+    if not (choice in ("auto", "none", "required") or isinstance(choice, Mapping)):
+        raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or a named function, not {choice!r}")
+    parallel = _flag("parallel_tool_calls", options.get("parallel_tool_calls", False))
+    if not tools or choice == "none":
+        return None, choice, parallel
+    return list(tools), choice, parallel
+
+
 def _stops(stop: object) -> list[str]:
     """The stop strings of ``stop`` (None, a string, or a sequence of strings); empty strings are dropped."""
     if stop is None:
@@ -531,6 +564,51 @@ def _template_source(chat_format: object, template: object) -> str | None:
     if template is not None:
         raise ValueError("give chat_format or chat_template, not both")
     return chat_format
+
+
+#: What a message of a chat with tools may hold (OpenAI's shape).
+_TOOL_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+
+
+def uses_tools(messages: object) -> bool:
+    """Whether ``messages`` hold tool calls or tool results (they are then rendered with the tools' machinery)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        return False
+    return any(isinstance(m, Mapping) and (m.get("role") == "tool" or "tool_calls" in m) for m in messages)
+
+
+def tool_messages(messages: object) -> list[dict[str, object]]:
+    """The messages of a chat with tools as the template receives them (OpenAI's shape: an assistant message
+    may hold ``tool_calls`` and no content, a ``tool`` message a ``tool_call_id``), each checked; text parts are
+    joined as :func:`chat_pairs` joins them."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a list of messages, not {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    return [_tool_message(index, message) for index, message in enumerate(messages)]
+
+
+def _tool_message(index: int, message: object) -> dict[str, object]:
+    if not isinstance(message, Mapping):
+        raise TypeError(f"messages[{index}] must be a mapping, not {type(message).__name__}")
+    extra = sorted(set(message) - _TOOL_MESSAGE_KEYS)
+    if extra:
+        raise ValueError(f"messages[{index}]: {extra[0]!r} is not supported")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str):
+        raise ValueError(f"messages[{index}]: 'role' must be a string")
+    entry: dict[str, object] = {"role": role, "content": None if content is None else _content(index, content)}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, Sequence) or isinstance(calls, str) or not all(isinstance(c, Mapping) for c in calls):
+            raise ValueError(f"messages[{index}]: 'tool_calls' must be a list of calls")
+        entry["tool_calls"] = [dict(call) for call in calls]
+    for key in ("tool_call_id", "name"):
+        if key in message:
+            if not isinstance(message[key], str):
+                raise ValueError(f"messages[{index}]: {key!r} must be a string")
+            entry[key] = message[key]
+    return entry
 
 
 def chat_pairs(messages: object, template_source: str) -> list[tuple[str, str]]:
@@ -596,7 +674,9 @@ def call_defaults(chat: bool) -> dict[str, object]:
         logprobs=None,
     )
     if chat:
-        defaults.update(top_logprobs=None, response_format=None)
+        defaults.update(
+            top_logprobs=None, response_format=None, tools=None, tool_choice=None, parallel_tool_calls=False
+        )
     else:
         defaults.update(echo=False)
     return defaults

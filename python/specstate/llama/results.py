@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import codecs
 import time
+from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Generator as PyGenerator
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ from specstate.llama.types import (
     FinishReason,
     TopLogprob,
 )
+from specstate.tool_calls import ToolCall, ToolCallStream
 
 if TYPE_CHECKING:
     from specstate.llama.api import Llama
@@ -317,6 +318,10 @@ class ChatStream(Iterator[ChatCompletionChunk]):
         """Stop the stream (the generation keeps what it committed)."""
         self._chunks.close()
 
+    def usage(self) -> CompletionUsage:
+        """Tokens of the conversation and of the reply so far."""
+        return self._run.usage()
+
     def park(self) -> ParkedChat | None:
         """Pause the reply: its checkpoint and state, the stream closed and the generation let go (its contexts
         freed once nothing else holds it). None, and nothing changes, if the reply is complete but for its last
@@ -414,3 +419,63 @@ def _first_stop(text: str, stops: Sequence[str]) -> int | None:
     """Where the first stop string in ``text`` begins, or None."""
     found = [index for index in (text.find(stop) for stop in stops) if index >= 0]
     return min(found) if found else None
+
+
+# --- replies with tool calls ---------------------------------------------------------------------
+
+#: A reply's ``(content, tool calls)`` from its text (``partial``: more is coming).
+ToolParser = Callable[[str, bool], tuple[str, list[ToolCall]]]
+
+
+def _tool_message(content: str, calls: list[ToolCall]) -> ChatCompletionMessage:
+    message: ChatCompletionMessage = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tool_chat_completion(run: _Run, parse: ToolParser) -> ChatCompletion:
+    """The whole chat completion of a reply that may call tools."""
+    content, calls = parse("".join(run.pieces), False)
+    choice: ChatCompletionChoice = {
+        "index": 0,
+        "message": _tool_message(content, calls),
+        "logprobs": None,
+        "finish_reason": "tool_calls" if calls else run.finish_reason(),
+    }
+    return {
+        "id": run.id,
+        "object": "chat.completion",
+        "created": run.created,
+        "model": run.model,
+        "choices": [choice],
+        "usage": run.usage(),
+    }
+
+
+def _tool_chat_chunks(run: _Run, reader: ToolCallStream) -> PyGenerator[ChatCompletionChunk, None, None]:
+    """The chunks of a reply that may call tools: the role, its content as far as it cannot begin a call, the
+    calls once the reply is whole (each with its ``index``), then the finish reason."""
+    yield _chat_chunk(run, {"role": "assistant"}, None)
+    for piece in run.pieces:
+        shown = reader.feed(piece)
+        if shown:
+            yield _chat_chunk(run, {"content": shown}, None)
+    rest, calls = reader.finish()
+    if rest:
+        yield _chat_chunk(run, {"content": rest}, None)
+    if calls:
+        yield _chat_chunk(run, {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, None)
+    yield _chat_chunk(run, {}, "tool_calls" if calls else run.finish_reason())
+
+
+class ToolChatStream(ChatStream):
+    """The chunks of a streamed chat completion with tools (:func:`_tool_chat_chunks`). It does not park
+    (:meth:`park` is always None): a reply with tools is rendered whole from its messages."""
+
+    def __init__(self, run: _Run, reader: ToolCallStream) -> None:
+        self._run, self._started = run, False
+        self._chunks = _tool_chat_chunks(run, reader)
+
+    def park(self) -> ParkedChat | None:
+        return None

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import Literal, TypedDict
 
-if TYPE_CHECKING:
-    pass
+from specstate.tool_calls import ToolCall
 
 # --- results -------------------------------------------------------------------------------------
 
 #: Why a choice ended: ``stop`` (end-of-generation token or a stop string), ``length`` (``max_tokens`` or a full
 #: context).
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class CompletionUsage(TypedDict):
@@ -58,11 +57,15 @@ class Completion(CompletionChunk):
     usage: CompletionUsage
 
 
-class ChatCompletionMessage(TypedDict):
-    """The assistant's reply."""
-
+class _Message(TypedDict):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+
+
+class ChatCompletionMessage(_Message, total=False):
+    """The assistant's reply: its text (None when it is only tool calls) and the tools it calls."""
+
+    tool_calls: list[ToolCall]
 
 
 class TopLogprob(TypedDict):
@@ -107,10 +110,12 @@ class ChatCompletion(TypedDict):
 
 
 class ChatCompletionDelta(TypedDict, total=False):
-    """What a chat chunk adds: the role (first chunk), text (then), nothing (last chunk)."""
+    """What a chat chunk adds: the role (first chunk), text (then), the tool calls (at the end, each with its
+    ``index``), nothing (last chunk)."""
 
     role: Literal["assistant"]
     content: str
+    tool_calls: list[dict[str, object]]
 
 
 class ChatCompletionChunkChoice(TypedDict):

@@ -9,11 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specstate import Generator
 from specstate.llama import (
     ParkedChat,
 )
-from specstate.llama.results import usage_of
 from specstate.serve.request import ServerRequest
 
 
@@ -91,14 +89,19 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def whole_chat(chunks: list[Any], generator: Generator | None) -> dict[str, Any]:
-    """The ``chat.completion`` that a whole answer's chunks make (usage from the generation that made them)."""
+def whole_chat(chunks: list[Any], usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``chat.completion`` that a whole answer's chunks make (``usage``: the stream's)."""
     last = chunks[-1]
-    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
-    usage = usage_of(generator) if generator is not None else None
-    prompt, reply = (usage["prompt_tokens"], usage["completion_tokens"]) if usage is not None else (0, 0)
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+    text = "".join(delta.get("content") or "" for delta in deltas)
     labels = (last["id"], last["created"], last["model"])
-    whole = openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=(prompt, reply))
+    tokens = (usage["prompt_tokens"], usage["completion_tokens"])
+    whole = openai_result(True, labels, text, last["choices"][0]["finish_reason"], usage=tokens)
+    calls = [
+        {k: v for k, v in call.items() if k != "index"} for delta in deltas for call in delta.get("tool_calls", [])
+    ]
+    if calls:  # a reply of tool calls: no content unless it had some
+        whole["choices"][0]["message"].update(tool_calls=calls, content=text or None)
     parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
     if parts:  # the call asked for log-probabilities: every chunk carries its tokens'
         content = [entry for part in parts for entry in part["content"] or []]

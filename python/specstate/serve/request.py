@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from specstate.llama import (
     call_settings,
     chat_pairs,
 )
+from specstate.llama.options import tool_messages, uses_tools
 
 __all__ = ["RequestError", "RequestLimits", "ServerRequest", "read_json", "read_request"]
 
@@ -88,6 +89,12 @@ class ServerRequest:
     pairs: tuple[tuple[str, str], ...] = ()
     #: A stream ends with a chunk holding the usage (OpenAI's ``stream_options.include_usage``).
     include_usage: bool = False
+
+    @property
+    def tools(self) -> bool:
+        """Whether the chat uses tools (its tools, or tool calls and results in its messages): it is rendered
+        whole, not continued from a conversation held or cached."""
+        return self.kind == "chat" and (self.call.tools is not None or any(role == "tool" for role, _ in self.pairs))
 
     @property
     def max_tokens(self) -> int:
@@ -219,7 +226,15 @@ def _messages(messages: object, limits: RequestLimits, template_source: str) -> 
     if not isinstance(messages, list):
         raise RequestError(400, f"messages must be a list of messages, not {_json_type(messages)}", param="messages")
     with _field("messages"):
+        if uses_tools(messages):
+            return tuple((m["role"], _text_of(m)) for m in tool_messages(messages))  # type: ignore[misc]
         return tuple(chat_pairs(messages, template_source))
+
+
+def _text_of(message: Mapping[str, object]) -> str:
+    """A message of a chat with tools as the text its conversation key reads: its content, or its calls."""
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(message.get("tool_calls"), sort_keys=True)
 
 
 def _prompt(prompt: object) -> None:

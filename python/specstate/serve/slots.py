@@ -15,7 +15,6 @@ from specstate.llama import (
     UnsupportedParameterError,
     joined_completion,
 )
-from specstate.llama.results import usage_of
 from specstate.llama.types import CompletionUsage
 from specstate.serve.cache import ConversationCache
 from specstate.serve.config import ServerConfig
@@ -76,7 +75,7 @@ class Slot(threading.Thread):
             self.metrics.add("cancelled_requests")
             return
         try:
-            if job.kind == "chat" and job.parked is None and not self._holds(job):
+            if job.kind == "chat" and job.parked is None and not job.request.tools and not self._holds(job):
                 self._restore_cached(job)
             if self._stream(job, self._chunks(job)):
                 return
@@ -127,21 +126,19 @@ class Slot(threading.Thread):
 
     def _usage(self, job: Job) -> CompletionUsage:
         """The finished job's usage."""
-        if isinstance(job.chunks, CompletionStream):
-            return job.chunks.usage()
-        assert self.llama is not None and self.llama.chat_generator is not None
-        return usage_of(self.llama.chat_generator)
+        assert isinstance(job.chunks, (CompletionStream, ChatStream))
+        return job.chunks.usage()
 
     def _whole(self, job: Job) -> dict[str, Any]:
         """The whole answer that a non-streamed job's chunks make."""
         if isinstance(job.chunks, CompletionStream):
             return dict(joined_completion(job.collected, job.chunks.usage()))
-        assert self.llama is not None
-        return whole_chat(job.collected, self.llama.chat_generator)
+        return whole_chat(job.collected, self._usage(job))
 
     def _count(self, job: Job) -> None:
         """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""
-        generator = self.llama.chat_generator if self.llama is not None and job.kind == "chat" else None
+        chat = job.kind == "chat" and not job.request.tools  # a chat with tools is rendered whole, not continued
+        generator = self.llama.chat_generator if self.llama is not None and chat else None
         if generator is not None:
             self.metrics.add("generated_tokens", len(generator.tokens))
             self.metrics.add("drafted_tokens", generator.drafted)
