@@ -64,7 +64,7 @@ def test_standard_input_one_reply_per_line_then_resume(chat_model: Path, tmp_pat
     [
         ((), "--model is needed"),
         (("--max-tokens", "0"), "--max-tokens must be at least 1"),
-        (("--template", "/no/such/file"), "neither 'chatml' nor a file"),
+        (("--template", "/no/such/file"), "neither a chat format's name"),
     ],
 )
 def test_bad_chat_options_give_one_line(chat_model: Path, args: tuple[str, ...], message: str) -> None:

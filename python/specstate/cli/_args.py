@@ -233,12 +233,15 @@ def check_output_options(args: argparse.Namespace) -> None:
 
 
 def chat_template(option: str | None) -> str | None:
-    """``--template``: ``chatml``, or the text of a Jinja file."""
-    if option is None or option == "chatml":
+    """``--template``: a chat format's name (``chatml``, ``llama-3``, ``gemma``, ...: llama.cpp's built-in
+    templates), or the text of a Jinja file."""
+    from specstate.chat import builtin_name
+
+    if option is None or builtin_name(option) is not None:
         return option
     path = Path(option)
     if not path.is_file():
-        raise UsageError(f"--template: {option} is neither 'chatml' nor a file")
+        raise UsageError(f"--template: {option} is neither a chat format's name (chatml, llama-3, ...) nor a file")
     return path.read_text(encoding="utf-8")
 
 

@@ -33,7 +33,10 @@ def add_parser(commands: Any) -> None:
     chat.add_argument("--model", type=Path, help="target GGUF model (with --resume: default the checkpoint's)")
     add_settings(chat, n_ctx=CHAT_N_CTX)
     chat.add_argument("--system", help="the system message of a new conversation")
-    chat.add_argument("--template", help="chat template: a Jinja file, or 'chatml' (default: the model's own)")
+    chat.add_argument(
+        "--template",
+        help="chat template: a Jinja file, or a format's name, chatml, llama-3, ... (default: the model's)",
+    )
     chat.add_argument(
         "--resume", type=Path, metavar="CHECKPOINT", help="continue a saved conversation (saved back to it by default)"
     )
