@@ -238,6 +238,11 @@ def _chat_completion(run: _Run) -> ChatCompletion:
         "logprobs": _chat_logprobs_of(run, content, final=True),
         "finish_reason": run.finish_reason(),
     }
+    return _chat_result(run, choice)
+
+
+def _chat_result(run: _Run, choice: ChatCompletionChoice) -> ChatCompletion:
+    """The ``chat.completion`` of ``run`` with its one ``choice``."""
     return {
         "id": run.id,
         "object": "chat.completion",
@@ -443,14 +448,7 @@ def _tool_chat_completion(run: _Run, parse: ToolParser) -> ChatCompletion:
         "logprobs": None,
         "finish_reason": "tool_calls" if calls else run.finish_reason(),
     }
-    return {
-        "id": run.id,
-        "object": "chat.completion",
-        "created": run.created,
-        "model": run.model,
-        "choices": [choice],
-        "usage": run.usage(),
-    }
+    return _chat_result(run, choice)
 
 
 def _tool_chat_chunks(run: _Run, reader: ToolCallStream) -> PyGenerator[ChatCompletionChunk, None, None]:

@@ -60,15 +60,26 @@ class BaseLlamaCache:
             raise ValueError(f"capacity_bytes must be a non-negative int, not {capacity_bytes!r}")
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
+        self._sizes: OrderedDict[str, int] = OrderedDict()  # key -> checkpoint bytes, least recently used first
 
     @property
     def cache_size(self) -> int:
         """Bytes of the checkpoints held."""
-        raise NotImplementedError
+        with self._lock:
+            return sum(self._sizes.values())
 
     def longest(self, tokens: Sequence[int]) -> LlamaState | None:
         """The state holding the longest prefix of ``tokens`` (shorter than them), or None."""
-        raise NotImplementedError
+        keys = _prefix_keys(tokens[:-1]) if tokens else []
+        for n in range(len(keys), 0, -1):
+            with self._lock:
+                if keys[n - 1] not in self._sizes:
+                    continue
+                self._sizes.move_to_end(keys[n - 1])
+            state = self._get(keys[n - 1], tuple(tokens[:n]))
+            if state is not None:
+                return state
+        return None
 
     def __getitem__(self, tokens: Sequence[int]) -> LlamaState:
         found = self.longest([*tokens, -1])  # a state holding all of ``tokens`` counts too
@@ -80,6 +91,24 @@ class BaseLlamaCache:
         return self.longest([*tokens, -1]) is not None
 
     def __setitem__(self, tokens: Sequence[int], state: LlamaState) -> None:
+        if state.llama_state_size > self.capacity_bytes:
+            return
+        key = _key(tokens)
+        with self._lock:
+            self._put(key, state)
+            self._sizes[key] = state.llama_state_size
+            self._sizes.move_to_end(key)
+            while sum(self._sizes.values()) > self.capacity_bytes:
+                old, _ = self._sizes.popitem(last=False)
+                self._drop(old)
+
+    def _get(self, key: str, tokens: tuple[int, ...]) -> LlamaState | None:
+        raise NotImplementedError
+
+    def _put(self, key: str, state: LlamaState) -> None:
+        raise NotImplementedError
+
+    def _drop(self, key: str) -> None:
         raise NotImplementedError
 
 
@@ -101,36 +130,22 @@ class LlamaRAMCache(BaseLlamaCache):
 
     def __init__(self, capacity_bytes: int = DEFAULT_CAPACITY_BYTES) -> None:
         super().__init__(capacity_bytes)
-        self._states: OrderedDict[str, LlamaState] = OrderedDict()
+        self._states: dict[str, LlamaState] = {}
 
-    @property
-    def cache_size(self) -> int:
-        with self._lock:
-            return sum(state.llama_state_size for state in self._states.values())
+    def _get(self, key: str, tokens: tuple[int, ...]) -> LlamaState | None:
+        return self._states.get(key)
 
-    def longest(self, tokens: Sequence[int]) -> LlamaState | None:
-        keys = _prefix_keys(tokens[:-1]) if tokens else []
-        with self._lock:
-            for key in reversed(keys):
-                if key in self._states:
-                    self._states.move_to_end(key)
-                    return self._states[key]
-        return None
+    def _put(self, key: str, state: LlamaState) -> None:
+        self._states[key] = state
 
-    def __setitem__(self, tokens: Sequence[int], state: LlamaState) -> None:
-        if state.llama_state_size > self.capacity_bytes:
-            return
-        key = _key(tokens)
-        with self._lock:
-            self._states[key] = state
-            self._states.move_to_end(key)
-            while sum(s.llama_state_size for s in self._states.values()) > self.capacity_bytes:
-                self._states.popitem(last=False)
+    def _drop(self, key: str) -> None:
+        self._states.pop(key, None)
 
 
 class LlamaDiskCache(BaseLlamaCache):
     """States kept as checkpoint files in ``cache_dir`` (``<key>.ckpt``, written atomically, read back only as
-    checkpoints, never unpickled), found again by a later process."""
+    checkpoints, never unpickled), found again by a later process; anything else there (a link, a FIFO) is
+    passed over."""
 
     def __init__(
         self, cache_dir: str | os.PathLike[str] = ".cache/llama_cache", capacity_bytes: int = DEFAULT_CAPACITY_BYTES
@@ -138,7 +153,6 @@ class LlamaDiskCache(BaseLlamaCache):
         super().__init__(capacity_bytes)
         self.cache_dir = Path(cache_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self._files: OrderedDict[str, int] = OrderedDict()
         found = []
         for path in self.cache_dir.glob("*.ckpt"):
             try:
@@ -148,38 +162,19 @@ class LlamaDiskCache(BaseLlamaCache):
             if stat.S_ISREG(status.st_mode):
                 found.append((status.st_mtime, path.stem, status.st_size))
         for _, key, size in sorted(found):
-            self._files[key] = size
+            self._sizes[key] = size
 
-    @property
-    def cache_size(self) -> int:
-        with self._lock:
-            return sum(self._files.values())
+    def _get(self, key: str, tokens: tuple[int, ...]) -> LlamaState | None:
+        try:
+            return LlamaState(tokens, _files.read_checkpoint(self.cache_dir / f"{key}.ckpt"))
+        except Exception:  # removed or damaged behind the cache's back: as if never cached
+            return None
 
-    def longest(self, tokens: Sequence[int]) -> LlamaState | None:
-        keys = _prefix_keys(tokens[:-1]) if tokens else []
-        for n in range(len(keys), 0, -1):
-            with self._lock:
-                if keys[n - 1] not in self._files:
-                    continue
-                self._files.move_to_end(keys[n - 1])
-            try:
-                data = _files.read_checkpoint(self.cache_dir / f"{keys[n - 1]}.ckpt")
-            except Exception:  # removed or damaged behind the cache's back: as if never cached
-                continue
-            return LlamaState(tuple(tokens[:n]), data)
-        return None
+    def _put(self, key: str, state: LlamaState) -> None:
+        _files.replace_atomically(self.cache_dir / f"{key}.ckpt", state.llama_state, 0o600)
 
-    def __setitem__(self, tokens: Sequence[int], state: LlamaState) -> None:
-        if state.llama_state_size > self.capacity_bytes:
-            return
-        key = _key(tokens)
-        with self._lock:
-            _files.replace_atomically(self.cache_dir / f"{key}.ckpt", state.llama_state, 0o600)
-            self._files[key] = state.llama_state_size
-            self._files.move_to_end(key)
-            while sum(self._files.values()) > self.capacity_bytes:
-                old, _ = self._files.popitem(last=False)
-                (self.cache_dir / f"{old}.ckpt").unlink(missing_ok=True)
+    def _drop(self, key: str) -> None:
+        (self.cache_dir / f"{key}.ckpt").unlink(missing_ok=True)
 
 
 #: llama-cpp-python's name for the memory cache.
