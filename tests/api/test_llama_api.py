@@ -86,7 +86,9 @@ def content_of(reply: ChatCompletion) -> str:
     """The reply's content, after checking the whole result against openai's type."""
     parsed = OpenAIChatCompletion.model_validate(reply)
     assert parsed.choices[0].message.role == "assistant"
-    return reply["choices"][0]["message"]["content"]
+    content = reply["choices"][0]["message"]["content"]
+    assert content is not None  # a reply without tools always has text
+    return content
 
 
 # --- completions ---------------------------------------------------------------------------------
