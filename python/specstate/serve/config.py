@@ -71,7 +71,10 @@ class ServerConfig:
     #: A chat template's Jinja source, or ``chatml`` (None: the model's own).
     chat_template: str | None = field(
         default=None,
-        metadata=_option("chat template: a Jinja file, or 'chatml' (default: the model's own)", name="template"),
+        metadata=_option(
+            "chat template: a Jinja file, or a format's name, chatml, llama-3, ... (default: the model's)",
+            name="template",
+        ),
     )
     #: The model name clients use (by default the file's name).
     model_name: str | None = field(default=None, metadata=_option("the model name clients use (default: the file's)"))
