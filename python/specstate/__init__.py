@@ -4,8 +4,7 @@ This package exposes the seed contract of speculative draft sessions: its
 bounds (``MAX_SPECULATIVE_*``), its validators (:func:`validate_config`,
 :func:`validate_context_capacities`, :func:`validate_state_size`), the
 :class:`ContextCapacity` they take, and one typed exception per error variant
-(see :mod:`specstate.errors`). :func:`native_info` describes the native build, and
-:func:`default_threads` the thread count a generation decodes with when it is given none.
+(see :mod:`specstate.errors`). :func:`native_info` describes the native build.
 The dictionaries the package takes and returns are typed (``TypedDict``):
 :class:`NativeInfo`, :class:`GeneratorSettings` (the keyword arguments of
 :class:`Generator`), :class:`SamplingSettings` (its sampling ones, which
@@ -35,7 +34,6 @@ from specstate._native import (  # noqa: E402
     DraftSession,
     GreedyGeneration,
     Model,
-    default_threads,
     inspect_checkpoint,
     json_schema_to_grammar,
     model_fingerprint,
@@ -109,7 +107,6 @@ __all__ = [
     "SamplingSettings",
     "TokenLogprobs",
     "chat_template",
-    "default_threads",
     "encode_prompt",
     "inspect_checkpoint",
     "json_schema_to_grammar",

@@ -10,7 +10,6 @@ mod guarded;
 mod info;
 mod model;
 mod session;
-mod threads;
 mod validators;
 
 use pyo3::prelude::*;
@@ -75,8 +74,5 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(validators::_seed_error_display, module)?)?;
     module.add_function(wrap_pyfunction!(info::native_info, module)?)?;
     module.add_function(wrap_pyfunction!(info::json_schema_to_grammar, module)?)?;
-    module.add_function(wrap_pyfunction!(threads::default_threads, module)?)?;
-    module.add_function(wrap_pyfunction!(threads::machine_cpus, module)?)?;
-    module.add_function(wrap_pyfunction!(threads::threads_for, module)?)?;
     Ok(())
 }

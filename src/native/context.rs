@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use llama_cpp_sys_4 as sys;
 
 use super::seq_state::{check_recurrent_cells, Memories};
-use super::threads::default_threads;
 use super::{Batch, Model, NativeError, NativeResult};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS, MAX_SEQUENCES};
 use crate::speculative::SpeculativeContextCapacity;
@@ -59,7 +58,7 @@ pub struct ContextParams {
     pub n_rs_seq: u32,
     /// Which computation the context runs.
     pub kind: ContextKind,
-    /// Threads for single-token and for batch decoding (0: the default, [`default_threads`]).
+    /// Threads for single-token and for batch decoding (0: the CPUs available).
     pub n_threads: i32,
 }
 
@@ -111,6 +110,16 @@ fn check_params(
         }
     }
     Ok(n_ctx)
+}
+
+/// The CPUs this process may run on (its affinity mask and CPU quota, as
+/// `std::thread::available_parallelism` reads them; 1 if unknown): the
+/// threads used when none are asked for, and the most a checkpoint may ask.
+///
+/// llama.cpp's own default (4) oversubscribes smaller machines, where its
+/// spinning worker threads then slow decoding by orders of magnitude.
+pub fn available_cpus() -> i32 {
+    std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(i32::MAX))
 }
 
 /// The llama.cpp context a [`Context`] runs, freed when its last holder
@@ -217,7 +226,7 @@ impl Context {
         let threads = if params.n_threads > 0 {
             params.n_threads
         } else {
-            default_threads(1)
+            available_cpus()
         };
         raw_params.n_threads = threads;
         raw_params.n_threads_batch = threads;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use llama_cpp_sys_4 as sys;
 
-use super::threads::default_threads;
+use super::context::available_cpus;
 use super::{Batch, Model, NativeError, NativeResult, OutOfVocabulary};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS};
 
@@ -92,7 +92,7 @@ pub struct EmbedderParams {
     /// The pooling, or `None` for the model's own (`<arch>.pooling_type`;
     /// `none` when the model records none, as for generative models).
     pub pooling: Option<Pooling>,
-    /// Threads for decoding (0: the default thread count).
+    /// Threads for decoding (0: the CPUs available).
     pub n_threads: i32,
 }
 
@@ -177,7 +177,7 @@ unsafe impl Send for Embedder {}
 
 /// Refuse, before llama.cpp sees them, parameters it would abort on or that
 /// would allocate more than the model was made for; the context length,
-/// resolved (0: the trained length), and the thread count (0: the default).
+/// resolved (0: the trained length), and the thread count (0: the CPUs).
 fn check_params(model: &Model, params: &EmbedderParams) -> NativeResult<(u32, i32)> {
     let setting = |e: SettingError| NativeError::InvalidArgument(e.to_string());
     let n_ctx = resolve_n_ctx(params.n_ctx, model.n_ctx_train()).map_err(setting)?;
@@ -188,7 +188,7 @@ fn check_params(model: &Model, params: &EmbedderParams) -> NativeResult<(u32, i3
         )));
     }
     let threads = match check_threads(params.n_threads.into()).map_err(setting)? {
-        0 => default_threads(1),
+        0 => available_cpus(),
         threads => threads,
     };
     Ok((n_ctx, threads))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from specstate import _defaults
-from specstate._native import MAX_THREADS, default_threads
+from specstate._native import MAX_THREADS
 from specstate._typing import U32_MAX, Mode
 from specstate.serve.request import RequestLimits
 
@@ -52,10 +52,10 @@ class ServerConfig:
     )
     #: Context length of each slot (0: the model's trained length).
     n_ctx: int = field(default=_defaults.N_CTX, metadata=_option("context length of each slot (0: the model's)"))
-    #: Threads per slot (0: the default thread count, shared out between the slots: docs/threads.md).
+    #: Threads per slot (0: the CPUs available, shared out between the slots).
     n_threads: int = field(
         default=_defaults.N_THREADS,
-        metadata=_option("threads per slot (0: the default, shared out)", name="threads", low=0, high=MAX_THREADS),
+        metadata=_option("threads per slot (0: the CPUs shared out)", name="threads", low=0, high=MAX_THREADS),
     )
     slots: int = field(default=1, metadata=_option("generations run at once", low=1, high=64))
     #: Requests that may wait for a slot; one more is refused with 429.
@@ -121,6 +121,5 @@ class ServerConfig:
         return self.model_name or os.path.basename(self.model_path)
 
     def threads_per_slot(self) -> int:
-        """Threads each slot decodes with: when ``n_threads`` is 0, the default thread count of one of ``slots``
-        generations decoding at once in this process (:func:`specstate.default_threads`, docs/threads.md)."""
-        return self.n_threads or default_threads(self.slots)
+        """Threads each slot decodes with: the CPUs shared out when ``n_threads`` is 0."""
+        return self.n_threads or max(1, len(os.sched_getaffinity(0)) // self.slots)
