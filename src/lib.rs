@@ -20,6 +20,7 @@
 //! `bindings` (feature `python`) is the thin PyO3 layer that exposes all of it
 //! to Python as `specstate._native`.
 
+pub mod batched;
 #[cfg(feature = "python")]
 mod bindings;
 pub mod chat;

@@ -164,7 +164,13 @@ impl PyGenerator {
         read(&self.inner.lock_waiting(py))
     }
 
-    fn wrap(inner: Generator, target: Py<PyModel>, draft: Option<Py<PyModel>>) -> Self {
+    /// The generator, for a call from its own thread that must hold it (a batch's join).
+    pub(crate) fn hold(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, Generator>> {
+        self.check_thread()?;
+        Ok(self.inner.lock_waiting(py))
+    }
+
+    pub(crate) fn wrap(inner: Generator, target: Py<PyModel>, draft: Option<Py<PyModel>>) -> Self {
         Self {
             inner: Guarded::new(inner),
             target,

@@ -1,6 +1,7 @@
 //! The Python module `specstate._native`: a thin layer over the Rust core.
 
 mod arguments;
+mod batched;
 mod chat;
 mod context;
 mod embedding;
@@ -60,6 +61,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<session::PySession>()?;
     module.add_class::<session::PyGreedyGeneration>()?;
     module.add_class::<generator::PyGenerator>()?;
+    module.add_class::<batched::PyBatchEngine>()?;
     embedding::register(module)?;
     module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;
     module.add_function(wrap_pyfunction!(generator::model_fingerprint, module)?)?;

@@ -150,6 +150,34 @@ impl Round {
     }
 }
 
+/// The first half of a round ([`Engine::plan_round`]): the rows to verify
+/// and what the second half ([`Engine::finish_round`]) needs to judge them.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Tokens in the target's memory: the rows go at positions `n_past..`.
+    pub n_past: usize,
+    /// The last committed token, the first row.
+    pub id_last: i32,
+    /// The longest draft the round allowed.
+    n_draft: usize,
+    /// The draft length chosen (by the adaptive policy, or `n_draft`).
+    chosen: usize,
+    /// The draft, at most `chosen` tokens.
+    pub draft: Draft,
+    /// A free drafter's first proposal in a round kept plain.
+    shadow: Option<i32>,
+}
+
+impl Plan {
+    /// The rows to decode: the last committed token, then the draft.
+    pub fn rows(&self) -> Vec<i32> {
+        let mut rows = Vec::with_capacity(self.draft.tokens.len() + 1);
+        rows.push(self.id_last);
+        rows.extend_from_slice(&self.draft.tokens);
+        rows
+    }
+}
+
 /// Log-probability records of committed tokens, kept while a caller asks for them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogprobLog {
@@ -259,7 +287,7 @@ impl Engine<'_> {
         if prompt.is_empty() {
             return Err(Error::Invalid("the prompt is empty".into()));
         }
-        let n_ctx = self.target.n_ctx() as usize;
+        let n_ctx = self.target.n_ctx_seq() as usize;
         if prompt.len() >= n_ctx {
             // The words llama-cpp-python's error has, so that code matching them goes on working.
             return Err(Error::Invalid(format!(
@@ -279,8 +307,22 @@ impl Engine<'_> {
     /// [`Engine::round`] committing at most `max_commit` tokens: the draft is
     /// limited to `max_commit - 1` tokens (none when `max_commit` is 0).
     pub fn round_within(&mut self, at: Cursor<'_>, max_commit: usize) -> Result<Round> {
-        let Some(n_draft) = self.round_n_draft(&at, max_commit) else {
+        let Some(plan) = self.plan_round(&at, max_commit)? else {
             return Ok(Round::nothing(&at));
+        };
+        let started = std::time::Instant::now();
+        self.decode_verify_batch(&plan)?;
+        let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.finish_round(&at, plan, 0, verify_micros)
+    }
+
+    /// The first half of a round from `at`: choose the draft length and
+    /// draft. `None` when the round can commit nothing. The plan's rows
+    /// ([`Plan::rows`]) are then decoded, alone or beside other sequences'
+    /// rows, and [`Engine::finish_round`] judges them.
+    pub fn plan_round(&mut self, at: &Cursor<'_>, max_commit: usize) -> Result<Option<Plan>> {
+        let Some(n_draft) = self.round_n_draft(at, max_commit) else {
+            return Ok(None);
         };
         let request = DraftRequest {
             history: at.history,
@@ -295,20 +337,37 @@ impl Engine<'_> {
                 .truncated(request.n_draft),
         };
         let shadow = self.shadow_proposal(&request, n_draft)?;
-        let started = std::time::Instant::now();
-        self.decode_verify_batch(request, &draft.tokens)?;
-        let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let round = match self.judge(&at, &draft) {
+        Ok(Some(Plan {
+            n_past: at.n_past,
+            id_last: request.id_last(),
+            n_draft,
+            chosen: request.n_draft,
+            draft,
+            shadow,
+        }))
+    }
+
+    /// The second half of a round: judge the plan's rows, decoded at output
+    /// rows `first_row..` of the target's last decode (in `verify_micros`),
+    /// commit, and roll back what was rejected.
+    pub fn finish_round(
+        &mut self,
+        at: &Cursor<'_>,
+        plan: Plan,
+        first_row: i32,
+        verify_micros: u64,
+    ) -> Result<Round> {
+        let round = match self.judge(at, &plan.draft, first_row) {
             Ok(round) => round,
             Err(error) => return Err(self.abandon_after(at.n_past, error)),
         };
         self.drafter
             .settle(self.target, round.n_past, round.accepted)?;
-        if round.accepted < draft.tokens.len() {
+        if round.accepted < plan.draft.tokens.len() {
             self.roll_back_target(round.n_past)?;
         }
-        self.learn(&round, n_draft, request.n_draft, shadow);
-        self.learn_cost(draft.tokens.len() + 1, verify_micros);
+        self.learn(&round, plan.n_draft, plan.chosen, plan.shadow);
+        self.learn_cost(plan.draft.tokens.len() + 1, verify_micros);
         Ok(round)
     }
 
@@ -374,7 +433,7 @@ impl Engine<'_> {
 
     /// How many tokens this round may draft, or `None` when it can commit nothing.
     fn round_n_draft(&self, at: &Cursor<'_>, max_commit: usize) -> Option<usize> {
-        let room = (self.target.n_ctx() as usize).saturating_sub(at.n_past + 1);
+        let room = (self.target.n_ctx_seq() as usize).saturating_sub(at.n_past + 1);
         if at.finished || room == 0 || at.history.is_empty() || max_commit == 0 {
             return None;
         }
@@ -383,14 +442,11 @@ impl Engine<'_> {
         Some(n_draft.min(max_commit - 1))
     }
 
-    /// Decode the last token and the draft at `n_past..`; the drafter observes
-    /// the batch, or abandons its proposal if either step fails.
-    fn decode_verify_batch(&mut self, request: DraftRequest<'_>, draft: &[i32]) -> Result<()> {
-        let mut rows = Vec::with_capacity(draft.len() + 1);
-        rows.push(request.id_last());
-        rows.extend_from_slice(draft);
+    /// Decode the plan's rows at `n_past..`; the drafter observes the batch,
+    /// or abandons its proposal if either step fails.
+    fn decode_verify_batch(&mut self, plan: &Plan) -> Result<()> {
         self.batch
-            .fill(&rows, position(request.n_past)?, self.seq_id, true)?;
+            .fill(&plan.rows(), position(plan.n_past)?, self.seq_id, true)?;
         let decoded = self
             .target
             .decode(self.batch)
@@ -404,10 +460,10 @@ impl Engine<'_> {
     }
 
     /// Verify the draft against the target's rows and decide what is committed.
-    fn judge(&mut self, at: &Cursor<'_>, draft: &Draft) -> Result<Round> {
+    fn judge(&mut self, at: &Cursor<'_>, draft: &Draft, first_row: i32) -> Result<Round> {
         let target = &*self.target;
         let rows: Vec<&[f32]> = (0..=draft.tokens.len())
-            .map(|row| target.logits(row as i32))
+            .map(|row| target.logits(first_row + row as i32))
             .collect::<std::result::Result<_, _>>()?;
         let verdict = self.sampler.verify(
             |row| rows[row],

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{DraftParts, Generator, GeneratorState};
+use super::{DraftParts, Generator, Member};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};
@@ -130,23 +130,61 @@ impl Generator {
         config: GeneratorConfig,
         runtime: RuntimeOptions,
     ) -> Result<Self> {
-        let config = config.resolve(target_model.n_ctx_train())?;
-        check_models(&target_model, draft_model.as_deref(), &config)?;
-        let grammar = super::compiled_grammar(&target_model, &config.sampling)?;
-        let params = context_params(&target_model, &config, runtime, ContextKind::Default);
+        let member = new_member(&target_model, config)?;
+        check_models(&target_model, draft_model.as_deref(), &member.config)?;
+        let config = &member.config;
+        let params = context_params(&target_model, config, runtime, ContextKind::Default);
         let mut target = Context::new(target_model, params)?;
-        let parts = draft_parts(&mut target, draft_model, &config, runtime)?;
-        let mut sampler = Sampler::new(config.sampling.clone());
-        sampler.grammar = grammar;
+        let parts = draft_parts(&mut target, draft_model, config, runtime)?;
         Ok(Self {
             target,
             batch: Batch::new(config.n_batch as usize)?,
             parts,
-            config,
-            state: GeneratorState::empty(sampler.rng.state()),
-            sampler,
-            conversation: None,
-            logprobs: None,
+            member,
         })
     }
+
+    /// A generator of mode `none` or `ngram` continuing `member`, with a
+    /// target context of its own holding `target_state` (if prefilled).
+    pub(crate) fn from_member(
+        target_model: Arc<Model>,
+        member: Member,
+        runtime: RuntimeOptions,
+        target_state: Option<&[u8]>,
+    ) -> Result<Self> {
+        let params = context_params(&target_model, &member.config, runtime, ContextKind::Default);
+        let mut target = Context::new(target_model, params)?;
+        if let Some(state) = target_state {
+            target.set_seq_state(0, state)?;
+        }
+        Ok(Self {
+            target,
+            batch: Batch::new(member.config.n_batch as usize)?,
+            parts: DraftParts::History,
+            member,
+        })
+    }
+
+    /// The generation without its contexts.
+    pub(crate) fn member(&self) -> &Member {
+        &self.member
+    }
+
+    /// The target context's sequence state (see `Context::seq_state`).
+    pub(crate) fn target_state(&mut self) -> Result<Vec<u8>> {
+        Ok(self.target.seq_state(0)?)
+    }
+}
+
+/// A generation with no prompt yet: `config` resolved against the target
+/// (`n_ctx` 0: its trained length; `n_batch` at most `n_ctx`:
+/// [`GeneratorConfig::resolve`]), its sampling checked and its grammar compiled.
+pub(crate) fn new_member(target_model: &Arc<Model>, config: GeneratorConfig) -> Result<Member> {
+    let config = config.resolve(target_model.n_ctx_train())?;
+    config.validate()?;
+    config.sampling.check_vocabulary(target_model.n_vocab())?;
+    let grammar = super::compiled_grammar(target_model, &config.sampling)?;
+    let mut sampler = Sampler::new(config.sampling.clone());
+    sampler.grammar = grammar;
+    Ok(Member::new(config, sampler))
 }

@@ -12,23 +12,24 @@
 //! checkpoint.
 
 mod build;
+mod member;
 mod restore;
 
 use std::sync::Arc;
 
 pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, SettingError};
-pub(crate) use build::rollback_snapshots;
+pub(crate) use build::{new_member, rollback_snapshots};
+pub(crate) use member::{history_drafter, Member};
 pub use restore::{Boundary, Positions, RestoreError};
 
 use crate::chat::Conversation;
 pub use crate::engine::LogprobLog;
 use crate::engine::{
-    AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, NgramDrafter, NoDrafter, Round,
-    SessionDrafter,
+    AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, Round, SessionDrafter,
 };
 use crate::native::Grammar;
 use crate::native::{Batch, Context, Model};
-use crate::sampling::{GrammarState, Rng, Sampler, SamplingParams};
+use crate::sampling::{GrammarState, Rng, SamplingParams};
 use crate::session::DraftSession;
 use crate::{Error, Result};
 
@@ -63,7 +64,7 @@ pub struct GeneratorState {
 
 impl GeneratorState {
     /// The state of a generation with no prompt yet.
-    fn empty(rng: [u64; 4]) -> Self {
+    pub(crate) fn empty(rng: [u64; 4]) -> Self {
         Self {
             history: Vec::new(),
             n_prompt: 0,
@@ -171,17 +172,14 @@ pub struct Generator {
     batch: Batch,
     /// The drafter's parts, by mode.
     parts: DraftParts,
-    config: GeneratorConfig,
-    state: GeneratorState,
-    sampler: Sampler,
-    conversation: Option<Conversation>,
-    logprobs: Option<LogprobLog>,
+    /// The generation itself, on sequence 0 of `target`.
+    member: Member,
 }
 
 impl Generator {
     /// The configuration.
     pub fn config(&self) -> &GeneratorConfig {
-        &self.config
+        &self.member.config
     }
 
     /// Change how the following tokens are chosen, checked (against the
@@ -194,9 +192,9 @@ impl Generator {
     /// does not follow it); a new turn starts it again.
     pub fn set_sampling(&mut self, params: SamplingParams) -> Result<()> {
         let grammar = self.check_sampling(&params)?;
-        if params.seed != self.sampler.params.seed {
-            self.sampler.rng = Rng::new(params.seed);
-            self.state.rng = self.sampler.rng.state();
+        if params.seed != self.member.sampler.params.seed {
+            self.member.sampler.rng = Rng::new(params.seed);
+            self.member.state.rng = self.member.sampler.rng.state();
         }
         self.put_sampling(params, grammar);
         Ok(())
@@ -217,9 +215,9 @@ impl Generator {
     /// Use checked `params` and their compiled grammar from now on, the RNG
     /// going on where it is (a restored boundary brings its own).
     pub(crate) fn put_sampling(&mut self, params: SamplingParams, grammar: Option<GrammarState>) {
-        self.sampler.params = params.clone();
-        self.sampler.grammar = grammar;
-        self.config.sampling = params;
+        self.member.sampler.params = params.clone();
+        self.member.sampler.grammar = grammar;
+        self.member.config.sampling = params;
     }
 
     /// Record the log-probability of every token committed from now on, with
@@ -231,13 +229,21 @@ impl Generator {
             Some(n) if n > most => Err(Error::Invalid(format!(
                 "top_logprobs must be from 0 to {most}, not {n}"
             ))),
-            Some(n) if self.logprobs.as_ref().is_some_and(|log| log.top_n == n) => Ok(()),
+            Some(n)
+                if self
+                    .member
+                    .logprobs
+                    .as_ref()
+                    .is_some_and(|log| log.top_n == n) =>
+            {
+                Ok(())
+            }
             Some(n) => {
-                self.logprobs = Some(LogprobLog::new(n, self.state.reply().len()));
+                self.member.logprobs = Some(LogprobLog::new(n, self.member.state.reply().len()));
                 Ok(())
             }
             None => {
-                self.logprobs = None;
+                self.member.logprobs = None;
                 Ok(())
             }
         }
@@ -245,22 +251,22 @@ impl Generator {
 
     /// The log-probability records kept (see [`Generator::set_logprobs`]).
     pub fn logprobs(&self) -> Option<&LogprobLog> {
-        self.logprobs.as_ref()
+        self.member.logprobs.as_ref()
     }
 
     /// Follow the reply so far with the grammar (a restored boundary's reply).
     pub(crate) fn follow_grammar(&mut self) -> std::result::Result<(), crate::native::NativeError> {
-        self.sampler.follow(self.state.reply())
+        self.member.follow_grammar()
     }
 
     /// Keep `log` (a restored boundary's records).
     pub(crate) fn put_logprobs(&mut self, log: Option<LogprobLog>) {
-        self.logprobs = log;
+        self.member.logprobs = log;
     }
 
     /// The state at the current boundary.
     pub fn state(&self) -> &GeneratorState {
-        &self.state
+        &self.member.state
     }
 
     /// The target model.
@@ -270,7 +276,7 @@ impl Generator {
 
     /// The draft model (`draft` and `eagle3` modes).
     pub fn draft_model(&self) -> Option<&Arc<Model>> {
-        match self.config.mode {
+        match self.member.config.mode {
             Mode::Draft | Mode::Eagle3 => self.parts.context().map(Context::model),
             _ => None,
         }
@@ -288,7 +294,7 @@ impl Generator {
 
     /// Whether the prompt has been decoded.
     pub fn started(&self) -> bool {
-        !self.state.history.is_empty()
+        self.member.started()
     }
 
     /// Run `call` on the engine over this generator's target and its mode's
@@ -301,34 +307,34 @@ impl Generator {
             target,
             batch,
             parts,
+            member,
+        } = self;
+        let Member {
             config,
             state,
             sampler,
             logprobs,
             ..
-        } = self;
+        } = member;
         let n_draft = config.n_draft as usize;
         let mut drafter: Box<dyn Drafter + '_> = match (config.mode, parts) {
-            (Mode::None, _) => Box::new(NoDrafter),
-            (Mode::Ngram(config), _) => Box::new(NgramDrafter { config, n_draft }),
-            (_, DraftParts::Model { context, batch }) => Box::new(DraftModelDrafter {
-                context,
-                batch,
-                decoded: &mut state.draft_past,
-                n_draft,
-                seq_id: 0,
-            }),
-            (_, DraftParts::Session { session, context }) => Box::new(SessionDrafter {
-                session,
-                context,
-                seq_id: 0,
-            }),
-            (mode, DraftParts::History) => {
-                return Err(Error::Usage(format!(
-                    "this generator lacks the draft parts of mode '{}'",
-                    mode.name()
-                )))
+            (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Model { context, batch }) => {
+                Box::new(DraftModelDrafter {
+                    context,
+                    batch,
+                    decoded: &mut state.draft_past,
+                    n_draft,
+                    seq_id: 0,
+                })
             }
+            (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Session { session, context }) => {
+                Box::new(SessionDrafter {
+                    session,
+                    context,
+                    seq_id: 0,
+                })
+            }
+            (mode, _) => history_drafter(mode, n_draft)?,
         };
         let mut engine = Engine {
             target,
@@ -352,50 +358,25 @@ impl Generator {
         if self.started() {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
-        self.measure_cost_curve(prompt)?;
-        self.new_reply()?;
+        let Self {
+            target,
+            batch,
+            member,
+            ..
+        } = self;
+        member.measure_cost_curve(target, batch, 0, prompt)?;
+        member.new_reply()?;
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
-        self.state.history = prompt.to_vec();
+        self.member.state.history = prompt.to_vec();
         self.commit_first(first);
         Ok(first)
-    }
-
-    /// A new reply begins: the grammar and the log-probability records start again.
-    fn new_reply(&mut self) -> Result<()> {
-        self.sampler.restart_grammar()?;
-        if let Some(log) = self.logprobs.as_mut() {
-            log.restart();
-        }
-        Ok(())
-    }
-
-    /// An adaptive generation without a pinned cost curve measures it on the
-    /// target context, still empty, before its prompt.
-    fn measure_cost_curve(&mut self, prompt: &[i32]) -> Result<()> {
-        if !self.config.adaptive || self.state.adaptive.is_some() {
-            return Ok(());
-        }
-        let token = *prompt
-            .first()
-            .ok_or_else(|| Error::Invalid("the prompt is empty".into()))?;
-        self.target.model().check_tokens(&[token])?;
-        let rows = self.config.n_draft as usize + 1;
-        let curve = crate::engine::policy::measure_cost_curve(
-            &mut self.target,
-            &mut self.batch,
-            0,
-            token,
-            rows,
-        )?;
-        self.state.adaptive = Some(AdaptiveState::measured(curve));
-        Ok(())
     }
 
     /// Pin the cost curve of an adaptive generation before its prompt
     /// (`cost_us[r - 1]`: microseconds to decode `r` rows, `r` in `1..=n_draft + 1`),
     /// so that it is not measured: two generations pinned alike choose alike.
     pub fn pin_cost_curve(&mut self, cost_us: Vec<u32>) -> Result<()> {
-        if !self.config.adaptive {
+        if !self.member.config.adaptive {
             return Err(Error::Invalid(
                 "cost_curve: only an adaptive draft policy uses a cost curve".into(),
             ));
@@ -407,23 +388,16 @@ impl Generator {
         }
         let state = AdaptiveState::new(cost_us);
         state
-            .validate(self.config.n_draft)
+            .validate(self.member.config.n_draft)
             .map_err(|e| Error::Invalid(format!("cost_curve: {e}")))?;
-        self.state.adaptive = Some(state);
+        self.member.state.adaptive = Some(state);
         Ok(())
     }
 
-    /// The whole history is now a decoded prompt: commit the first token
-    /// generated after it, and start the reply's counters from zero.
+    /// The whole history is now a decoded prompt: commit the first token after it.
     fn commit_first(&mut self, first: i32) {
-        let state = &mut self.state;
-        state.n_prompt = state.history.len();
-        state.n_past = state.n_prompt;
-        state.history.push(first);
-        state.finished = self.target.model().is_eog(first);
-        state.delivered = 0;
-        (state.rounds, state.drafted, state.accepted) = (0, 0, 0);
-        state.rng = self.sampler.rng.state();
+        let end = self.target.model().is_eog(first);
+        self.member.commit_first(first, end);
     }
 
     /// Continue with a new turn: `tokens` (a user's next message, say) are
@@ -439,16 +413,16 @@ impl Generator {
         if !self.started() {
             return Err(Error::Usage("call prefill() first".into()));
         }
-        self.new_reply()?;
+        self.member.new_reply()?;
         let first = self.with_engine(|engine, at| engine.extend(at, tokens))?;
-        self.state.history.extend_from_slice(tokens);
+        self.member.state.history.extend_from_slice(tokens);
         self.commit_first(first);
         Ok(first)
     }
 
     /// The conversation that led to the current reply, if this generation is a chat.
     pub fn conversation(&self) -> Option<&Conversation> {
-        self.conversation.as_ref()
+        self.member.conversation.as_ref()
     }
 
     /// Record (or clear) the conversation that led to the current reply; it
@@ -460,16 +434,13 @@ impl Generator {
         if let Some(conversation) = &conversation {
             conversation.validate()?;
         }
-        self.conversation = conversation;
+        self.member.conversation = conversation;
         Ok(())
     }
 
     /// Committed tokens not yet handed out.
     pub fn undelivered(&self) -> usize {
-        self.state
-            .history
-            .len()
-            .saturating_sub(self.state.n_prompt + self.state.delivered)
+        self.member.undelivered()
     }
 
     /// Hand out up to `max_n` generated tokens, running a round when none are
@@ -502,10 +473,7 @@ impl Generator {
         if self.undelivered() == 0 {
             self.round(max_commit)?;
         }
-        let start = self.state.n_prompt + self.state.delivered;
-        let n = self.undelivered().min(max_n);
-        self.state.delivered += n;
-        Ok(self.state.history[start..start + n].to_vec())
+        Ok(self.member.deliver(max_n))
     }
 
     /// Run one round of the engine and add it to the state; a round that
@@ -513,10 +481,7 @@ impl Generator {
     fn round(&mut self, max_commit: usize) -> Result<()> {
         self.follow_grammar()?;
         let round = self.with_engine(|engine, at| engine.round_within(at, max_commit))?;
-        if !round.committed.is_empty() {
-            self.state.apply(&round);
-            self.state.rng = self.sampler.rng.state();
-        }
+        self.member.apply(&round);
         Ok(())
     }
 }

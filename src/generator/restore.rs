@@ -49,7 +49,7 @@ impl Generator {
     /// Everything at the current boundary, as owned copies (to put back with [`Generator::restore`]).
     pub fn boundary(&mut self) -> Result<Boundary> {
         Ok(Boundary {
-            state: self.state.clone(),
+            state: self.member.state.clone(),
             target_state: self.target.seq_state(0)?,
             draft_state: self
                 .parts
@@ -103,7 +103,7 @@ impl Generator {
             _ => return Err(RestoreError::new("draft_state", "does not fit this mode")),
         }
         if let Some(bytes) = speculative_state {
-            check_speculative_state(self.config.mode, &state, bytes)?;
+            check_speculative_state(self.member.config.mode, &state, bytes)?;
         }
         match (self.parts.session_mut(), speculative_state) {
             (Some(session), Some(bytes)) => session
@@ -118,8 +118,8 @@ impl Generator {
             }
         }
         self.check_positions(&state)?;
-        self.sampler.rng = rng;
-        self.state = state;
+        self.member.sampler.rng = rng;
+        self.member.state = state;
         Ok(())
     }
 
@@ -156,7 +156,7 @@ impl Generator {
     fn check_positions(&self, state: &GeneratorState) -> std::result::Result<(), RestoreError> {
         let target_last = last_position(state.n_past);
         expect_positions(&self.target, "target_state", target_last..=target_last)?;
-        let draft_last = match self.config.mode {
+        let draft_last = match self.member.config.mode {
             Mode::Draft => last_position(state.draft_past)..=last_position(state.draft_past),
             // An MTP or EAGLE-3 draft context ends one or two positions before
             // the target's `n_past` (EAGLE-3 may not have drafted from the last one yet).

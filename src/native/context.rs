@@ -218,6 +218,10 @@ impl Context {
         raw_params.n_batch = params.n_batch;
         raw_params.n_ubatch = params.n_ubatch;
         raw_params.n_seq_max = params.n_seq_max;
+        // One KV stream per sequence: a sequence's cells sit where they would
+        // in a context of its own, so that attention over them (patch 0001's
+        // fixed chunks of cells) has the same bits whatever shares the context.
+        raw_params.kv_unified = false;
         raw_params.n_rs_seq = params.n_rs_seq;
         raw_params.ctx_type = match params.kind {
             ContextKind::Default => sys::LLAMA_CONTEXT_TYPE_DEFAULT,
@@ -281,6 +285,13 @@ impl Context {
     pub fn n_ctx(&self) -> u32 {
         // SAFETY: the context is live.
         unsafe { sys::llama_n_ctx(self.raw.as_ptr()) }
+    }
+
+    /// Context length of each sequence: [`Context::n_ctx`] divided among the
+    /// sequences (each has its own KV stream; see [`Context::new`]).
+    pub fn n_ctx_seq(&self) -> u32 {
+        // SAFETY: the context is live.
+        unsafe { sys::llama_n_ctx_seq(self.raw.as_ptr()) }
     }
 
     /// The capacities the seed's `validate_context_capacities` checks, read from llama.cpp.
@@ -555,6 +566,15 @@ pub fn recurrent_state_bytes(model: &Arc<Model>) -> NativeResult<u64> {
     let bytes = memory(1)?.saturating_sub(memory(0)?);
     lock().push((key.clone(), bytes));
     Ok(bytes)
+}
+
+/// An attention-only model's sequence state laid out again for sequence
+/// `seq_id` of a context of `n_seq_max` sequences (a KV stream each): the
+/// same cells, moved between a context of its own and a batch's.
+pub fn restream_seq_state(state: &[u8], n_seq_max: u32, seq_id: i32) -> NativeResult<Vec<u8>> {
+    let seq = u32::try_from(seq_id)
+        .map_err(|_| NativeError::InvalidArgument(format!("sequence id {seq_id} is negative")))?;
+    super::seq_state::restream(state, n_seq_max, seq).map_err(NativeError::SequenceState)
 }
 
 impl Context {

@@ -26,7 +26,8 @@ pub use batch::Batch;
 pub use chat::{builtin_template_names, ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
 pub use chat_tools::{format_name, GrammarTrigger, ToolChoice, ToolRender, ToolRequest};
 pub use context::{
-    available_cpus, recurrent_state_bytes, Context, ContextBytes, ContextKind, ContextParams,
+    available_cpus, recurrent_state_bytes, restream_seq_state, Context, ContextBytes, ContextKind,
+    ContextParams,
 };
 pub use embedding::{
     Embedder, EmbedderParams, Embedding, EmbeddingInputError, Pooling, MAX_EMBEDDING_FLOATS,

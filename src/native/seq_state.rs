@@ -74,52 +74,115 @@ impl Reader<'_> {
 }
 
 /// One attention cache's part (`llama_kv_cache::state_write` of one
-/// sequence), with or without the cell extension.
-fn attention_part(reader: &mut Reader<'_>, ext: bool) -> Option<()> {
+/// sequence), with or without the cell extension: the byte range of each
+/// stream (its cell count, then its cells and their data).
+fn attention_part(reader: &mut Reader<'_>, ext: bool) -> Option<Vec<std::ops::Range<usize>>> {
     let n_stream = reader.u32()?;
     if n_stream == 0 || n_stream > MAX_STREAMS {
         return None;
     }
+    let mut streams = Vec::with_capacity(n_stream as usize);
     for _ in 0..n_stream {
-        let cells = u64::from(reader.u32()?);
-        if cells == 0 {
-            continue;
-        }
-        for _ in 0..cells {
-            let _pos = reader.u32()?;
-            // One sequence's cells name exactly that sequence.
-            if reader.u32()? != 1 {
-                return None;
-            }
-            let ext_bytes = if ext { CELL_EXT_BYTES } else { 0 };
-            reader.skip(ext_bytes + 4)?;
-        }
-        let v_trans = reader.u32()?;
-        let n_layer = u64::from(reader.u32()?);
-        let _n_rot = (reader.u32()?, reader.u32()?);
-        if v_trans > 1 {
+        let start = reader.at;
+        attention_stream(reader, ext)?;
+        streams.push(start..reader.at);
+    }
+    Some(streams)
+}
+
+/// One stream of an attention cache's part.
+fn attention_stream(reader: &mut Reader<'_>, ext: bool) -> Option<()> {
+    let cells = u64::from(reader.u32()?);
+    if cells == 0 {
+        return Some(());
+    }
+    for _ in 0..cells {
+        let _pos = reader.u32()?;
+        // One sequence's cells name exactly that sequence.
+        if reader.u32()? != 1 {
             return None;
         }
-        // Keys: type, row size, rows; values likewise, or transposed: type,
-        // element size, width, then width columns of `cells` elements.
-        for _ in 0..n_layer {
-            let _type = reader.u32()?;
+        let ext_bytes = if ext { CELL_EXT_BYTES } else { 0 };
+        reader.skip(ext_bytes + 4)?;
+    }
+    let v_trans = reader.u32()?;
+    let n_layer = u64::from(reader.u32()?);
+    let _n_rot = (reader.u32()?, reader.u32()?);
+    if v_trans > 1 {
+        return None;
+    }
+    // Keys: type, row size, rows; values likewise, or transposed: type,
+    // element size, width, then width columns of `cells` elements.
+    for _ in 0..n_layer {
+        let _type = reader.u32()?;
+        let row = reader.u64()?;
+        reader.skip_product(&[cells, row])?;
+    }
+    for _ in 0..n_layer {
+        let _type = reader.u32()?;
+        if v_trans == 0 {
             let row = reader.u64()?;
             reader.skip_product(&[cells, row])?;
-        }
-        for _ in 0..n_layer {
-            let _type = reader.u32()?;
-            if v_trans == 0 {
-                let row = reader.u64()?;
-                reader.skip_product(&[cells, row])?;
-            } else {
-                let element = u64::from(reader.u32()?);
-                let width = u64::from(reader.u32()?);
-                reader.skip_product(&[cells, element, width])?;
-            }
+        } else {
+            let element = u64::from(reader.u32()?);
+            let width = u64::from(reader.u32()?);
+            reader.skip_product(&[cells, element, width])?;
         }
     }
     Some(())
+}
+
+/// An attention-only model's sequence state (one or two attention parts),
+/// laid out again for sequence `seq_id` of a context of `n_stream` KV streams
+/// (`kv_unified` false: sequence `seq_id` is stream `seq_id`). The cells
+/// and their data are the same bytes: only the streams around them change,
+/// so a sequence moves between a context of its own and a batch's.
+pub(crate) fn restream(state: &[u8], n_stream: u32, seq_id: u32) -> Result<Vec<u8>, String> {
+    if seq_id >= n_stream || n_stream > MAX_STREAMS {
+        return Err(format!(
+            "sequence {seq_id} is not one of {n_stream} streams"
+        ));
+    }
+    [(1, false), (2, false), (1, true), (2, true)]
+        .into_iter()
+        .find_map(|(parts, ext)| restreamed(state, parts, ext, n_stream, seq_id))
+        .ok_or_else(|| "the sequence state is not an attention cache's of one sequence".into())
+}
+
+fn restreamed(
+    state: &[u8],
+    parts: usize,
+    ext: bool,
+    n_stream: u32,
+    seq_id: u32,
+) -> Option<Vec<u8>> {
+    let mut reader = Reader {
+        bytes: state,
+        at: 0,
+    };
+    if reader.u32()? != SEQ_STATE_MAGIC {
+        return None;
+    }
+    let _seq_id = reader.u32()?;
+    let mut out = Vec::with_capacity(state.len() + 4 * n_stream as usize);
+    out.extend(SEQ_STATE_MAGIC.to_le_bytes());
+    out.extend(seq_id.to_le_bytes());
+    for _ in 0..parts {
+        let streams = attention_part(&mut reader, ext)?;
+        let mut filled = streams.into_iter().filter(|range| range.len() > 4);
+        let cells = filled.next();
+        if filled.next().is_some() {
+            return None;
+        }
+        out.extend(n_stream.to_le_bytes());
+        for stream in 0..n_stream {
+            match &cells {
+                Some(range) if stream == seq_id => out.extend_from_slice(&state[range.clone()]),
+                _ => out.extend(0_u32.to_le_bytes()),
+            }
+        }
+    }
+    reader.at_end().then_some(out)
 }
 
 /// The cells a recurrent memory's part claims, as its reader would act on

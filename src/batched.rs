@@ -1,0 +1,486 @@
+//! Many generations over one target context: continuous batching in which
+//! every reply is, token for token, the reply the same request gets alone.
+//!
+//! A [`Batched`] engine holds one target context with a KV stream per
+//! sequence (llama.cpp's `kv_unified = false`) and a [`Member`] per sequence:
+//! its configuration, state, sampler, grammar, adaptive draft length, budget
+//! and log-probability records. Sequences join ([`Batched::add`],
+//! [`Batched::join`], from a `Generator` or a checkpoint restored into one)
+//! and leave ([`Batched::leave`], into a `Generator` of their own, whose
+//! checkpoint is a `Generator` checkpoint) between steps.
+//!
+//! Why a reply does not depend on its neighbours:
+//! - **Prompts** are decoded in decodes of their own, in the chunks the
+//!   sequence's `n_batch` gives, as a lone `Generator` decodes them.
+//! - **A step** plans a round for every sequence that needs one (its draft,
+//!   from the history alone), decodes every plan's rows together in decodes of
+//!   at most [`MAX_EXACT_ROWS`] rows, where patch 0001 gives every row its
+//!   single decode's bits (a plan of more rows is decoded alone, as a lone
+//!   generator would), then judges each plan on its own rows.
+//! - **Attention** reads only the sequence's own KV stream, whose cells sit
+//!   where they would in a context of its own.
+//!
+//! Modes: `none` and `ngram`, whose drafts come from the history. `draft`,
+//! `mtp` and `eagle3` draft from a draft context or session built for one
+//! sequence (`SessionConfig::n_seq` 1); they are refused.
+
+use std::sync::Arc;
+
+use crate::engine::{Cursor, Engine, Plan};
+use crate::generator::{history_drafter, Generator, GeneratorConfig, Member};
+use crate::limits::{MAX_EXACT_ROWS, MAX_SEQUENCES};
+use crate::native::{restream_seq_state, Batch, Context, ContextKind, ContextParams, Model};
+use crate::settings::{Mode, RuntimeOptions};
+use crate::{Error, Result};
+
+/// The shape of a batched engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchedConfig {
+    /// Sequences held at once (1 ..= [`MAX_SEQUENCES`]).
+    pub n_seq: u32,
+    /// Context length of every sequence (each has a KV stream of this many cells).
+    pub n_ctx: u32,
+    /// Most rows of one prompt chunk (a sequence's own `n_batch` may be smaller).
+    pub n_batch: u32,
+}
+
+/// What one step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Sequences that ran a round.
+    pub sequences: usize,
+    /// Rows decoded (every sequence's last token and draft).
+    pub rows: usize,
+    /// Decodes run.
+    pub decodes: usize,
+    /// Tokens committed.
+    pub committed: usize,
+}
+
+/// One sequence of the batch.
+struct Sequence {
+    member: Member,
+    /// The batch its prompt chunks are decoded through (its `n_batch` rows).
+    batch: Batch,
+    /// The most tokens its next round may commit.
+    budget: usize,
+    /// A failure of its last round, handed to the next [`Batched::take`].
+    error: Option<Error>,
+}
+
+impl Sequence {
+    /// Whether the next step should run a round for it.
+    fn wants_round(&self) -> bool {
+        self.error.is_none()
+            && self.member.started()
+            && !self.member.state.finished
+            && self.budget > 0
+            && self.member.undelivered() == 0
+    }
+}
+
+/// A planned round of sequence `seq`.
+struct Planned {
+    seq: usize,
+    plan: Plan,
+}
+
+/// Many generations over one target context (see the module documentation).
+pub struct Batched {
+    target: Context,
+    /// The rows of one decode of a step.
+    step: Batch,
+    seqs: Vec<Option<Sequence>>,
+    config: BatchedConfig,
+    runtime: RuntimeOptions,
+}
+
+impl Batched {
+    /// An engine of `config.n_seq` empty sequences over `model`.
+    pub fn new(model: Arc<Model>, config: BatchedConfig, runtime: RuntimeOptions) -> Result<Self> {
+        if config.n_seq == 0 || config.n_seq > MAX_SEQUENCES {
+            return Err(Error::Invalid(format!(
+                "n_seq must be between 1 and {MAX_SEQUENCES}, not {}",
+                config.n_seq
+            )));
+        }
+        let n_ctx = crate::limits::resolve_n_ctx(config.n_ctx, model.n_ctx_train())?;
+        let total = n_ctx.checked_mul(config.n_seq).ok_or_else(|| {
+            Error::Invalid(format!(
+                "n_ctx x n_seq ({n_ctx} x {}) overflows",
+                config.n_seq
+            ))
+        })?;
+        let params = ContextParams {
+            n_ctx: total,
+            n_batch: config.n_batch,
+            n_ubatch: config.n_batch,
+            n_seq_max: config.n_seq,
+            n_rs_seq: 0,
+            kind: ContextKind::Default,
+            n_threads: runtime.n_threads,
+        };
+        if model.is_recurrent() || model.is_hybrid() {
+            return Err(Error::Invalid(format!(
+                "a batch needs an attention-only target; {} keeps recurrent state",
+                model.architecture()
+            )));
+        }
+        let target = Context::new(model, params)?;
+        Ok(Self {
+            step: Batch::new(MAX_EXACT_ROWS)?,
+            seqs: (0..config.n_seq).map(|_| None).collect(),
+            config: BatchedConfig { n_ctx, ..config },
+            target,
+            runtime,
+        })
+    }
+
+    /// The engine's shape (`n_ctx` resolved).
+    pub fn config(&self) -> BatchedConfig {
+        BatchedConfig {
+            n_ctx: self.target.n_ctx_seq(),
+            ..self.config
+        }
+    }
+
+    /// The threads the target decodes with.
+    pub fn n_threads(&self) -> i32 {
+        self.target.n_threads()
+    }
+
+    /// The target model.
+    pub fn model(&self) -> &Arc<Model> {
+        self.target.model()
+    }
+
+    /// Sequences held.
+    pub fn len(&self) -> usize {
+        self.seqs.iter().flatten().count()
+    }
+
+    /// Whether no sequence is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A new sequence, not yet prefilled, configured by `config` (resolved
+    /// and checked as `Generator::new` does); returns its id.
+    pub fn add(&mut self, config: GeneratorConfig) -> Result<i32> {
+        let member = crate::generator::new_member(self.target.model(), config)?;
+        self.admit(member, None)
+    }
+
+    /// A copy of `generator`'s generation (prefilled or not) as a new
+    /// sequence; `generator` is left as it was. Returns the sequence's id.
+    pub fn join(&mut self, generator: &mut Generator) -> Result<i32> {
+        if !Arc::ptr_eq(generator.target_model(), self.target.model()) {
+            return Err(Error::Invalid(
+                "the generator's target is another model than the batch's".into(),
+            ));
+        }
+        let state = match generator.started() {
+            true => Some(generator.target_state()?),
+            false => None,
+        };
+        self.admit(generator.member().clone(), state.as_deref())
+    }
+
+    /// Check `member` against the batch, take a free sequence for it and put
+    /// its target state (if prefilled) there.
+    fn admit(&mut self, member: Member, state: Option<&[u8]>) -> Result<i32> {
+        self.check_member(&member)?;
+        let seq = self.seqs.iter().position(Option::is_none).ok_or_else(|| {
+            Error::Usage(format!(
+                "the batch's {} sequences are all taken",
+                self.seqs.len()
+            ))
+        })?;
+        let seq_id = crate::engine::position(seq)?;
+        self.target.seq_rm(seq_id, -1, -1);
+        if let Some(state) = state {
+            let state = restream_seq_state(state, self.config.n_seq, seq_id)?;
+            if let Err(error) = self.target.set_seq_state(seq_id, &state) {
+                self.target.seq_rm(seq_id, -1, -1);
+                return Err(error.into());
+            }
+        }
+        self.seqs[seq] = Some(Sequence {
+            batch: Batch::new(member.config.n_batch as usize)?,
+            member,
+            budget: usize::MAX,
+            error: None,
+        });
+        Ok(seq_id)
+    }
+
+    /// What the batch cannot hold: another mode than `none` and `ngram`, another
+    /// context length, a longer prompt chunk.
+    fn check_member(&self, member: &Member) -> Result<()> {
+        let config = &member.config;
+        if matches!(config.mode, Mode::Draft | Mode::Mtp | Mode::Eagle3) {
+            return Err(Error::Invalid(format!(
+                "mode '{}' cannot join a batch: a batch drafts from the history only \
+                 (modes 'none' and 'ngram'); run it as a Generator of its own",
+                config.mode.name()
+            )));
+        }
+        let n_ctx = self.target.n_ctx_seq();
+        if config.n_ctx != n_ctx {
+            return Err(Error::Invalid(format!(
+                "the generation's n_ctx is {}, the batch's sequences have {n_ctx}",
+                config.n_ctx
+            )));
+        }
+        if config.n_batch > self.config.n_batch {
+            return Err(Error::Invalid(format!(
+                "the generation's n_batch ({}) exceeds the batch's ({})",
+                config.n_batch, self.config.n_batch
+            )));
+        }
+        Ok(())
+    }
+
+    fn sequence(&mut self, seq_id: i32) -> Result<&mut Sequence> {
+        usize::try_from(seq_id)
+            .ok()
+            .and_then(|seq| self.seqs.get_mut(seq))
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Usage(format!("the batch holds no sequence {seq_id}")))
+    }
+
+    /// The sequence `seq_id`, taken out of the batch as a `Generator` of its
+    /// own (a context of its own, holding the sequence's target state): it
+    /// continues alone exactly as it would have in the batch, and its
+    /// checkpoint is a `Generator` checkpoint.
+    pub fn leave(&mut self, seq_id: i32) -> Result<Generator> {
+        let started = self.sequence(seq_id)?.member.started();
+        let state = match started {
+            true => Some(restream_seq_state(&self.target.seq_state(seq_id)?, 1, 0)?),
+            false => None,
+        };
+        let member = self.sequence(seq_id)?.member.clone();
+        let model = Arc::clone(self.target.model());
+        let generator = Generator::from_member(model, member, self.runtime, state.as_deref())?;
+        self.remove(seq_id)?;
+        Ok(generator)
+    }
+
+    /// Drop sequence `seq_id` and free its place.
+    pub fn remove(&mut self, seq_id: i32) -> Result<()> {
+        self.sequence(seq_id)?;
+        self.target.seq_rm(seq_id, -1, -1);
+        self.seqs[seq_id as usize] = None;
+        Ok(())
+    }
+
+    /// Decode the prompt of sequence `seq_id` in decodes of its own and
+    /// commit the first generated token; returns it.
+    pub fn prefill(&mut self, seq_id: i32, prompt: &[i32]) -> Result<i32> {
+        let Self { target, seqs, .. } = self;
+        let seq = Self::held(seqs, seq_id)?;
+        if seq.member.started() {
+            return Err(Error::Usage("the sequence already has a prompt".into()));
+        }
+        seq.member
+            .measure_cost_curve(target, &mut seq.batch, seq_id, prompt)?;
+        seq.member.new_reply()?;
+        let first = Self::with_engine(target, seq, seq_id, |engine, _| engine.prefill(prompt))?;
+        seq.member.state.history = prompt.to_vec();
+        seq.member.commit_first(first, target.model().is_eog(first));
+        Ok(first)
+    }
+
+    fn held(seqs: &mut [Option<Sequence>], seq_id: i32) -> Result<&mut Sequence> {
+        usize::try_from(seq_id)
+            .ok()
+            .and_then(|seq| seqs.get_mut(seq))
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::Usage(format!("the batch holds no sequence {seq_id}")))
+    }
+
+    /// Run `call` on the engine over `seq`'s member and the shared target.
+    fn with_engine<T>(
+        target: &mut Context,
+        seq: &mut Sequence,
+        seq_id: i32,
+        call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let Member {
+            config,
+            state,
+            sampler,
+            logprobs,
+            ..
+        } = &mut seq.member;
+        let mut drafter = history_drafter(config.mode, config.n_draft as usize)?;
+        let mut engine = Engine {
+            target,
+            batch: &mut seq.batch,
+            drafter: drafter.as_mut(),
+            sampler,
+            seq_id,
+            policy: state.adaptive.as_mut(),
+            logprobs: logprobs.as_mut(),
+        };
+        let at = Cursor {
+            history: &state.history,
+            n_past: state.n_past,
+            finished: state.finished,
+        };
+        call(&mut engine, at)
+    }
+
+    /// The most tokens the next round of `seq_id` may commit (`usize::MAX`:
+    /// no bound), as `Generator.take(max_commit=...)` bounds a lone round.
+    pub fn set_budget(&mut self, seq_id: i32, max_commit: usize) -> Result<()> {
+        self.sequence(seq_id)?.budget = max_commit;
+        Ok(())
+    }
+
+    /// Hand out up to `max_n` committed tokens of `seq_id` (never runs a
+    /// round: [`Batched::step`] does), or the failure of its last round.
+    pub fn take(&mut self, seq_id: i32, max_n: usize) -> Result<Vec<i32>> {
+        let seq = self.sequence(seq_id)?;
+        if let Some(error) = seq.error.take() {
+            return Err(error);
+        }
+        Ok(seq.member.deliver(max_n))
+    }
+
+    /// Whether `seq_id` is done: finished, or its context full, with every
+    /// token handed out.
+    pub fn done(&mut self, seq_id: i32) -> Result<bool> {
+        let n_ctx = self.target.n_ctx_seq() as usize;
+        let member = &self.sequence(seq_id)?.member;
+        let full = member.state.n_past + 1 >= n_ctx;
+        Ok(member.started() && member.undelivered() == 0 && (member.state.finished || full))
+    }
+
+    /// The prompt and committed tokens of `seq_id`.
+    pub fn history(&mut self, seq_id: i32) -> Result<Vec<i32>> {
+        Ok(self.sequence(seq_id)?.member.state.history.clone())
+    }
+
+    /// One step: a round for every sequence that has handed out all its
+    /// tokens and is not done, their rows decoded together. A sequence whose
+    /// round fails keeps the failure for its next [`Batched::take`]; the others go on.
+    pub fn step(&mut self) -> Result<StepReport> {
+        let planned = self.plan_all();
+        let mut report = StepReport::default();
+        for group in pack(&planned) {
+            report.decodes += 1;
+            report.rows += group
+                .iter()
+                .map(|p| p.plan.draft.tokens.len() + 1)
+                .sum::<usize>();
+            report.sequences += group.len();
+            report.committed += self.decode_group(group);
+        }
+        Ok(report)
+    }
+
+    /// Plan a round for every sequence that wants one; a failure stays with its sequence.
+    fn plan_all(&mut self) -> Vec<Planned> {
+        let Self { target, seqs, .. } = self;
+        let mut planned = Vec::new();
+        for (index, slot) in seqs.iter_mut().enumerate() {
+            let Some(seq) = slot.as_mut().filter(|seq| seq.wants_round()) else {
+                continue;
+            };
+            let seq_id = index as i32;
+            let budget = seq.budget;
+            let outcome = seq
+                .member
+                .follow_grammar()
+                .map_err(Error::from)
+                .and_then(|()| {
+                    Self::with_engine(target, seq, seq_id, |engine, at| {
+                        engine.plan_round(&at, budget)
+                    })
+                });
+            match outcome {
+                Ok(Some(plan)) => planned.push(Planned { seq: index, plan }),
+                Ok(None) => {}
+                Err(error) => seq.error = Some(error),
+            }
+        }
+        planned
+    }
+
+    /// Decode `group`'s rows in one decode and finish each plan on its rows;
+    /// returns the tokens committed.
+    fn decode_group(&mut self, group: &[Planned]) -> usize {
+        let started = std::time::Instant::now();
+        let decoded = self.fill_step(group).and_then(|()| {
+            self.target.decode(&self.step)?;
+            Ok(())
+        });
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let Self { target, seqs, .. } = self;
+        let mut first_row = 0;
+        let mut committed = 0;
+        for planned in group {
+            let rows = planned.plan.draft.tokens.len() + 1;
+            let Some(seq) = seqs[planned.seq].as_mut() else {
+                continue;
+            };
+            let seq_id = planned.seq as i32;
+            let outcome = match &decoded {
+                Ok(()) => Self::with_engine(target, seq, seq_id, |engine, at| {
+                    engine.finish_round(&at, planned.plan.clone(), first_row, micros)
+                }),
+                Err(error) => Err(undo_failed_decode(target, seq_id, &planned.plan, error)),
+            };
+            match outcome {
+                Ok(round) => {
+                    committed += round.committed.len();
+                    seq.member.apply(&round);
+                }
+                Err(error) => seq.error = Some(error),
+            }
+            first_row += rows as i32;
+        }
+        committed
+    }
+
+    /// Put `group`'s rows in the step batch: each plan's rows at its positions, all with logits.
+    fn fill_step(&mut self, group: &[Planned]) -> Result<()> {
+        self.step.clear();
+        for planned in group {
+            let start = crate::engine::position(planned.plan.n_past)?;
+            for (offset, token) in planned.plan.rows().into_iter().enumerate() {
+                let pos = start + offset as i32;
+                self.step.push(token, pos, planned.seq as i32, true)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A failed decode of a step: the sequence's rows are removed again, and it
+/// gets a copy of the failure.
+fn undo_failed_decode(target: &mut Context, seq_id: i32, plan: &Plan, error: &Error) -> Error {
+    let keep = i32::try_from(plan.n_past).unwrap_or(i32::MAX);
+    target.seq_rm(seq_id, keep, -1);
+    Error::Usage(format!("the step's decode failed: {error}"))
+}
+
+/// Split the planned rounds, in order, into decodes of at most
+/// [`MAX_EXACT_ROWS`] rows; a plan of more rows is decoded alone.
+fn pack(planned: &[Planned]) -> Vec<&[Planned]> {
+    let mut groups = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (index, one) in planned.iter().enumerate() {
+        let n = one.plan.draft.tokens.len() + 1;
+        if index > start && rows + n > MAX_EXACT_ROWS {
+            groups.push(&planned[start..index]);
+            (start, rows) = (index, 0);
+        }
+        rows += n;
+    }
+    if start < planned.len() {
+        groups.push(&planned[start..]);
+    }
+    groups
+}

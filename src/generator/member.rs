@@ -1,0 +1,135 @@
+//! A generation without its contexts: the configuration, the state between
+//! rounds, the sampler, the conversation and the log-probability records.
+//! A [`super::Generator`] holds one over a target context of its own; a
+//! [`crate::batched::Batched`] engine holds one per sequence of a shared target.
+
+use crate::chat::Conversation;
+use crate::engine::{
+    policy::measure_cost_curve, AdaptiveState, Drafter, LogprobLog, NgramDrafter, NoDrafter, Round,
+};
+use crate::native::{Batch, Context};
+use crate::sampling::Sampler;
+use crate::settings::{GeneratorConfig, Mode};
+use crate::{Error, Result};
+
+use super::GeneratorState;
+
+/// One generation's own part (see the module documentation).
+#[derive(Clone, Debug)]
+pub(crate) struct Member {
+    /// The resolved configuration.
+    pub config: GeneratorConfig,
+    /// Where the generation stands at a round boundary.
+    pub state: GeneratorState,
+    /// How tokens are chosen.
+    pub sampler: Sampler,
+    /// The conversation that led to the current reply, for a chat.
+    pub conversation: Option<Conversation>,
+    /// Log-probability records, while asked for.
+    pub logprobs: Option<LogprobLog>,
+}
+
+impl Member {
+    /// A generation with no prompt yet.
+    pub fn new(config: GeneratorConfig, sampler: Sampler) -> Self {
+        Self {
+            config,
+            state: GeneratorState::empty(sampler.rng.state()),
+            sampler,
+            conversation: None,
+            logprobs: None,
+        }
+    }
+
+    /// Whether the prompt has been decoded.
+    pub fn started(&self) -> bool {
+        !self.state.history.is_empty()
+    }
+
+    /// A new reply begins: the grammar and the log-probability records start again.
+    pub fn new_reply(&mut self) -> Result<()> {
+        self.sampler.restart_grammar()?;
+        if let Some(log) = self.logprobs.as_mut() {
+            log.restart();
+        }
+        Ok(())
+    }
+
+    /// An adaptive generation without a pinned cost curve measures it on
+    /// sequence `seq_id` of `target`, still empty, before its prompt.
+    pub fn measure_cost_curve(
+        &mut self,
+        target: &mut Context,
+        batch: &mut Batch,
+        seq_id: i32,
+        prompt: &[i32],
+    ) -> Result<()> {
+        if !self.config.adaptive || self.state.adaptive.is_some() {
+            return Ok(());
+        }
+        let token = *prompt
+            .first()
+            .ok_or_else(|| Error::Invalid("the prompt is empty".into()))?;
+        target.model().check_tokens(&[token])?;
+        let rows = self.config.n_draft as usize + 1;
+        let curve = measure_cost_curve(target, batch, seq_id, token, rows)?;
+        self.state.adaptive = Some(AdaptiveState::measured(curve));
+        Ok(())
+    }
+
+    /// The whole history is now a decoded prompt: commit the first token
+    /// generated after it, and start the reply's counters from zero.
+    pub fn commit_first(&mut self, first: i32, end_of_generation: bool) {
+        let state = &mut self.state;
+        state.n_prompt = state.history.len();
+        state.n_past = state.n_prompt;
+        state.history.push(first);
+        state.finished = end_of_generation;
+        state.delivered = 0;
+        (state.rounds, state.drafted, state.accepted) = (0, 0, 0);
+        state.rng = self.sampler.rng.state();
+    }
+
+    /// Committed tokens not yet handed out.
+    pub fn undelivered(&self) -> usize {
+        self.state
+            .history
+            .len()
+            .saturating_sub(self.state.n_prompt + self.state.delivered)
+    }
+
+    /// Hand out up to `max_n` committed tokens not yet handed out.
+    pub fn deliver(&mut self, max_n: usize) -> Vec<i32> {
+        let start = self.state.n_prompt + self.state.delivered;
+        let n = self.undelivered().min(max_n);
+        self.state.delivered += n;
+        self.state.history[start..start + n].to_vec()
+    }
+
+    /// Add a round's outcome; a round that commits nothing (finished, or a
+    /// full context) leaves the state as it is.
+    pub fn apply(&mut self, round: &Round) {
+        if !round.committed.is_empty() {
+            self.state.apply(round);
+            self.state.rng = self.sampler.rng.state();
+        }
+    }
+
+    /// Follow the reply so far with the grammar (a restored boundary's reply).
+    pub fn follow_grammar(&mut self) -> std::result::Result<(), crate::native::NativeError> {
+        self.sampler.follow(self.state.reply())
+    }
+}
+
+/// The drafter of a mode that drafts from the history alone (`none`, `ngram`);
+/// the other modes need draft parts beside the target.
+pub(crate) fn history_drafter(mode: Mode, n_draft: usize) -> Result<Box<dyn Drafter>> {
+    match mode {
+        Mode::None => Ok(Box::new(NoDrafter)),
+        Mode::Ngram(config) => Ok(Box::new(NgramDrafter { config, n_draft })),
+        mode => Err(Error::Usage(format!(
+            "this generator lacks the draft parts of mode '{}'",
+            mode.name()
+        ))),
+    }
+}
