@@ -249,11 +249,11 @@ impl Batched {
             .ok_or_else(|| Error::Usage(format!("the batch holds no sequence {seq_id}")))
     }
 
-    /// The sequence `seq_id`, taken out of the batch as a `Generator` of its
-    /// own (a context of its own, holding the sequence's target state): it
-    /// continues alone exactly as it would have in the batch, and its
-    /// checkpoint is a `Generator` checkpoint.
-    pub fn leave(&mut self, seq_id: i32) -> Result<Generator> {
+    /// A copy of sequence `seq_id` as a `Generator` of its own (a context of
+    /// its own, holding the sequence's target state): it continues alone
+    /// exactly as the sequence does in the batch, and its checkpoint is a
+    /// `Generator` checkpoint. The sequence stays.
+    pub fn snapshot(&mut self, seq_id: i32) -> Result<Generator> {
         let started = self.sequence(seq_id)?.member.started();
         let state = match started {
             true => Some(restream_seq_state(&self.target.seq_state(seq_id)?, 1, 0)?),
@@ -261,7 +261,13 @@ impl Batched {
         };
         let member = self.sequence(seq_id)?.member.clone();
         let model = Arc::clone(self.target.model());
-        let generator = Generator::from_member(model, member, self.runtime, state.as_deref())?;
+        Generator::from_member(model, member, self.runtime, state.as_deref())
+    }
+
+    /// Sequence `seq_id` taken out of the batch as a `Generator` of its own
+    /// ([`Batched::snapshot`], then [`Batched::remove`]).
+    pub fn leave(&mut self, seq_id: i32) -> Result<Generator> {
+        let generator = self.snapshot(seq_id)?;
         self.remove(seq_id)?;
         Ok(generator)
     }

@@ -105,4 +105,3 @@ mod tests {
         assert_eq!(resolve_n_ctx(129, 128).unwrap_err().field, "n_ctx");
     }
 }
-

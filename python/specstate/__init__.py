@@ -54,6 +54,7 @@ from specstate._typing import (  # noqa: E402
     SamplingSettings,
     TokenLogprobs,
 )
+from specstate.batching import BatchEngine, StepReport  # noqa: E402
 from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.embeddings import CreateEmbeddingResponse, Embedder  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)
@@ -85,6 +86,7 @@ __all__ = [
     "MAX_SPECULATIVE_SEQUENCES",
     "MAX_SPECULATIVE_STATE_BYTES",
     "Batch",
+    "BatchEngine",
     "ChatTemplate",
     "CheckpointInfo",
     "Context",
@@ -105,6 +107,7 @@ __all__ = [
     "MtpSession",
     "NativeInfo",
     "SamplingSettings",
+    "StepReport",
     "TokenLogprobs",
     "chat_template",
     "encode_prompt",

@@ -39,6 +39,7 @@ __all__ = [
     "NATIVE_MESSAGES",
     "SPECULATIVE_STATE_MESSAGES",
     "Batch",
+    "BatchEngine",
     "ChatTemplate",
     "Context",
     "ContextCapacity",
@@ -655,6 +656,49 @@ class GreedyGeneration:
     @property
     def n_accepted(self) -> int:
         """Drafted tokens accepted by this generation."""
+
+@final
+class BatchEngine:
+    """Many generations (modes ``none`` and ``ngram``) over one target context: continuous batching in which
+    every reply is, token for token, the one the same :class:`Generator` gives alone (see
+    :class:`specstate.BatchEngine`). Use from the creating thread only."""
+
+    def __new__(
+        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 0
+    ) -> BatchEngine: ...
+    def join(self, generator: Generator) -> int:
+        """A copy of ``generator``'s generation (prefilled or not) as a new sequence; returns its id."""
+    def snapshot(self, seq: int) -> Generator:
+        """A copy of sequence ``seq`` as a generator of its own; the sequence stays."""
+    def leave(self, seq: int) -> Generator:
+        """Sequence ``seq`` taken out of the batch as a generator of its own."""
+    def remove(self, seq: int) -> None:
+        """Drop sequence ``seq``."""
+    def prefill(self, seq: int, prompt: Sequence[int]) -> None:
+        """Decode the prompt of ``seq`` in decodes of its own and commit the first generated token."""
+    def set_budget(self, seq: int, max_commit: int | None) -> None:
+        """The most tokens the next round of ``seq`` may commit (``None``: no bound)."""
+    def step(self) -> tuple[int, int, int, int]:
+        """One step for every sequence that needs a round: ``(sequences, rows, decodes, committed)``."""
+    def take(self, seq: int, max_n: int = ...) -> list[int]:
+        """Committed tokens of ``seq`` not yet handed out (never runs a round), or its last round's failure."""
+    def done(self, seq: int) -> bool:
+        """Whether ``seq`` is finished (or its context full) with every token handed out."""
+    def history(self, seq: int) -> list[int]:
+        """The prompt and committed tokens of ``seq``."""
+    def __len__(self) -> int: ...
+    @property
+    def n_seq(self) -> int:
+        """Sequences the engine holds at most."""
+    @property
+    def n_ctx(self) -> int:
+        """Context length of every sequence."""
+    @property
+    def n_threads(self) -> int:
+        """The threads the target decodes with."""
+    @property
+    def target(self) -> Model:
+        """The target model."""
 
 @final
 class Generator:

@@ -95,6 +95,14 @@ class Generator:
     # --- construction from checkpoints -----------------------------------------------------------
 
     @classmethod
+    def _wrap(cls, native: _native.Generator) -> Generator:
+        """A generator over ``native`` (one a :class:`~specstate.BatchEngine` hands back, say)."""
+        generator = cls.__new__(cls)
+        generator._native = native
+        generator._reset_text()
+        return generator
+
+    @classmethod
     def restore(
         cls,
         source: bytes | bytearray | memoryview | str | os.PathLike[str],
@@ -143,8 +151,7 @@ class Generator:
         continues exactly: on the CPU a verified row gets its single-token
         decode's logits bit for bit whatever the thread count.
         """
-        generator = cls.__new__(cls)
-        generator._native = _native.Generator.restore(
+        native = _native.Generator.restore(
             _read(source),
             model,
             draft_model=draft_model,
@@ -152,8 +159,7 @@ class Generator:
             max_n_ctx=max_n_ctx,
             max_n_batch=max_n_batch,
         )
-        generator._reset_text()
-        return generator
+        return cls._wrap(native)
 
     def load(self, source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> None:
         """Replace this generation with a checkpoint of the same mode, configuration and models.

@@ -90,6 +90,17 @@ impl PyBatchEngine {
         ))
     }
 
+    /// A copy of sequence `seq` as a `Generator` of its own (its checkpoint is
+    /// the sequence's); the sequence stays in the batch.
+    fn snapshot(&self, py: Python<'_>, seq: i32) -> PyResult<PyGenerator> {
+        let generator = self.run(py, |batched| batched.snapshot(seq))??;
+        Ok(PyGenerator::wrap(
+            generator,
+            self.target.clone_ref(py),
+            None,
+        ))
+    }
+
     /// Drop sequence `seq`.
     fn remove(&self, py: Python<'_>, seq: i32) -> PyResult<()> {
         Ok(self.run(py, |batched| batched.remove(seq))??)
