@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-chain chain-runs \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -237,6 +237,10 @@ chain-runs:
 # benchmark venv, SPECSTATE_BENCH_VENV, with llama-cpp-python[server]).
 bench-serve: develop
 	$(BIN)/python benchmarks/serve_load.py --json benchmarks/results/serve.json
+
+# The batched engine against the same requests served one by one (1, 4, 8 at once), and replies identical to solo.
+bench-batched: develop
+	$(BIN)/python benchmarks/batched.py --json benchmarks/results/batched.json
 
 # Generations on Ray workers with random preemptions, migrations and kills, against uninterrupted runs.
 bench-cluster: develop

@@ -490,3 +490,48 @@ fn pack(planned: &[Planned]) -> Vec<&[Planned]> {
     }
     groups
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Draft;
+
+    fn planned(seq: usize, draft: usize) -> Planned {
+        let plan = Plan::for_tests(
+            0,
+            Draft {
+                tokens: vec![1; draft],
+                distributions: None,
+            },
+        );
+        Planned { seq, plan }
+    }
+
+    fn shapes(groups: &[&[Planned]]) -> Vec<Vec<usize>> {
+        groups
+            .iter()
+            .map(|group| {
+                group
+                    .iter()
+                    .map(|p| p.plan.draft.tokens.len() + 1)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_step_packs_plans_in_order_into_decodes_of_at_most_the_exact_rows() {
+        let plans: Vec<_> = [0, 8, 8, 0, 16, 20, 3]
+            .iter()
+            .enumerate()
+            .map(|(s, &d)| planned(s, d))
+            .collect();
+        assert_eq!(
+            shapes(&pack(&plans)),
+            vec![vec![1, 9], vec![9, 1], vec![17], vec![21], vec![4]]
+        );
+        assert!(pack(&[]).is_empty());
+        let ones: Vec<_> = (0..20).map(|s| planned(s, 0)).collect();
+        assert_eq!(shapes(&pack(&ones)), vec![vec![1; 17], vec![1; 3]]);
+    }
+}

@@ -363,4 +363,40 @@ mod tests {
         named[16] = 1;
         assert_eq!(check_recurrent_cells(&named, RECURRENT), Ok(()));
     }
+
+    /// A sequence state of `parts` attention parts (one stream each) for sequence `seq_id`.
+    fn attention_state(seq_id: u32, parts: usize, cells: u32) -> Vec<u8> {
+        let mut state = u32s(&[SEQ_STATE_MAGIC, seq_id]);
+        for _ in 0..parts {
+            state.extend(attention(cells, false));
+        }
+        state
+    }
+
+    #[test]
+    fn restream_moves_the_cells_between_stream_layouts_and_back() {
+        for parts in [1, 2] {
+            let alone = attention_state(0, parts, 3);
+            let batched = restream(&alone, 4, 2).unwrap();
+            // Four streams, the cells in the third, the others empty.
+            assert_eq!(batched.len(), alone.len() + parts * 3 * 4);
+            assert_eq!(&batched[4..8], &2_u32.to_le_bytes());
+            assert_eq!(&batched[8..24], &u32s(&[4, 0, 0, 3])[..]);
+            assert_eq!(restream(&batched, 1, 0).unwrap(), alone);
+        }
+    }
+
+    #[test]
+    fn restream_refuses_what_is_not_one_sequence_of_attention() {
+        let alone = attention_state(0, 1, 2);
+        assert!(restream(&alone[..alone.len() - 1], 2, 0).is_err());
+        assert!(restream(&alone, 2, 2).is_err());
+        let mut two_streams = u32s(&[SEQ_STATE_MAGIC, 0, 2]);
+        two_streams.extend(&attention(1, false)[4..]);
+        two_streams.extend(&attention(1, false)[4..]);
+        assert!(restream(&two_streams, 2, 0).is_err());
+        let mut recurrent_state = u32s(&[SEQ_STATE_MAGIC, 0]);
+        recurrent_state.extend(recurrent(1));
+        assert!(restream(&recurrent_state, 2, 0).is_err());
+    }
 }
