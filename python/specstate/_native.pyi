@@ -48,6 +48,7 @@ __all__ = [
     "Generator",
     "GreedyGeneration",
     "Model",
+    "SharedEngine",
     "ToolRender",
     "_raise_for_status",
     "_seed_error_display",
@@ -701,6 +702,37 @@ class BatchEngine:
         """The target model."""
 
 @final
+class SharedEngine:
+    """A target context whose sequences generators attach to (``Generator(model, engine=...)``), each generator
+    used from its own thread as usual: the rounds they run at about the same time are decoded together, and each
+    reply is token for token the one the generator gives alone (see :class:`specstate.SharedEngine`)."""
+
+    def __new__(
+        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 0
+    ) -> SharedEngine: ...
+    @property
+    def n_seq(self) -> int:
+        """Sequences the engine holds at most."""
+    @property
+    def n_ctx(self) -> int:
+        """Context length of every sequence."""
+    @property
+    def n_batch(self) -> int:
+        """Most rows of one prompt chunk."""
+    @property
+    def n_threads(self) -> int:
+        """The threads the target decodes with."""
+    @property
+    def attached(self) -> int:
+        """Sequences attached now."""
+    @property
+    def stats(self) -> tuple[int, int, int]:
+        """``(decodes, rows, sequences)`` of the shared decodes so far."""
+    @property
+    def target(self) -> Model:
+        """The target model."""
+
+@final
 class Generator:
     """The native five-mode generator behind :class:`specstate.Generator`.
 
@@ -775,6 +807,10 @@ class Generator:
         recorded thread count is used, at most the CPUs available; any count
         continues exactly (verification does not depend on it).
         """
+    def attach(self, engine: SharedEngine) -> None:
+        """Move this generation onto a sequence of ``engine`` (its target state copied there, its own context
+        freed); it goes on exactly as before. Refused, changing nothing, for modes other than ``none`` and
+        ``ngram``, another model, another ``n_ctx``, a larger ``n_batch`` or a full engine."""
     def load(self, data: bytes) -> None:
         """Replace this generation with a checkpoint, reusing the contexts; on failure nothing changes."""
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple, TypedDict
 
-from specstate._native import Model
+from specstate._native import Model, SharedEngine
 
 __all__ = [
     "U32_MAX",
@@ -160,6 +160,11 @@ class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     #: The adaptive policy's cost curve, pinned instead of measured: microseconds to verify 1, 2, ...
     #: ``n_draft + 1`` rows (default None: measured before the prompt). Two runs pinned alike choose alike.
     cost_curve: Sequence[int] | None
+    #: A :class:`~specstate.SharedEngine` to decode on (default None: a context of its own). The generator
+    #: takes one of its sequences and its rounds are decoded together with those of the other generators
+    #: attached to it (used from other threads), each reply token for token the one it gives alone. Modes
+    #: ``none`` and ``ngram``; ``n_ctx`` must be the engine's, and the engine's threads decode.
+    engine: SharedEngine | None
 
 
 class GeneratorConfig(_NgramLengths):

@@ -28,7 +28,14 @@ from specstate import _defaults, _native
 from specstate._native import Model
 from specstate.generator import Generator, encode_prompt
 
-__all__ = ["BatchEngine", "StepReport"]
+__all__ = ["BatchEngine", "SharedEngine", "StepReport"]
+
+SharedEngine = _native.SharedEngine
+"""One target context shared by generators used from several threads (``Generator(model, engine=shared)``, or
+``generator.attach(shared)``): each generator takes one of its sequences and runs its rounds as usual, on its own
+thread, and the rounds of all attached generators asking at about the same time are decoded together (the first
+waits at most 2 ms for the others). Each reply is token for token the one the generator gives alone. ``stats`` is
+``(decodes, rows, sequences)`` so far. Modes ``none`` and ``ngram``; a generator's ``n_ctx`` must be the engine's."""
 
 
 class StepReport(NamedTuple):

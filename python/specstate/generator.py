@@ -161,6 +161,13 @@ class Generator:
         )
         return cls._wrap(native)
 
+    def attach(self, engine: _native.SharedEngine) -> None:
+        """Move this generation onto a sequence of ``engine`` (a :class:`~specstate.SharedEngine`): its target
+        state is copied there and its own context freed, and it goes on exactly as before, its rounds decoded
+        together with the other attached generators'. Refused, changing nothing, for modes other than ``none``
+        and ``ngram``, another model, another ``n_ctx``, a larger ``n_batch`` or a full engine."""
+        self._native.attach(engine)
+
     def load(self, source: bytes | bytearray | memoryview | str | os.PathLike[str]) -> None:
         """Replace this generation with a checkpoint of the same mode, configuration and models.
 

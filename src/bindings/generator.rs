@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::arguments::{TokenIds, WideInt};
+use super::batched::PySharedEngine;
 use super::chat::{messages as chat_messages, pairs, Pairs};
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
@@ -241,12 +242,12 @@ impl PyGenerator {
                         frequency_penalty = DEFAULTS.sampling.frequency_penalty, logit_bias = None,
                         grammar = None, ngram_max = WideInt(NGRAM.n_max as i128),
                         ngram_min = WideInt(NGRAM.n_min as i128), n_threads = WideInt(RUNTIME.n_threads.into()),
-                        draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None),
+                        draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None, engine = None),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
                              logit_bias=None, grammar=None, ngram_max=4, ngram_min=3, n_threads=0, \
-                             draft_policy='fixed', cost_curve=None)")]
+                             draft_policy='fixed', cost_curve=None, engine=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -273,6 +274,7 @@ impl PyGenerator {
         n_threads: WideInt,
         draft_policy: &str,
         cost_curve: Option<Vec<WideInt>>,
+        engine: Option<Py<PySharedEngine>>,
     ) -> PyResult<Self> {
         let ngram = NgramConfig {
             n_max: ngram_max.narrow("ngram_max")?,
@@ -313,7 +315,13 @@ impl PyGenerator {
         };
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);
-        let mut inner = py.detach(|| Generator::new(target_model, draft, config, runtime))?;
+        let mut inner = match &engine {
+            None => py.detach(|| Generator::new(target_model, draft, config, runtime))?,
+            Some(engine) => {
+                let engine = engine.get().arc(target_model, draft.is_some())?;
+                py.detach(|| Generator::attached(&engine, config))?
+            }
+        };
         if let Some(cost_us) = cost_curve {
             inner.pin_cost_curve(cost_us)?;
         }
@@ -535,6 +543,15 @@ impl PyGenerator {
         let inner =
             py.detach(|| checkpoint::restore(&decoded, target_model, draft, runtime, limits))?;
         Ok(Self::wrap(inner, target, draft_model))
+    }
+
+    /// Move this generation onto a sequence of `engine` (its target state copied
+    /// there, its own context freed); it goes on exactly as before. Refused,
+    /// changing nothing, for another mode than `none` and `ngram`, another
+    /// model, another `n_ctx`, a larger `n_batch`, or a full engine.
+    fn attach(&self, py: Python<'_>, engine: &PySharedEngine) -> PyResult<()> {
+        let engine = engine.arc(Arc::clone(&self.target.get().inner), false)?;
+        Ok(self.run(py, |generator| generator.attach(&engine))??)
     }
 
     /// Replace this generation with a checkpoint of the same mode, configuration

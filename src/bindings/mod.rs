@@ -62,6 +62,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<session::PyGreedyGeneration>()?;
     module.add_class::<generator::PyGenerator>()?;
     module.add_class::<batched::PyBatchEngine>()?;
+    module.add_class::<batched::PySharedEngine>()?;
     embedding::register(module)?;
     module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;
     module.add_function(wrap_pyfunction!(generator::model_fingerprint, module)?)?;

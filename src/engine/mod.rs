@@ -169,20 +169,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// A plan of `draft` at `n_past`, for tests of what packs plans.
-    #[cfg(test)]
-    pub(crate) fn for_tests(n_past: usize, draft: Draft) -> Self {
-        let n_draft = draft.tokens.len();
-        Self {
-            n_past,
-            id_last: 0,
-            n_draft,
-            chosen: n_draft,
-            draft,
-            shadow: None,
-        }
-    }
-
     /// The rows to decode: the last committed token, then the draft.
     pub fn rows(&self) -> Vec<i32> {
         let mut rows = Vec::with_capacity(self.draft.tokens.len() + 1);

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use super::{DraftParts, Generator, Member};
+use super::{DraftParts, Generator, Member, Target};
+use crate::batched::{check_joins, SharedEngine};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};
@@ -137,7 +138,7 @@ impl Generator {
         let mut target = Context::new(target_model, params)?;
         let parts = draft_parts(&mut target, draft_model, config, runtime)?;
         Ok(Self {
-            target,
+            target: Target::Own(target),
             batch: Batch::new(config.n_batch as usize)?,
             parts,
             member,
@@ -158,7 +159,7 @@ impl Generator {
             target.set_seq_state(0, state)?;
         }
         Ok(Self {
-            target,
+            target: Target::Own(target),
             batch: Batch::new(member.config.n_batch as usize)?,
             parts: DraftParts::History,
             member,
@@ -172,7 +173,47 @@ impl Generator {
 
     /// The target context's sequence state (see `Context::seq_state`).
     pub(crate) fn target_state(&mut self) -> Result<Vec<u8>> {
-        Ok(self.target.seq_state(0)?)
+        self.target.state()
+    }
+
+    /// A generator of mode `none` or `ngram` on a sequence of `engine`, whose
+    /// rounds are decoded with the other attached generators' (configured,
+    /// resolved and checked as [`Generator::new`] does, and checked against
+    /// the engine: its model, its sequences' `n_ctx`, its `n_batch`).
+    pub fn attached(engine: &Arc<SharedEngine>, config: GeneratorConfig) -> Result<Self> {
+        let member = new_member(engine.model(), config)?;
+        check_joins(&member, engine.config())?;
+        Ok(Self {
+            target: Target::Shared(engine.attach(None)?),
+            batch: Batch::new(member.config.n_batch as usize)?,
+            parts: DraftParts::History,
+            member,
+        })
+    }
+
+    /// Move this generation onto a sequence of `engine` (its target state
+    /// copied there, its own context freed); it goes on exactly as before.
+    /// Refused, changing nothing, for another mode than `none` and `ngram`,
+    /// another model, or what [`Generator::attached`] checks.
+    pub fn attach(&mut self, engine: &Arc<SharedEngine>) -> Result<()> {
+        if !Arc::ptr_eq(self.target.model(), engine.model()) {
+            return Err(Error::Invalid(
+                "the generator's target is another model than the engine's".into(),
+            ));
+        }
+        check_joins(&self.member, engine.config())?;
+        let state = match self.started() {
+            true => Some(self.target.state()?),
+            false => None,
+        };
+        self.target = Target::Shared(engine.attach(state.as_deref())?);
+        self.parts = DraftParts::History;
+        Ok(())
+    }
+
+    /// The shared engine this generator is attached to, if any.
+    pub fn engine(&self) -> Option<&Arc<SharedEngine>> {
+        self.target.engine()
     }
 }
 

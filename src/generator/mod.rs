@@ -14,6 +14,7 @@
 mod build;
 mod member;
 mod restore;
+mod target;
 
 use std::sync::Arc;
 
@@ -21,7 +22,9 @@ pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, Se
 pub(crate) use build::{new_member, rollback_snapshots};
 pub(crate) use member::{history_drafter, Member};
 pub use restore::{Boundary, Positions, RestoreError};
+pub(crate) use target::Target;
 
+use crate::batched::history_engine;
 use crate::chat::Conversation;
 pub use crate::engine::LogprobLog;
 use crate::engine::{
@@ -168,7 +171,7 @@ impl DraftParts {
 
 /// A generation over a target model (and, by mode, a draft model or session).
 pub struct Generator {
-    target: Context,
+    target: Target,
     batch: Batch,
     /// The drafter's parts, by mode.
     parts: DraftParts,
@@ -309,48 +312,34 @@ impl Generator {
             parts,
             member,
         } = self;
-        let Member {
-            config,
-            state,
-            sampler,
-            logprobs,
-            ..
-        } = member;
-        let n_draft = config.n_draft as usize;
-        let mut drafter: Box<dyn Drafter + '_> = match (config.mode, parts) {
-            (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Model { context, batch }) => {
-                Box::new(DraftModelDrafter {
-                    context,
-                    batch,
-                    decoded: &mut state.draft_past,
-                    n_draft,
-                    seq_id: 0,
-                })
+        match target {
+            Target::Own(context) => own_engine(context, batch, parts, member, call),
+            Target::Shared(attached) => {
+                let mut shared = attached.engine().idle();
+                history_engine(&mut shared.target, member, batch, attached.seq(), call)
             }
-            (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Session { session, context }) => {
-                Box::new(SessionDrafter {
-                    session,
-                    context,
-                    seq_id: 0,
-                })
-            }
-            (mode, _) => history_drafter(mode, n_draft)?,
-        };
-        let mut engine = Engine {
+        }
+    }
+
+    /// Run `call` on the target context (its own, or the shared one under its
+    /// lock), this generator's batch and member, and its sequence id.
+    fn on_target<T>(
+        &mut self,
+        call: impl FnOnce(&mut Context, &mut Batch, &mut Member, i32) -> Result<T>,
+    ) -> Result<T> {
+        let Self {
             target,
             batch,
-            drafter: drafter.as_mut(),
-            sampler,
-            seq_id: 0,
-            policy: state.adaptive.as_mut(),
-            logprobs: logprobs.as_mut(),
-        };
-        let at = Cursor {
-            history: &state.history,
-            n_past: state.n_past,
-            finished: state.finished,
-        };
-        call(&mut engine, at)
+            member,
+            ..
+        } = self;
+        match target {
+            Target::Own(context) => call(context, batch, member, 0),
+            Target::Shared(attached) => {
+                let mut shared = attached.engine().idle();
+                call(&mut shared.target, batch, member, attached.seq())
+            }
+        }
     }
 
     /// Decode `prompt` and commit the first generated token; returns it.
@@ -358,14 +347,10 @@ impl Generator {
         if self.started() {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
-        let Self {
-            target,
-            batch,
-            member,
-            ..
-        } = self;
-        member.measure_cost_curve(target, batch, 0, prompt)?;
-        member.new_reply()?;
+        self.on_target(|target, batch, member, seq| {
+            member.measure_cost_curve(target, batch, seq, prompt)?;
+            member.new_reply()
+        })?;
         let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
         self.member.state.history = prompt.to_vec();
         self.commit_first(first);
@@ -480,8 +465,68 @@ impl Generator {
     /// commits nothing (finished, or a full context) leaves the state as it is.
     fn round(&mut self, max_commit: usize) -> Result<()> {
         self.follow_grammar()?;
-        let round = self.with_engine(|engine, at| engine.round_within(at, max_commit))?;
+        let round = match &self.target {
+            Target::Shared(attached) => attached.engine().round(
+                attached.seq(),
+                &mut self.member,
+                &mut self.batch,
+                max_commit,
+            )?,
+            Target::Own(_) => self.with_engine(|engine, at| engine.round_within(at, max_commit))?,
+        };
         self.member.apply(&round);
         Ok(())
     }
+}
+
+/// Run `call` on the engine over a generator's own target context and its mode's drafter.
+fn own_engine<T>(
+    target: &mut Context,
+    batch: &mut Batch,
+    parts: &mut DraftParts,
+    member: &mut Member,
+    call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
+) -> Result<T> {
+    let Member {
+        config,
+        state,
+        sampler,
+        logprobs,
+        ..
+    } = member;
+    let n_draft = config.n_draft as usize;
+    let mut drafter: Box<dyn Drafter + '_> = match (config.mode, parts) {
+        (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Model { context, batch }) => {
+            Box::new(DraftModelDrafter {
+                context,
+                batch,
+                decoded: &mut state.draft_past,
+                n_draft,
+                seq_id: 0,
+            })
+        }
+        (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Session { session, context }) => {
+            Box::new(SessionDrafter {
+                session,
+                context,
+                seq_id: 0,
+            })
+        }
+        (mode, _) => history_drafter(mode, n_draft)?,
+    };
+    let mut engine = Engine {
+        target,
+        batch,
+        drafter: drafter.as_mut(),
+        sampler,
+        seq_id: 0,
+        policy: state.adaptive.as_mut(),
+        logprobs: logprobs.as_mut(),
+    };
+    let at = Cursor {
+        history: &state.history,
+        n_past: state.n_past,
+        finished: state.finished,
+    };
+    call(&mut engine, at)
 }

@@ -2,7 +2,6 @@
 //! captured as bytes and put back with every part checked against the others.
 
 use super::{Generator, GeneratorState};
-use crate::native::Context;
 use crate::sampling::Rng;
 use crate::session::SpeculativeStateView;
 use crate::settings::Mode;
@@ -11,12 +10,27 @@ use crate::{Error, Result};
 impl Generator {
     /// Bytes of the target context's sequence state.
     pub fn target_state_size(&mut self) -> Result<usize> {
-        Ok(self.target.seq_state_size(0)?)
+        match self.target.own() {
+            Some(context) => Ok(context.seq_state_size(0)?),
+            None => Ok(self.target.state()?.len()),
+        }
     }
 
     /// Write the target context's sequence state into `out` (exactly its size).
     pub fn write_target_state(&mut self, out: &mut [u8]) -> Result<()> {
-        Ok(self.target.seq_state_into(0, out)?)
+        if let Some(context) = self.target.own() {
+            return Ok(context.seq_state_into(0, out)?);
+        }
+        let state = self.target.state()?;
+        if state.len() != out.len() {
+            return Err(Error::Usage(format!(
+                "the target state is {} bytes, not {}",
+                state.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(&state);
+        Ok(())
     }
 
     /// Bytes of the draft context's sequence state (`draft`, `mtp`, `eagle3` modes).
@@ -50,7 +64,7 @@ impl Generator {
     pub fn boundary(&mut self) -> Result<Boundary> {
         Ok(Boundary {
             state: self.member.state.clone(),
-            target_state: self.target.seq_state(0)?,
+            target_state: self.target.state()?,
             draft_state: self
                 .parts
                 .context_mut()
@@ -93,7 +107,7 @@ impl Generator {
             draft.clear();
         }
         self.target
-            .set_seq_state(0, target_state)
+            .set_state(target_state)
             .map_err(|e| RestoreError::new("target_state", e))?;
         match (self.parts.context_mut(), draft_state) {
             (Some(draft), Some(bytes)) => draft
@@ -155,7 +169,11 @@ impl Generator {
     /// at `n_past - 1` in the target, at `draft_past - 1` in a `draft` context.
     fn check_positions(&self, state: &GeneratorState) -> std::result::Result<(), RestoreError> {
         let target_last = last_position(state.n_past);
-        expect_positions(&self.target, "target_state", target_last..=target_last)?;
+        expect_positions(
+            self.target.positions(),
+            "target_state",
+            target_last..=target_last,
+        )?;
         let draft_last = match self.member.config.mode {
             Mode::Draft => last_position(state.draft_past)..=last_position(state.draft_past),
             // An MTP or EAGLE-3 draft context ends one or two positions before
@@ -164,7 +182,7 @@ impl Generator {
             Mode::None | Mode::Ngram(_) => return Ok(()),
         };
         match self.parts.context() {
-            Some(draft) => expect_positions(draft, "draft_state", draft_last),
+            Some(draft) => expect_positions(draft.seq_positions(0), "draft_state", draft_last),
             None => Ok(()),
         }
     }
@@ -177,7 +195,7 @@ impl Generator {
             .context()
             .map(|d| d.seq_positions(0))
             .transpose()?;
-        Ok((self.target.seq_positions(0)?, draft))
+        Ok((self.target.positions()?, draft))
     }
 }
 
@@ -238,13 +256,11 @@ impl RestoreError {
 /// position is 0 for an attention memory; a recurrent or hybrid memory
 /// reports its last one.
 fn expect_positions(
-    context: &Context,
+    positions: crate::native::NativeResult<(i32, i32)>,
     part: &'static str,
     last: std::ops::RangeInclusive<i64>,
 ) -> std::result::Result<(), RestoreError> {
-    let (min, max) = context
-        .seq_positions(0)
-        .map_err(|e| RestoreError::new(part, e))?;
+    let (min, max) = positions.map_err(|e| RestoreError::new(part, e))?;
     let starts_right = (min, max) == (-1, -1) || (0..=max).contains(&min);
     if starts_right && last.contains(&i64::from(max)) {
         return Ok(());

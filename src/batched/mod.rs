@@ -24,6 +24,8 @@
 //! `mtp` and `eagle3` draft from a draft context or session built for one
 //! sequence (`SessionConfig::n_seq` 1); they are refused.
 
+mod shared;
+
 use std::sync::Arc;
 
 use crate::engine::{Cursor, Engine, Plan};
@@ -31,7 +33,10 @@ use crate::generator::{history_drafter, Generator, GeneratorConfig, Member};
 use crate::limits::{MAX_EXACT_ROWS, MAX_SEQUENCES};
 use crate::native::{restream_seq_state, Batch, Context, ContextKind, ContextParams, Model};
 use crate::settings::{Mode, RuntimeOptions};
+
 use crate::{Error, Result};
+pub(crate) use shared::Attached;
+pub use shared::{SharedEngine, SharedStats, GATHER_WINDOW};
 
 /// The shape of a batched engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,39 +103,11 @@ pub struct Batched {
 impl Batched {
     /// An engine of `config.n_seq` empty sequences over `model`.
     pub fn new(model: Arc<Model>, config: BatchedConfig, runtime: RuntimeOptions) -> Result<Self> {
-        if config.n_seq == 0 || config.n_seq > MAX_SEQUENCES {
-            return Err(Error::Invalid(format!(
-                "n_seq must be between 1 and {MAX_SEQUENCES}, not {}",
-                config.n_seq
-            )));
-        }
-        let n_ctx = crate::limits::resolve_n_ctx(config.n_ctx, model.n_ctx_train())?;
-        let total = n_ctx.checked_mul(config.n_seq).ok_or_else(|| {
-            Error::Invalid(format!(
-                "n_ctx x n_seq ({n_ctx} x {}) overflows",
-                config.n_seq
-            ))
-        })?;
-        let params = ContextParams {
-            n_ctx: total,
-            n_batch: config.n_batch,
-            n_ubatch: config.n_batch,
-            n_seq_max: config.n_seq,
-            n_rs_seq: 0,
-            kind: ContextKind::Default,
-            n_threads: runtime.n_threads,
-        };
-        if model.is_recurrent() || model.is_hybrid() {
-            return Err(Error::Invalid(format!(
-                "a batch needs an attention-only target; {} keeps recurrent state",
-                model.architecture()
-            )));
-        }
-        let target = Context::new(model, params)?;
+        let (target, config) = batch_target(&model, config, runtime)?;
         Ok(Self {
             step: Batch::new(MAX_EXACT_ROWS)?,
             seqs: (0..config.n_seq).map(|_| None).collect(),
-            config: BatchedConfig { n_ctx, ..config },
+            config,
             target,
             runtime,
         })
@@ -138,10 +115,7 @@ impl Batched {
 
     /// The engine's shape (`n_ctx` resolved).
     pub fn config(&self) -> BatchedConfig {
-        BatchedConfig {
-            n_ctx: self.target.n_ctx_seq(),
-            ..self.config
-        }
+        self.config
     }
 
     /// The threads the target decodes with.
@@ -189,7 +163,7 @@ impl Batched {
     /// Check `member` against the batch, take a free sequence for it and put
     /// its target state (if prefilled) there.
     fn admit(&mut self, member: Member, state: Option<&[u8]>) -> Result<i32> {
-        self.check_member(&member)?;
+        check_joins(&member, self.config)?;
         let seq = self.seqs.iter().position(Option::is_none).ok_or_else(|| {
             Error::Usage(format!(
                 "the batch's {} sequences are all taken",
@@ -212,33 +186,6 @@ impl Batched {
             error: None,
         });
         Ok(seq_id)
-    }
-
-    /// What the batch cannot hold: another mode than `none` and `ngram`, another
-    /// context length, a longer prompt chunk.
-    fn check_member(&self, member: &Member) -> Result<()> {
-        let config = &member.config;
-        if matches!(config.mode, Mode::Draft | Mode::Mtp | Mode::Eagle3) {
-            return Err(Error::Invalid(format!(
-                "mode '{}' cannot join a batch: a batch drafts from the history only \
-                 (modes 'none' and 'ngram'); run it as a Generator of its own",
-                config.mode.name()
-            )));
-        }
-        let n_ctx = self.target.n_ctx_seq();
-        if config.n_ctx != n_ctx {
-            return Err(Error::Invalid(format!(
-                "the generation's n_ctx is {}, the batch's sequences have {n_ctx}",
-                config.n_ctx
-            )));
-        }
-        if config.n_batch > self.config.n_batch {
-            return Err(Error::Invalid(format!(
-                "the generation's n_batch ({}) exceeds the batch's ({})",
-                config.n_batch, self.config.n_batch
-            )));
-        }
-        Ok(())
     }
 
     fn sequence(&mut self, seq_id: i32) -> Result<&mut Sequence> {
@@ -291,7 +238,13 @@ impl Batched {
         seq.member
             .measure_cost_curve(target, &mut seq.batch, seq_id, prompt)?;
         seq.member.new_reply()?;
-        let first = Self::with_engine(target, seq, seq_id, |engine, _| engine.prefill(prompt))?;
+        let first = history_engine(
+            target,
+            &mut seq.member,
+            &mut seq.batch,
+            seq_id,
+            |engine, _| engine.prefill(prompt),
+        )?;
         seq.member.state.history = prompt.to_vec();
         seq.member.commit_first(first, target.model().is_eog(first));
         Ok(first)
@@ -303,38 +256,6 @@ impl Batched {
             .and_then(|seq| seqs.get_mut(seq))
             .and_then(Option::as_mut)
             .ok_or_else(|| Error::Usage(format!("the batch holds no sequence {seq_id}")))
-    }
-
-    /// Run `call` on the engine over `seq`'s member and the shared target.
-    fn with_engine<T>(
-        target: &mut Context,
-        seq: &mut Sequence,
-        seq_id: i32,
-        call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
-    ) -> Result<T> {
-        let Member {
-            config,
-            state,
-            sampler,
-            logprobs,
-            ..
-        } = &mut seq.member;
-        let mut drafter = history_drafter(config.mode, config.n_draft as usize)?;
-        let mut engine = Engine {
-            target,
-            batch: &mut seq.batch,
-            drafter: drafter.as_mut(),
-            sampler,
-            seq_id,
-            policy: state.adaptive.as_mut(),
-            logprobs: logprobs.as_mut(),
-        };
-        let at = Cursor {
-            history: &state.history,
-            n_past: state.n_past,
-            finished: state.finished,
-        };
-        call(&mut engine, at)
     }
 
     /// The most tokens the next round of `seq_id` may commit (`usize::MAX`:
@@ -374,7 +295,9 @@ impl Batched {
     pub fn step(&mut self) -> Result<StepReport> {
         let planned = self.plan_all();
         let mut report = StepReport::default();
-        for group in pack(&planned) {
+        let rows = planned.iter().map(|p| p.plan.draft.tokens.len() + 1);
+        for range in decode_groups(rows) {
+            let group = &planned[range];
             report.decodes += 1;
             report.rows += group
                 .iter()
@@ -401,9 +324,13 @@ impl Batched {
                 .follow_grammar()
                 .map_err(Error::from)
                 .and_then(|()| {
-                    Self::with_engine(target, seq, seq_id, |engine, at| {
-                        engine.plan_round(&at, budget)
-                    })
+                    history_engine(
+                        target,
+                        &mut seq.member,
+                        &mut seq.batch,
+                        seq_id,
+                        |engine, at| engine.plan_round(&at, budget),
+                    )
                 });
             match outcome {
                 Ok(Some(plan)) => planned.push(Planned { seq: index, plan }),
@@ -418,7 +345,8 @@ impl Batched {
     /// returns the tokens committed.
     fn decode_group(&mut self, group: &[Planned]) -> usize {
         let started = std::time::Instant::now();
-        let decoded = self.fill_step(group).and_then(|()| {
+        let rows = group.iter().map(|p| (p.seq as i32, &p.plan));
+        let decoded = fill_rows(&mut self.step, rows).and_then(|()| {
             self.target.decode(&self.step)?;
             Ok(())
         });
@@ -433,9 +361,13 @@ impl Batched {
             };
             let seq_id = planned.seq as i32;
             let outcome = match &decoded {
-                Ok(()) => Self::with_engine(target, seq, seq_id, |engine, at| {
-                    engine.finish_round(&at, planned.plan.clone(), first_row, micros)
-                }),
+                Ok(()) => history_engine(
+                    target,
+                    &mut seq.member,
+                    &mut seq.batch,
+                    seq_id,
+                    |engine, at| engine.finish_round(&at, planned.plan.clone(), first_row, micros),
+                ),
                 Err(error) => Err(undo_failed_decode(target, seq_id, &planned.plan, error)),
             };
             match outcome {
@@ -449,19 +381,122 @@ impl Batched {
         }
         committed
     }
+}
 
-    /// Put `group`'s rows in the step batch: each plan's rows at its positions, all with logits.
-    fn fill_step(&mut self, group: &[Planned]) -> Result<()> {
-        self.step.clear();
-        for planned in group {
-            let start = crate::engine::position(planned.plan.n_past)?;
-            for (offset, token) in planned.plan.rows().into_iter().enumerate() {
-                let pos = start + offset as i32;
-                self.step.push(token, pos, planned.seq as i32, true)?;
-            }
-        }
-        Ok(())
+/// What a batch cannot hold: another mode than `none` and `ngram`, another
+/// context length than its sequences', longer prompt chunks than its `n_batch`.
+pub(crate) fn check_joins(member: &Member, batch: BatchedConfig) -> Result<()> {
+    let config = &member.config;
+    if matches!(config.mode, Mode::Draft | Mode::Mtp | Mode::Eagle3) {
+        return Err(Error::Invalid(format!(
+            "mode '{}' cannot join a batch: a batch drafts from the history only \
+             (modes 'none' and 'ngram'); run it as a Generator of its own",
+            config.mode.name()
+        )));
     }
+    if config.n_ctx != batch.n_ctx {
+        return Err(Error::Invalid(format!(
+            "the generation's n_ctx is {}, the batch's sequences have {}",
+            config.n_ctx, batch.n_ctx
+        )));
+    }
+    if config.n_batch > batch.n_batch {
+        return Err(Error::Invalid(format!(
+            "the generation's n_batch ({}) exceeds the batch's ({})",
+            config.n_batch, batch.n_batch
+        )));
+    }
+    Ok(())
+}
+
+/// The target context of a batch, `config.n_seq` KV streams of
+/// `config.n_ctx` cells (0: the trained length), and `config` resolved.
+pub(crate) fn batch_target(
+    model: &Arc<Model>,
+    config: BatchedConfig,
+    runtime: RuntimeOptions,
+) -> Result<(Context, BatchedConfig)> {
+    if config.n_seq == 0 || config.n_seq > MAX_SEQUENCES {
+        return Err(Error::Invalid(format!(
+            "n_seq must be between 1 and {MAX_SEQUENCES}, not {}",
+            config.n_seq
+        )));
+    }
+    if model.is_recurrent() || model.is_hybrid() {
+        return Err(Error::Invalid(format!(
+            "a batch needs an attention-only target; {} keeps recurrent state",
+            model.architecture()
+        )));
+    }
+    let n_ctx = crate::limits::resolve_n_ctx(config.n_ctx, model.n_ctx_train())?;
+    let total = n_ctx.checked_mul(config.n_seq).ok_or_else(|| {
+        Error::Invalid(format!(
+            "n_ctx x n_seq ({n_ctx} x {}) overflows",
+            config.n_seq
+        ))
+    })?;
+    let params = ContextParams {
+        n_ctx: total,
+        n_batch: config.n_batch,
+        n_ubatch: config.n_batch,
+        n_seq_max: config.n_seq,
+        n_rs_seq: 0,
+        kind: ContextKind::Default,
+        n_threads: runtime.n_threads,
+    };
+    let target = Context::new(Arc::clone(model), params)?;
+    let n_ctx = target.n_ctx_seq();
+    Ok((target, BatchedConfig { n_ctx, ..config }))
+}
+
+/// Run `call` on the engine over `member` (a mode that drafts from the
+/// history) on sequence `seq_id` of `target`, prompt chunks going through `batch`.
+pub(crate) fn history_engine<T>(
+    target: &mut Context,
+    member: &mut Member,
+    batch: &mut Batch,
+    seq_id: i32,
+    call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
+) -> Result<T> {
+    let Member {
+        config,
+        state,
+        sampler,
+        logprobs,
+        ..
+    } = member;
+    let mut drafter = history_drafter(config.mode, config.n_draft as usize)?;
+    let mut engine = Engine {
+        target,
+        batch,
+        drafter: drafter.as_mut(),
+        sampler,
+        seq_id,
+        policy: state.adaptive.as_mut(),
+        logprobs: logprobs.as_mut(),
+    };
+    let at = Cursor {
+        history: &state.history,
+        n_past: state.n_past,
+        finished: state.finished,
+    };
+    call(&mut engine, at)
+}
+
+/// Put the rows of `plans` (sequence id, plan) in `step`: each plan's rows at
+/// its positions, all with logits.
+pub(crate) fn fill_rows<'a>(
+    step: &mut Batch,
+    plans: impl Iterator<Item = (i32, &'a Plan)>,
+) -> Result<()> {
+    step.clear();
+    for (seq_id, plan) in plans {
+        let start = crate::engine::position(plan.n_past)?;
+        for (offset, token) in plan.rows().into_iter().enumerate() {
+            step.push(token, start + offset as i32, seq_id, true)?;
+        }
+    }
+    Ok(())
 }
 
 /// A failed decode of a step: the sequence's rows are removed again, and it
@@ -472,21 +507,21 @@ fn undo_failed_decode(target: &mut Context, seq_id: i32, plan: &Plan, error: &Er
     Error::Usage(format!("the step's decode failed: {error}"))
 }
 
-/// Split the planned rounds, in order, into decodes of at most
-/// [`MAX_EXACT_ROWS`] rows; a plan of more rows is decoded alone.
-fn pack(planned: &[Planned]) -> Vec<&[Planned]> {
+/// Split plans of `rows` rows each, in order, into decodes of at most
+/// [`MAX_EXACT_ROWS`] rows (index ranges); a plan of more rows is decoded alone.
+pub(crate) fn decode_groups(rows: impl IntoIterator<Item = usize>) -> Vec<std::ops::Range<usize>> {
     let mut groups = Vec::new();
-    let (mut start, mut rows) = (0, 0);
-    for (index, one) in planned.iter().enumerate() {
-        let n = one.plan.draft.tokens.len() + 1;
-        if index > start && rows + n > MAX_EXACT_ROWS {
-            groups.push(&planned[start..index]);
-            (start, rows) = (index, 0);
+    let (mut start, mut total, mut end) = (0, 0, 0);
+    for (index, n) in rows.into_iter().enumerate() {
+        if index > start && total + n > MAX_EXACT_ROWS {
+            groups.push(start..index);
+            (start, total) = (index, 0);
         }
-        rows += n;
+        total += n;
+        end = index + 1;
     }
-    if start < planned.len() {
-        groups.push(&planned[start..]);
+    if start < end {
+        groups.push(start..end);
     }
     groups
 }
@@ -494,44 +529,21 @@ fn pack(planned: &[Planned]) -> Vec<&[Planned]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Draft;
 
-    fn planned(seq: usize, draft: usize) -> Planned {
-        let plan = Plan::for_tests(
-            0,
-            Draft {
-                tokens: vec![1; draft],
-                distributions: None,
-            },
-        );
-        Planned { seq, plan }
-    }
-
-    fn shapes(groups: &[&[Planned]]) -> Vec<Vec<usize>> {
-        groups
-            .iter()
-            .map(|group| {
-                group
-                    .iter()
-                    .map(|p| p.plan.draft.tokens.len() + 1)
-                    .collect()
-            })
+    fn shapes(rows: &[usize]) -> Vec<Vec<usize>> {
+        decode_groups(rows.iter().copied())
+            .into_iter()
+            .map(|range| rows[range].to_vec())
             .collect()
     }
 
     #[test]
     fn a_step_packs_plans_in_order_into_decodes_of_at_most_the_exact_rows() {
-        let plans: Vec<_> = [0, 8, 8, 0, 16, 20, 3]
-            .iter()
-            .enumerate()
-            .map(|(s, &d)| planned(s, d))
-            .collect();
         assert_eq!(
-            shapes(&pack(&plans)),
+            shapes(&[1, 9, 9, 1, 17, 21, 4]),
             vec![vec![1, 9], vec![9, 1], vec![17], vec![21], vec![4]]
         );
-        assert!(pack(&[]).is_empty());
-        let ones: Vec<_> = (0..20).map(|s| planned(s, 0)).collect();
-        assert_eq!(shapes(&pack(&ones)), vec![vec![1; 17], vec![1; 3]]);
+        assert!(shapes(&[]).is_empty());
+        assert_eq!(shapes(&[1; 20]), vec![vec![1; 17], vec![1; 3]]);
     }
 }

@@ -1,0 +1,381 @@
+//! A target context shared by generators used from several threads: each
+//! `Generator` attached to a [`SharedEngine`] runs its rounds as before
+//! (`take`, on its own thread), and the rounds of every attached generator
+//! that asks for one at about the same time are decoded together.
+//!
+//! A round submits its plan's rows and waits. The rows of all waiting rounds
+//! are decoded in one decode (at most [`crate::limits::MAX_EXACT_ROWS`] rows;
+//! more wait for the next) as soon as every generator that ran a round
+//! lately has submitted, or [`GATHER_WINDOW`] after the first submission,
+//! whichever comes first. Whoever finds the rows ready decodes them; then
+//! each round judges its own rows (the next decode waits for all of them).
+//! What a round plans, decodes and judges is what it would alone (see
+//! [`super`]), so an attached generator's text is its text alone.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{decode_groups, fill_rows, history_engine, BatchedConfig};
+use crate::engine::{Plan, Round};
+use crate::generator::Member;
+use crate::limits::MAX_EXACT_ROWS;
+use crate::native::{restream_seq_state, Batch, Context, Model};
+use crate::settings::RuntimeOptions;
+use crate::{Error, Result};
+
+/// How long the first round submitted for a decode waits for the others.
+pub const GATHER_WINDOW: Duration = Duration::from_millis(2);
+/// A generator whose last round ended this recently is waited for (within the window).
+const RECENT: Duration = Duration::from_millis(50);
+
+/// Counters of the shared decodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedStats {
+    /// Decodes of rounds' rows.
+    pub decodes: u64,
+    /// Rows those decodes held.
+    pub rows: u64,
+    /// Rounds those decodes held (a sequence per round).
+    pub sequences: u64,
+}
+
+/// A round's rows waiting for a decode.
+struct Submission {
+    seq: i32,
+    plan: Plan,
+}
+
+/// The decode whose output rows the rounds in it may read now.
+struct Published {
+    /// Each round's sequence and first output row, until the round has read them.
+    rows: Vec<(i32, i32)>,
+    micros: u64,
+    failed: Option<String>,
+}
+
+/// Everything behind the engine's lock.
+pub(crate) struct Shared {
+    pub(crate) target: Context,
+    step: Batch,
+    taken: Vec<bool>,
+    pending: Vec<Submission>,
+    window_end: Option<Instant>,
+    published: Option<Published>,
+    last_round: Vec<Option<Instant>>,
+    stats: SharedStats,
+}
+
+/// A target context of `n_seq` sequences shared by attached generators.
+pub struct SharedEngine {
+    model: Arc<Model>,
+    config: BatchedConfig,
+    shared: Mutex<Shared>,
+    changed: Condvar,
+}
+
+impl SharedEngine {
+    /// An engine of `config.n_seq` sequences of `config.n_ctx` tokens over `model`.
+    pub fn new(
+        model: Arc<Model>,
+        config: BatchedConfig,
+        runtime: RuntimeOptions,
+    ) -> Result<Arc<Self>> {
+        let (target, config) = super::batch_target(&model, config, runtime)?;
+        let n_seq = config.n_seq as usize;
+        let shared = Shared {
+            target,
+            step: Batch::new(MAX_EXACT_ROWS)?,
+            taken: vec![false; n_seq],
+            pending: Vec::new(),
+            window_end: None,
+            published: None,
+            last_round: vec![None; n_seq],
+            stats: SharedStats::default(),
+        };
+        Ok(Arc::new(Self {
+            model,
+            config,
+            shared: Mutex::new(shared),
+            changed: Condvar::new(),
+        }))
+    }
+
+    /// The engine's shape (`n_ctx` resolved).
+    pub fn config(&self) -> BatchedConfig {
+        self.config
+    }
+
+    /// The target model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The threads the target decodes with.
+    pub fn n_threads(&self) -> i32 {
+        self.lock().target.n_threads()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> SharedStats {
+        self.lock().stats
+    }
+
+    /// Sequences attached.
+    pub fn attached(&self) -> usize {
+        self.lock().taken.iter().filter(|taken| **taken).count()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(
+        &self,
+        guard: MutexGuard<'a, Shared>,
+        until: Option<Instant>,
+    ) -> MutexGuard<'a, Shared> {
+        let timeout = until.map(|end| end.saturating_duration_since(Instant::now()));
+        match timeout {
+            Some(timeout) => {
+                self.changed
+                    .wait_timeout(guard, timeout)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => self
+                .changed
+                .wait(guard)
+                .unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// The lock, once no decode's rows wait to be read (so that a prompt's
+    /// decode or a state change cannot overwrite them).
+    pub(crate) fn idle(&self) -> MutexGuard<'_, Shared> {
+        let mut shared = self.lock();
+        while shared.published.is_some() {
+            shared = self.wait(shared, None);
+        }
+        shared
+    }
+
+    /// A free sequence for a generator, holding `state` (a lone context's
+    /// layout) if given.
+    pub(crate) fn attach(self: &Arc<Self>, state: Option<&[u8]>) -> Result<Attached> {
+        let mut shared = self.idle();
+        let seq = shared
+            .taken
+            .iter()
+            .position(|taken| !taken)
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "the engine's {} sequences are all attached",
+                    shared.taken.len()
+                ))
+            })?;
+        let seq_id = crate::engine::position(seq)?;
+        shared.target.seq_rm(seq_id, -1, -1);
+        if let Some(state) = state {
+            let state = restream_seq_state(state, self.config.n_seq, seq_id)?;
+            if let Err(error) = shared.target.set_seq_state(seq_id, &state) {
+                shared.target.seq_rm(seq_id, -1, -1);
+                return Err(error.into());
+            }
+        }
+        shared.taken[seq] = true;
+        shared.last_round[seq] = None;
+        Ok(Attached {
+            engine: Arc::clone(self),
+            seq: seq_id,
+        })
+    }
+
+    /// One round of `member` on sequence `seq`, decoded with the other
+    /// attached generators' rounds submitted about now.
+    pub(crate) fn round(
+        &self,
+        seq: i32,
+        member: &mut Member,
+        batch: &mut Batch,
+        max_commit: usize,
+    ) -> Result<Round> {
+        let mut shared = self.lock();
+        let plan = history_engine(&mut shared.target, member, batch, seq, |engine, at| {
+            engine.plan_round(&at, max_commit)
+        })?;
+        let Some(plan) = plan else {
+            return Ok(Round::default());
+        };
+        shared.submit(seq, &plan);
+        self.changed.notify_all();
+        loop {
+            if let Some((first_row, micros, failed)) = shared.published_for(seq) {
+                let outcome = match failed {
+                    None => history_engine(&mut shared.target, member, batch, seq, |engine, at| {
+                        engine.finish_round(&at, plan, first_row, micros)
+                    }),
+                    Some(message) => Err(shared.undo(seq, plan.n_past, message)),
+                };
+                shared.read(seq);
+                self.changed.notify_all();
+                return outcome;
+            }
+            if shared.ready(Instant::now()) {
+                shared.decode_next();
+                self.changed.notify_all();
+                continue;
+            }
+            let until = shared.window_end.filter(|_| shared.published.is_none());
+            shared = self.wait(shared, until);
+        }
+    }
+}
+
+impl Shared {
+    fn submit(&mut self, seq: i32, plan: &Plan) {
+        self.pending.push(Submission {
+            seq,
+            plan: plan.clone(),
+        });
+        self.window_end
+            .get_or_insert_with(|| Instant::now() + GATHER_WINDOW);
+    }
+
+    /// The first output row of `seq`'s rows in the published decode, its time, its failure.
+    fn published_for(&self, seq: i32) -> Option<(i32, u64, Option<String>)> {
+        let published = self.published.as_ref()?;
+        let (_, first_row) = published.rows.iter().find(|(s, _)| *s == seq)?;
+        Some((*first_row, published.micros, published.failed.clone()))
+    }
+
+    /// `seq` has read its rows of the published decode: once every round in
+    /// it has, the next decode may run.
+    fn read(&mut self, seq: i32) {
+        if let Some(published) = self.published.as_mut() {
+            published.rows.retain(|(s, _)| *s != seq);
+            if published.rows.is_empty() {
+                self.published = None;
+            }
+        }
+        if let Some(last) = usize::try_from(seq)
+            .ok()
+            .and_then(|s| self.last_round.get_mut(s))
+        {
+            *last = Some(Instant::now());
+        }
+    }
+
+    /// Whether the pending rows should be decoded now: nothing published is
+    /// still read, and every generator that ran a round lately has submitted,
+    /// or the window has passed.
+    fn ready(&self, now: Instant) -> bool {
+        if self.pending.is_empty() || self.published.is_some() {
+            return false;
+        }
+        if self.window_end.is_some_and(|end| now >= end) {
+            return true;
+        }
+        self.last_round.iter().enumerate().all(|(seq, last)| {
+            let recent = last.is_some_and(|at| now.duration_since(at) < RECENT);
+            !recent || self.pending.iter().any(|s| s.seq as usize == seq)
+        })
+    }
+
+    /// Decode the first group of pending rows and publish it.
+    fn decode_next(&mut self) {
+        let rows = self.pending.iter().map(|s| s.plan.draft.tokens.len() + 1);
+        let Some(range) = decode_groups(rows).into_iter().next() else {
+            return;
+        };
+        let group: Vec<Submission> = self.pending.drain(range).collect();
+        if self.pending.is_empty() {
+            self.window_end = None;
+        }
+        let started = Instant::now();
+        let decoded = self.decode_group(&group);
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let mut first_row = 0;
+        let rows = group
+            .iter()
+            .map(|s| {
+                let row = (s.seq, first_row);
+                first_row += s.plan.draft.tokens.len() as i32 + 1;
+                row
+            })
+            .collect();
+        self.stats.decodes += 1;
+        self.stats.rows += first_row as u64;
+        self.stats.sequences += group.len() as u64;
+        self.published = Some(Published {
+            rows,
+            micros,
+            failed: decoded.err().map(|e| e.to_string()),
+        });
+    }
+
+    fn decode_group(&mut self, group: &[Submission]) -> Result<()> {
+        fill_rows(&mut self.step, group.iter().map(|s| (s.seq, &s.plan)))?;
+        Ok(self.target.decode(&self.step)?)
+    }
+
+    /// A failed decode: `seq`'s rows are removed again.
+    fn undo(&mut self, seq: i32, n_past: usize, message: String) -> Error {
+        let keep = i32::try_from(n_past).unwrap_or(i32::MAX);
+        self.target.seq_rm(seq, keep, -1);
+        Error::Usage(format!("the shared decode failed: {message}"))
+    }
+}
+
+/// A generator's sequence of a [`SharedEngine`]; dropping it frees the sequence.
+pub(crate) struct Attached {
+    engine: Arc<SharedEngine>,
+    seq: i32,
+}
+
+impl Attached {
+    /// The engine.
+    pub(crate) fn engine(&self) -> &Arc<SharedEngine> {
+        &self.engine
+    }
+
+    /// The sequence id.
+    pub(crate) fn seq(&self) -> i32 {
+        self.seq
+    }
+
+    /// The sequence's state in a lone context's layout.
+    pub(crate) fn state(&self) -> Result<Vec<u8>> {
+        let mut shared = self.engine.idle();
+        let state = shared.target.seq_state(self.seq)?;
+        Ok(restream_seq_state(&state, 1, 0)?)
+    }
+
+    /// Replace the sequence's state with `state` (a lone context's layout).
+    pub(crate) fn set_state(&self, state: &[u8]) -> crate::native::NativeResult<()> {
+        let state = restream_seq_state(state, self.engine.config.n_seq, self.seq)?;
+        let mut shared = self.engine.idle();
+        shared.target.seq_rm(self.seq, -1, -1);
+        shared.target.set_seq_state(self.seq, &state)
+    }
+
+    /// Empty the sequence.
+    pub(crate) fn clear(&self) {
+        self.engine.idle().target.seq_rm(self.seq, -1, -1);
+    }
+
+    /// The lowest and highest positions of the sequence (`-1` when empty).
+    pub(crate) fn positions(&self) -> crate::native::NativeResult<(i32, i32)> {
+        self.engine.idle().target.seq_positions(self.seq)
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let mut shared = self.engine.idle();
+        shared.target.seq_rm(self.seq, -1, -1);
+        if let Ok(seq) = usize::try_from(self.seq) {
+            shared.taken[seq] = false;
+            shared.last_round[seq] = None;
+        }
+    }
+}
