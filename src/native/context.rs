@@ -81,7 +81,6 @@ fn check_params(
 ) -> NativeResult<u32> {
     let invalid = |message: String| Err(NativeError::InvalidArgument(message));
     let setting = |e: SettingError| NativeError::InvalidArgument(e.to_string());
-    let n_ctx = resolve_n_ctx(params.n_ctx, model.n_ctx_train()).map_err(setting)?;
     let max_rows = u32::try_from(MAX_BATCH_ROWS).unwrap_or(u32::MAX);
     for (name, value) in [("n_batch", params.n_batch), ("n_ubatch", params.n_ubatch)] {
         if value == 0 || value > max_rows {
@@ -96,6 +95,15 @@ fn check_params(
             params.n_seq_max
         ));
     }
+    // Each sequence has a KV stream of `n_ctx / n_seq_max` cells: that is what the model's trained length bounds.
+    let per_sequence =
+        resolve_n_ctx(params.n_ctx / params.n_seq_max, model.n_ctx_train()).map_err(setting)?;
+    let n_ctx = per_sequence.checked_mul(params.n_seq_max).ok_or_else(|| {
+        NativeError::InvalidArgument(format!(
+            "{per_sequence} tokens for each of {} sequences overflow a context length",
+            params.n_seq_max
+        ))
+    })?;
     check_threads(params.n_threads.into()).map_err(setting)?;
     if let Some(other) = other {
         let theirs = other.model();

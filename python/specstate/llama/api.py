@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
-from specstate._native import Model
+from specstate._native import Model, SharedEngine
 from specstate._typing import GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template, render_tools, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
@@ -97,6 +97,10 @@ class Llama:
             model's own; a generative model records none, so one vector per token), 0 none, 1 mean, 2 cls,
             3 last.
         verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
+        engine: a :class:`~specstate.SharedEngine` over this model file (specstate's; default None): the
+            generations decode on its sequences (their ``n_ctx`` the engine's), together with those of the other
+            objects sharing it, each reply token for token its reply alone; held generations give their sequence
+            back when the next call starts one. Modes ``none`` and ``ngram``.
         **llama_cpp_options: llama-cpp-python's other constructor parameters, for ported code: those of
             :data:`~specstate.llama.compat.WITHOUT_EFFECT` with any value (each with the reason it has no
             effect), those of :data:`~specstate.llama.compat.ACCEPTED_AT` at the value that leaves the model
@@ -153,6 +157,7 @@ class Llama:
         embedding: bool = False,
         pooling_type: int = LLAMA_POOLING_TYPE_UNSPECIFIED,
         verbose: bool = False,
+        engine: SharedEngine | None = None,
         **llama_cpp_options: Unpack[LlamaCppOptions],
     ) -> None:
         check_llama_cpp_options(llama_cpp_options)
@@ -171,17 +176,21 @@ class Llama:
         self.verbose = verbose
         #: The path the model was loaded from.
         self.model_path = os.fspath(model_path)
-        #: The target model.
-        self.model = Model(model_path, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
+        #: The target model (the engine's, with one).
+        self.model = _target(model_path, engine, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
         draft = None if draft_model_path is None else Model(draft_model_path, n_gpu_layers=n_gpu_layers)
         self._settings: GeneratorSettings = {
             "mode": mode,
             "draft_model": draft,
             "n_draft": n_draft,
-            "n_ctx": n_ctx,
-            "n_batch": n_batch,
+            "n_ctx": n_ctx if engine is None else engine.n_ctx,
+            "n_batch": n_batch if engine is None else min(n_batch, engine.n_batch),
             "n_threads": threads,
         }
+        #: The shared engine the generations decode on (None: each its own context).
+        self.engine = engine
+        if engine is not None:
+            self._settings["engine"] = engine
         self._conversation: _Conversation | None = None
         #: A completion's generation a later completion can extend (restored by load_state, or found in the cache).
         self._extendable: _Conversation | None = None
@@ -332,11 +341,21 @@ class Llama:
         return None if self._conversation is None else self._conversation.generator
 
     def _restore(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
-        """A generation restored from ``checkpoint`` with this object's models and thread count."""
+        """A generation restored from ``checkpoint`` with this object's models and thread count (attached to the
+        engine, with one, once the held generations have let go of their sequences)."""
         settings = self._settings
-        return Generator.restore(
+        generator = Generator.restore(
             checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
         )
+        if self.engine is not None:
+            self._let_go()
+            generator.attach(self.engine)
+        return generator
+
+    def _let_go(self) -> None:
+        """On a shared engine, a new generation takes a sequence: the held ones give theirs back first."""
+        if self.engine is not None:
+            self._conversation = self._extendable = self._last = None
 
     def restore_chat(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
         """Continue a saved chat: ``checkpoint`` (bytes, or a file) of a :attr:`chat_generator` is restored with
@@ -550,6 +569,7 @@ class Llama:
     def _generator(self, sampling: _Sampling) -> Generator:
         """A new generator with this object's settings and ``sampling``."""
         settings: GeneratorSettings = {**self._settings, **sampling.settings()}
+        self._let_go()
         return Generator(self.model, **settings)
 
     def _watch(self, pieces: Iterator[str]) -> Iterator[str]:
@@ -583,6 +603,15 @@ class LlamaTokenizer:
 
 
 # What help() and inspect show: every keyword argument by name, with its default (the types stay the TypedDicts').
+def _target(path: str | os.PathLike[str], engine: SharedEngine | None, **load: Any) -> Model:
+    """The model at ``path``, loaded, or the engine's (which must have been loaded from the same file)."""
+    if engine is None:
+        return Model(path, **load)
+    if not os.path.samefile(path, engine.target.path):
+        raise ValueError(f"the engine's model is {engine.target.path}, not {os.fspath(path)}")
+    return engine.target
+
+
 Llama.__init__.__signature__ = keyword_signature(Llama.__init__, LlamaCppOptions, LLAMA_CPP_DEFAULTS)  # type: ignore[attr-defined]
 for _method, _options, _chat in (
     (Llama.create_completion, CompletionOptions, False),

@@ -55,7 +55,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specstate import Model
+from specstate import Model, SharedEngine
 from specstate.chat import chat_template
 from specstate.serve.cache import ConversationCache
 from specstate.serve.config import ServerConfig
@@ -63,7 +63,7 @@ from specstate.serve.embeddings import Embeddings, read_embedding_request
 from specstate.serve.jobs import DONE, Job, Metrics
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
-from specstate.serve.slots import Slot
+from specstate.serve.slots import Slot, shared_engine
 
 if TYPE_CHECKING:
     from specstate.serve.ray import PoolDriver
@@ -86,6 +86,8 @@ class Server:
         self.scheduler = Scheduler(config.queue, config.slots, config.parked_bytes, config.spill_dir)
         self.cache = ConversationCache(config.cache_bytes, config.cache_dir, config.cache_dir_bytes)
         self.slots: list[Slot] = []
+        #: The engine the slots' generations decode on together (None: separate slots, or the Ray pool).
+        self.engine: SharedEngine | None = None
         self.driver: PoolDriver | None = None
         self.started = int(time.time())
         #: The chat template's source, once the model is loaded ("" for a model without one).
@@ -120,9 +122,10 @@ class Server:
             self.model = self.driver.model
             self.template = _template_source(self.model, self.config.chat_template)
             return
+        self.engine = shared_engine(self.config)
         for _ in range(self.config.slots):
             loaded = threading.Event()
-            slot = Slot(self.config, self.scheduler, self.metrics, self.cache, loaded)
+            slot = Slot(self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine)
             slot.start()
             loaded.wait()
             if slot.error is not None:
@@ -264,7 +267,8 @@ async def _health(server: Server, request: Request) -> Response:
 async def _metrics(server: Server, request: Request) -> Response:
     if not server.config.metrics_public:
         server.authorize(request)
-    return PlainTextResponse(server.metrics.text(*server.gauges()))
+    batch = None if server.engine is None else server.engine.stats
+    return PlainTextResponse(server.metrics.text(*server.gauges(), batch=batch))
 
 
 #: Each path: its method, its handler, and the name its requests are counted under in /metrics (None: not).

@@ -37,6 +37,10 @@ def _option(help: str, **how: Any) -> dict[str, Option]:
     return {"option": Option(help, **how)}
 
 
+#: The modes whose generations a batched engine runs (they draft from the history).
+BATCHED_MODES = ("none", "ngram")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """What ``specstate serve`` runs: the model, how it speculates, slots, queue and limits. The command line's
@@ -52,12 +56,24 @@ class ServerConfig:
     )
     #: Context length of each slot (0: the model's trained length).
     n_ctx: int = field(default=_defaults.N_CTX, metadata=_option("context length of each slot (0: the model's)"))
-    #: Threads per slot (0: the CPUs available, shared out between the slots).
+    #: Threads per slot (0: the CPUs available, shared out between the slots); with batching, the engine's threads
+    #: (0: the CPUs available).
     n_threads: int = field(
         default=_defaults.N_THREADS,
-        metadata=_option("threads per slot (0: the CPUs shared out)", name="threads", low=0, high=MAX_THREADS),
+        metadata=_option(
+            "threads of the batched engine, or per slot with --separate-slots (0: the CPUs, shared out between separate"
+            " slots)",
+            name="threads",
+            low=0,
+            high=MAX_THREADS,
+        ),
     )
     slots: int = field(default=1, metadata=_option("generations run at once", low=1, high=64))
+    #: Give each slot a model and context of its own instead of decoding every slot's generation in one batched
+    #: engine (``draft``, ``mtp`` and ``eagle3`` modes always have separate slots).
+    separate_slots: bool = field(
+        default=False, metadata=_option("give each slot a model and context of its own (no batching)")
+    )
     #: Requests that may wait for a slot; one more is refused with 429.
     queue: int = field(default=16, metadata=_option("requests that may wait for a slot", low=0, high=1 << 16))
     #: What one request may ask for: tokens, messages, stop strings, body size, ... (each an option).
@@ -119,6 +135,14 @@ class ServerConfig:
     def name(self) -> str:
         """The one model name this server answers to."""
         return self.model_name or os.path.basename(self.model_path)
+
+    def batched(self) -> bool:
+        """Whether the slots' generations decode together on one :class:`~specstate.SharedEngine`."""
+        return not self.separate_slots and self.mode in BATCHED_MODES
+
+    def engine_threads(self) -> int:
+        """Threads of the batched engine: ``n_threads``, or the CPUs available."""
+        return self.n_threads or len(os.sched_getaffinity(0))
 
     def threads_per_slot(self) -> int:
         """Threads each slot decodes with: the CPUs shared out when ``n_threads`` is 0."""

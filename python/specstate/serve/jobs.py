@@ -76,7 +76,8 @@ class Metrics:
         with self._lock:
             self.requests[(endpoint, status)] += 1
 
-    def text(self, queued: int, busy: int, parked_bytes: int) -> str:
+    def text(self, queued: int, busy: int, parked_bytes: int, batch: tuple[int, int, int] | None = None) -> str:
+        """The Prometheus text; ``batch``: the batched engine's decodes, rows and sequences so far."""
         lines = ["# TYPE specstate_requests_total counter"]
         with self._lock:
             for (endpoint, status), count in sorted(self.requests.items()):
@@ -86,6 +87,8 @@ class Metrics:
         lines += ["# TYPE specstate_queue_depth gauge", f"specstate_queue_depth {queued}"]
         lines += ["# TYPE specstate_slots_busy gauge", f"specstate_slots_busy {busy}"]
         lines += ["# TYPE specstate_parked_bytes gauge", f"specstate_parked_bytes {parked_bytes}"]
+        for name, value in zip(("decodes", "rows", "sequences"), batch or ()):
+            lines += [f"# TYPE specstate_batch_{name}_total counter", f"specstate_batch_{name}_total {value}"]
         return "\n".join(lines) + "\n"
 
 

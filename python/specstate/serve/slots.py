@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from specstate._native import Model, SharedEngine
 from specstate._typing import Message
 from specstate.llama import (
     ChatStream,
@@ -34,15 +35,17 @@ class Slot(threading.Thread):
         metrics: Metrics,
         cache: ConversationCache,
         loaded: threading.Event,
+        engine: SharedEngine | None = None,
     ) -> None:
         super().__init__(daemon=True, name="specstate-slot")
         self.config, self.scheduler, self.metrics, self.cache, self.loaded = config, scheduler, metrics, cache, loaded
+        self.engine = engine
         self.llama: Llama | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.llama = load(self.config)
+            self.llama = load(self.config, self.engine)
         except BaseException as error:  # reported by serve() before it listens
             self.error = error
             return
@@ -175,9 +178,11 @@ def _pairs(messages: Sequence[Message]) -> list[tuple[str, str]]:
     return [(message["role"], message["content"]) for message in messages]
 
 
-def load(config: ServerConfig) -> Llama:
+def load(config: ServerConfig, engine: SharedEngine | None = None) -> Llama:
+    """A slot's :class:`Llama`: its generations on ``engine``'s sequences, or a model and contexts of its own."""
     return Llama(
         config.model_path,
+        engine=engine,
         n_ctx=config.n_ctx,
         n_threads=config.threads_per_slot(),
         mode=config.mode,
@@ -185,4 +190,14 @@ def load(config: ServerConfig) -> Llama:
         n_draft=config.n_draft,
         chat_template=config.chat_template,
         seed=-1,
+    )
+
+
+def shared_engine(config: ServerConfig) -> SharedEngine | None:
+    """The engine the slots share when their generations are batched: two sequences a slot (a slot's held
+    conversation and the one it starts next), the threads sized to the machine."""
+    if not config.batched():
+        return None
+    return SharedEngine(
+        Model(config.model_path), n_seq=2 * config.slots, n_ctx=config.n_ctx, n_threads=config.engine_threads()
     )
