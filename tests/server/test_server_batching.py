@@ -1,0 +1,66 @@
+"""``specstate serve --slots N`` decodes the slots' generations together on one engine (issue 34): concurrent
+chats get, token for token, the replies the same requests get alone, and ``/metrics`` counts the shared decodes."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from specstate import Llama
+from test_server import Live, config
+
+PROMPTS = [
+    "Name three colors.",
+    "Count from one to ten.",
+    "Copy this twice: the quick brown fox jumps over the lazy dog.",
+    "Write a haiku about the sea.",
+    "What is two plus two?",
+    "List four animals.",
+]
+
+
+def ask(live: Live, prompt: str, seed: int) -> str:
+    options: dict[str, Any] = {"max_tokens": 24, "temperature": 0.8 if seed % 2 else 0.0, "seed": seed}
+    name = live.client().models.list().data[0].id
+    reply = live.client().chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}], **options)
+    return reply.choices[0].message.content or ""
+
+
+def alone(path: Path, prompt: str, seed: int) -> str:
+    """The same request on a Llama of its own (its own model and contexts)."""
+    llama = Llama(path, mode="ngram", n_ctx=512, n_threads=2)
+    options: dict[str, Any] = {"max_tokens": 24, "temperature": 0.8 if seed % 2 else 0.0, "seed": seed}
+    reply = llama.create_chat_completion([{"role": "user", "content": prompt}], **options)
+    return str(reply["choices"][0]["message"]["content"])  # type: ignore[index]
+
+
+def test_concurrent_chats_on_batched_slots_get_their_lone_replies(smollm2_file: Path) -> None:
+    live = Live(config(smollm2_file, slots=3, n_threads=2, n_ctx=512))
+    try:
+        assert live.state.engine is not None and live.state.engine.n_seq == 6
+        replies: dict[int, str] = {}
+        threads = [
+            threading.Thread(target=lambda i=i: replies.__setitem__(i, ask(live, PROMPTS[i], i)))
+            for i in range(len(PROMPTS))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert [replies[i] for i in range(len(PROMPTS))] == [alone(smollm2_file, p, i) for i, p in enumerate(PROMPTS)]
+        metrics = live.get("/metrics")[1]
+        counted = {name: int(value) for name, value in re.findall(r"specstate_batch_(\w+)_total (\d+)", metrics)}
+        assert counted["decodes"] > 0 and counted["rows"] >= counted["sequences"] >= counted["decodes"]
+    finally:
+        live.stop()
+
+
+def test_separate_slots_keep_a_model_each(smollm2_file: Path) -> None:
+    live = Live(config(smollm2_file, slots=2, n_threads=1, n_ctx=512, separate_slots=True))
+    try:
+        assert live.state.engine is None
+        assert ask(live, PROMPTS[0], 0) == alone(smollm2_file, PROMPTS[0], 0)
+    finally:
+        live.stop()
