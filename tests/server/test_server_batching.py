@@ -33,7 +33,7 @@ def alone(path: Path, prompt: str, seed: int) -> str:
     llama = Llama(path, mode="ngram", n_ctx=512, n_threads=2)
     options: dict[str, Any] = {"max_tokens": 24, "temperature": 0.8 if seed % 2 else 0.0, "seed": seed}
     reply = llama.create_chat_completion([{"role": "user", "content": prompt}], **options)
-    return str(reply["choices"][0]["message"]["content"])  # type: ignore[index]
+    return str(reply["choices"][0]["message"]["content"])
 
 
 def test_concurrent_chats_on_batched_slots_get_their_lone_replies(smollm2_file: Path) -> None:
