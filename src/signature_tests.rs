@@ -100,6 +100,7 @@ fn the_generators_text_signature_states_the_cores_defaults() {
         ("n_threads", RuntimeOptions::DEFAULT.n_threads.to_string()),
         ("draft_policy", string(draft_policy_name(config.adaptive))),
         ("cost_curve", "None".into()),
+        ("engine", "None".into()),
     ]);
     assert_eq!(
         signature_starting(GENERATOR_BINDINGS, "(target, *,"),

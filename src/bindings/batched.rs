@@ -15,6 +15,24 @@ use crate::settings::{GeneratorConfig, RuntimeOptions};
 
 const DEFAULTS: GeneratorConfig = GeneratorConfig::DEFAULT;
 
+/// The shape and threads of an engine, from Python's integers.
+fn shape(
+    n_seq: WideInt,
+    n_ctx: WideInt,
+    n_batch: WideInt,
+    n_threads: WideInt,
+) -> PyResult<(BatchedConfig, RuntimeOptions)> {
+    let config = BatchedConfig {
+        n_seq: n_seq.narrow("n_seq")?,
+        n_ctx: n_ctx.narrow("n_ctx")?,
+        n_batch: n_batch.narrow("n_batch")?,
+    };
+    let runtime = RuntimeOptions {
+        n_threads: n_threads.narrow("n_threads")?,
+    };
+    Ok((config, runtime))
+}
+
 /// Many generations (modes `none` and `ngram`) over one target context,
 /// each reply token for token the one the same `Generator` gives alone.
 #[pyclass(name = "BatchEngine", module = "specstate._native", frozen)]
@@ -53,14 +71,7 @@ impl PyBatchEngine {
         n_batch: WideInt,
         n_threads: WideInt,
     ) -> PyResult<Self> {
-        let config = BatchedConfig {
-            n_seq: n_seq.narrow("n_seq")?,
-            n_ctx: n_ctx.narrow("n_ctx")?,
-            n_batch: n_batch.narrow("n_batch")?,
-        };
-        let runtime = RuntimeOptions {
-            n_threads: n_threads.narrow("n_threads")?,
-        };
+        let (config, runtime) = shape(n_seq, n_ctx, n_batch, n_threads)?;
         let model = Arc::clone(&target.get().inner);
         let inner = py.detach(|| Batched::new(model, config, runtime))?;
         Ok(Self {
@@ -233,14 +244,7 @@ impl PySharedEngine {
         n_batch: WideInt,
         n_threads: WideInt,
     ) -> PyResult<Self> {
-        let config = BatchedConfig {
-            n_seq: n_seq.narrow("n_seq")?,
-            n_ctx: n_ctx.narrow("n_ctx")?,
-            n_batch: n_batch.narrow("n_batch")?,
-        };
-        let runtime = RuntimeOptions {
-            n_threads: n_threads.narrow("n_threads")?,
-        };
+        let (config, runtime) = shape(n_seq, n_ctx, n_batch, n_threads)?;
         let model = Arc::clone(&target.get().inner);
         let inner = py.detach(|| SharedEngine::new(model, config, runtime))?;
         Ok(Self { inner, target })

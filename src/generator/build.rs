@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use super::batching::check_joins;
+use super::shared::SharedEngine;
 use super::{DraftParts, Generator, Member, Target};
-use crate::batched::{check_joins, SharedEngine};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;
 use crate::session::{DraftSession, SessionConfig, SpecType};

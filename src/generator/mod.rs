@@ -11,9 +11,11 @@
 //! contexts' sequence states and the speculative state is a complete, exact
 //! checkpoint.
 
+pub(crate) mod batching;
 mod build;
 mod member;
 mod restore;
+pub(crate) mod shared;
 mod target;
 
 use std::sync::Arc;
@@ -24,7 +26,6 @@ pub(crate) use member::{history_drafter, Member};
 pub use restore::{Boundary, Positions, RestoreError};
 pub(crate) use target::Target;
 
-use crate::batched::history_engine;
 use crate::chat::Conversation;
 pub use crate::engine::LogprobLog;
 use crate::engine::{
@@ -35,6 +36,7 @@ use crate::native::{Batch, Context, Model};
 use crate::sampling::{GrammarState, Rng, SamplingParams};
 use crate::session::DraftSession;
 use crate::{Error, Result};
+use batching::history_engine;
 
 /// Where a generation stands at a round boundary (everything but the contexts).
 #[derive(Clone, Debug, PartialEq, Eq)]

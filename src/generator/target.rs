@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::batched::{Attached, SharedEngine};
+use super::shared::{Attached, SharedEngine};
 use crate::native::{Context, Model, NativeResult};
 use crate::Result;
 
@@ -65,9 +65,9 @@ impl Target {
     }
 
     /// Replace the sequence's state (laid out as a context of its own holds it).
-    pub fn set_state(&mut self, state: &[u8]) -> NativeResult<()> {
+    pub fn set_state(&mut self, state: &[u8]) -> Result<()> {
         match self {
-            Self::Own(context) => context.set_seq_state(0, state),
+            Self::Own(context) => Ok(context.set_seq_state(0, state)?),
             Self::Shared(attached) => attached.set_state(state),
         }
     }

@@ -42,7 +42,17 @@ struct Reader<'a> {
     at: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader of a sequence state past its magic and sequence id (`None`: not a sequence state).
+    fn past_header(bytes: &'a [u8]) -> Option<Self> {
+        let mut reader = Self { bytes, at: 0 };
+        if reader.u32()? != SEQ_STATE_MAGIC {
+            return None;
+        }
+        let _seq_id = reader.u32()?;
+        Some(reader)
+    }
+
     fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
         let end = self.at.checked_add(N)?;
         let bytes = self.bytes.get(self.at..end)?.try_into().ok()?;
@@ -156,14 +166,7 @@ fn restreamed(
     n_stream: u32,
     seq_id: u32,
 ) -> Option<Vec<u8>> {
-    let mut reader = Reader {
-        bytes: state,
-        at: 0,
-    };
-    if reader.u32()? != SEQ_STATE_MAGIC {
-        return None;
-    }
-    let _seq_id = reader.u32()?;
+    let mut reader = Reader::past_header(state)?;
     let mut out = Vec::with_capacity(state.len() + 4 * n_stream as usize);
     out.extend(SEQ_STATE_MAGIC.to_le_bytes());
     out.extend(seq_id.to_le_bytes());
@@ -203,14 +206,7 @@ fn recurrent_cells(reader: &mut Reader<'_>) -> Option<u64> {
 /// or, without `recurrent`, `Some(0)` when the attention parts are the whole
 /// state; `None` when the state is not laid out so.
 fn claimed(state: &[u8], parts: usize, ext: bool, recurrent: bool) -> Option<u64> {
-    let mut reader = Reader {
-        bytes: state,
-        at: 0,
-    };
-    if reader.u32()? != SEQ_STATE_MAGIC {
-        return None;
-    }
-    let _seq_id = reader.u32()?;
+    let mut reader = Reader::past_header(state)?;
     for _ in 0..parts {
         attention_part(&mut reader, ext)?;
     }

@@ -10,14 +10,14 @@
 //! whichever comes first. Whoever finds the rows ready decodes them; then
 //! each round judges its own rows (the next decode waits for all of them).
 //! What a round plans, decodes and judges is what it would alone (see
-//! [`super`]), so an attached generator's text is its text alone.
+//! [`crate::batched`]), so an attached generator's text is its text alone.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{decode_groups, fill_rows, history_engine, BatchedConfig};
+use super::batching::{decode_groups, fill_rows, history_engine, place_state, BatchedConfig};
+use super::Member;
 use crate::engine::{Plan, Round};
-use crate::generator::Member;
 use crate::limits::MAX_EXACT_ROWS;
 use crate::native::{restream_seq_state, Batch, Context, Model};
 use crate::settings::RuntimeOptions;
@@ -80,7 +80,7 @@ impl SharedEngine {
         config: BatchedConfig,
         runtime: RuntimeOptions,
     ) -> Result<Arc<Self>> {
-        let (target, config) = super::batch_target(&model, config, runtime)?;
+        let (target, config) = super::batching::batch_target(&model, config, runtime)?;
         let n_seq = config.n_seq as usize;
         let shared = Shared {
             target,
@@ -174,14 +174,7 @@ impl SharedEngine {
                 ))
             })?;
         let seq_id = crate::engine::position(seq)?;
-        shared.target.seq_rm(seq_id, -1, -1);
-        if let Some(state) = state {
-            let state = restream_seq_state(state, self.config.n_seq, seq_id)?;
-            if let Err(error) = shared.target.set_seq_state(seq_id, &state) {
-                shared.target.seq_rm(seq_id, -1, -1);
-                return Err(error.into());
-            }
-        }
+        place_state(&mut shared.target, self.config.n_seq, seq_id, state)?;
         shared.taken[seq] = true;
         shared.last_round[seq] = None;
         Ok(Attached {
@@ -351,11 +344,14 @@ impl Attached {
     }
 
     /// Replace the sequence's state with `state` (a lone context's layout).
-    pub(crate) fn set_state(&self, state: &[u8]) -> crate::native::NativeResult<()> {
-        let state = restream_seq_state(state, self.engine.config.n_seq, self.seq)?;
+    pub(crate) fn set_state(&self, state: &[u8]) -> Result<()> {
         let mut shared = self.engine.idle();
-        shared.target.seq_rm(self.seq, -1, -1);
-        shared.target.set_seq_state(self.seq, &state)
+        place_state(
+            &mut shared.target,
+            self.engine.config.n_seq,
+            self.seq,
+            Some(state),
+        )
     }
 
     /// Empty the sequence.
