@@ -5,12 +5,15 @@ temperature 0.8; modes ``none`` and ``ngram``), each round runs the same request
 
 - ``batched``: one :class:`specstate.BatchEngine` of that many sequences, every request joined and prefilled, then
   stepped until all are done (one decode per step for all of them);
+- ``shared``: one thread per request, each with a :class:`specstate.Generator` attached to one
+  :class:`specstate.SharedEngine` (what ``specstate serve --slots N`` does);
 - ``one by one``: one :class:`specstate.Generator` per request, run to its end before the next starts (what a single
   server slot does).
 
 Both on SmolLM2-135M-Instruct Q4_1 with the same threads (``--threads``, default 2). Printed per configuration: the
-aggregate tokens per second of each way (median over rounds), their ratio, and the share of batched replies that
-equal, token for token, the same request served alone. ``--json`` writes the figures.
+aggregate tokens per second of each way (median over rounds; the engines are made before the clock starts, the
+generators after), the ratios to one by one, and the share of batched and shared replies that equal, token for
+token, the same request served alone. ``--json`` writes the figures.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import argparse
 import json
 import random
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specstate import BatchEngine, Generator, Model, encode_prompt
+from specstate import BatchEngine, Generator, Model, SharedEngine, encode_prompt
 from specstate.smollm2 import smollm2_path
 
 PROMPTS = [
@@ -45,9 +49,15 @@ class Request:
     seed: int
     budget: int
 
-    def generator(self, model: Model, threads: int) -> Generator:
+    def generator(self, model: Model, threads: int, engine: SharedEngine | None = None) -> Generator:
         return Generator(
-            model, mode=self.mode, n_ctx=N_CTX, n_threads=threads, temperature=self.temperature, seed=self.seed
+            model,
+            mode=self.mode,
+            n_ctx=N_CTX,
+            n_threads=threads,
+            temperature=self.temperature,
+            seed=self.seed,
+            engine=engine,
         )
 
 
@@ -59,9 +69,9 @@ def requests(model: Model, n: int, mode: str, temperature: float, budget: int, s
     ]
 
 
-def alone(model: Model, request: Request, threads: int) -> list[int]:
-    """The reply of ``request`` served alone: its rounds bounded by the remaining budget."""
-    native = request.generator(model, threads)._native
+def alone(model: Model, request: Request, threads: int, engine: SharedEngine | None = None) -> list[int]:
+    """The reply of ``request`` served alone (or on ``engine``): its rounds bounded by the remaining budget."""
+    native = request.generator(model, threads, engine)._native
     native.prefill(request.prompt)
     reply: list[int] = []
     while len(reply) < request.budget and (tokens := native.take(1 << 30, max_commit=request.budget - len(reply))):
@@ -75,9 +85,25 @@ def one_by_one(model: Model, batch: list[Request], threads: int) -> tuple[list[l
     return replies, time.perf_counter() - started
 
 
-def batched(model: Model, batch: list[Request], threads: int) -> tuple[list[list[int]], float]:
+def shared(model: Model, batch: list[Request], threads: int) -> tuple[list[list[int]], float]:
+    engine = SharedEngine(model, n_seq=len(batch), n_ctx=N_CTX, n_threads=threads)
+    replies: list[list[int]] = [[] for _ in batch]
+
+    def serve(index: int) -> None:
+        replies[index] = alone(model, batch[index], threads, engine)
+
+    workers = [threading.Thread(target=serve, args=(index,)) for index in range(len(batch))]
     started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return replies, time.perf_counter() - started
+
+
+def batched(model: Model, batch: list[Request], threads: int) -> tuple[list[list[int]], float]:
     engine = BatchEngine(model, n_seq=len(batch), n_ctx=N_CTX, n_threads=threads)
+    started = time.perf_counter()
     seqs = [engine.join(request.generator(model, threads)) for request in batch]
     for seq, request in zip(seqs, batch):
         engine.prefill(seq, request.prompt)
@@ -107,43 +133,45 @@ def main() -> None:
     args = parser.parse_args()
     model = Model(smollm2_path())
     rows = []
-    header = f"{'clients':>7} {'mode':>6} {'temp':>4} {'batched tok/s':>13} {'one by one':>10} {'ratio':>6}"
-    print(header, f"{'identical':>9}")
+    header = f"{'clients':>7} {'mode':>6} {'temp':>4} {'one by one':>10} {'batched':>8} {'shared':>8}"
+    print(header, f"{'ratios':>11} {'identical':>9}")
     for n in args.clients:
         for mode in ("none", "ngram"):
             for temperature in (0.0, 0.8):
                 rows.append(measure(model, args, n, mode, temperature))
                 row = rows[-1]
                 print(
-                    f"{n:>7} {mode:>6} {temperature:>4} {row['batched_tps']:>13.1f} {row['one_by_one_tps']:>10.1f}"
-                    f" {row['ratio']:>6.2f} {row['identical']:>4}/{row['replies']:<4}"
+                    f"{n:>7} {mode:>6} {temperature:>4} {row['one_by_one_tps']:>10.1f} {row['batched_tps']:>8.1f}"
+                    f" {row['shared_tps']:>8.1f} x{row['batched_ratio']:.2f} x{row['shared_ratio']:.2f}"
+                    f" {row['identical']:>4}/{row['replies']:<4}"
                 )
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "tokens": args.tokens, "rows": rows}, indent=1))
 
 
 def measure(model: Model, args: argparse.Namespace, n: int, mode: str, temperature: float) -> dict[str, object]:
-    rates: dict[str, list[float]] = {"batched": [], "one_by_one": []}
+    rates: dict[str, list[float]] = {"batched": [], "shared": [], "one_by_one": []}
     identical = replies = 0
     for round_ in range(args.rounds):
         batch = requests(model, n, mode, temperature, args.tokens, seed=round_)
-        ways = [("batched", batched), ("one_by_one", one_by_one)]
+        ways = [("batched", batched), ("shared", shared), ("one_by_one", one_by_one)]
         results = {}
         for name, run in ways if round_ % 2 == 0 else ways[::-1]:
             results[name] = run(model, batch, args.threads)
             tokens = sum(len(reply) for reply in results[name][0])
             rates[name].append(tokens / results[name][1])
-        solo, together = results["one_by_one"][0], results["batched"][0]
-        identical += sum(a == b for a, b in zip(solo, together))
-        replies += len(batch)
-    batched_tps, one_tps = statistics.median(rates["batched"]), statistics.median(rates["one_by_one"])
+        solo = results["one_by_one"][0]
+        for way in ("batched", "shared"):
+            identical += sum(a == b for a, b in zip(solo, results[way][0]))
+            replies += len(batch)
+    tps = {way: statistics.median(rates[way]) for way in rates}
     return {
         "clients": n,
         "mode": mode,
         "temperature": temperature,
-        "batched_tps": batched_tps,
-        "one_by_one_tps": one_tps,
-        "ratio": batched_tps / one_tps,
+        **{f"{way}_tps": value for way, value in tps.items()},
+        "batched_ratio": tps["batched"] / tps["one_by_one"],
+        "shared_ratio": tps["shared"] / tps["one_by_one"],
         "identical": identical,
         "replies": replies,
     }
