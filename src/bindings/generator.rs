@@ -35,7 +35,7 @@ pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> 
     defaults.set_item("n_ctx", DEFAULTS.n_ctx)?;
     defaults.set_item("n_batch", DEFAULTS.n_batch)?;
     set_sampler_numbers(&defaults, &DEFAULTS.sampling)?;
-    for name in ["logit_bias", "grammar", "cost_curve"] {
+    for name in ["logit_bias", "grammar", "cost_curve", "engine"] {
         defaults.set_item(name, py.None())?;
     }
     defaults.set_item("ngram_max", NGRAM.n_max)?;

@@ -141,6 +141,7 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
         "n_threads": 0,
         "draft_policy": "fixed",
         "cost_curve": None,
+        "engine": None,
     }
 
 
