@@ -29,6 +29,7 @@ use std::sync::Arc;
 use crate::engine::Plan;
 use crate::generator::batching::{
     batch_target, check_joins, decode_groups, fill_rows, history_engine, place_state,
+    undo_failed_decode,
 };
 use crate::generator::{Generator, GeneratorConfig, Member};
 use crate::limits::MAX_EXACT_ROWS;
@@ -172,11 +173,7 @@ impl Batched {
     }
 
     fn sequence(&mut self, seq_id: i32) -> Result<&mut Sequence> {
-        usize::try_from(seq_id)
-            .ok()
-            .and_then(|seq| self.seqs.get_mut(seq))
-            .and_then(Option::as_mut)
-            .ok_or_else(|| Error::Usage(format!("the batch holds no sequence {seq_id}")))
+        Self::held(&mut self.seqs, seq_id)
     }
 
     /// A copy of sequence `seq_id` as a `Generator` of its own (a context of
@@ -351,7 +348,12 @@ impl Batched {
                     seq_id,
                     |engine, at| engine.finish_round(&at, planned.plan.clone(), first_row, micros),
                 ),
-                Err(error) => Err(undo_failed_decode(target, seq_id, &planned.plan, error)),
+                Err(error) => Err(undo_failed_decode(
+                    target,
+                    seq_id,
+                    planned.plan.n_past,
+                    error,
+                )),
             };
             match outcome {
                 Ok(round) => {
@@ -364,12 +366,4 @@ impl Batched {
         }
         committed
     }
-}
-
-/// A failed decode of a step: the sequence's rows are removed again, and it
-/// gets a copy of the failure.
-fn undo_failed_decode(target: &mut Context, seq_id: i32, plan: &Plan, error: &Error) -> Error {
-    let keep = i32::try_from(plan.n_past).unwrap_or(i32::MAX);
-    target.seq_rm(seq_id, keep, -1);
-    Error::Usage(format!("the step's decode failed: {error}"))
 }

@@ -172,6 +172,19 @@ pub(crate) fn fill_rows<'a>(
     Ok(())
 }
 
+/// A decode of a round's rows failed: the rows of `seq_id` from `n_past` on
+/// are removed again, and the round gets the failure.
+pub(crate) fn undo_failed_decode(
+    target: &mut Context,
+    seq_id: i32,
+    n_past: usize,
+    error: &dyn std::fmt::Display,
+) -> Error {
+    let keep = i32::try_from(n_past).unwrap_or(i32::MAX);
+    target.seq_rm(seq_id, keep, -1);
+    Error::Usage(format!("the batched decode failed: {error}"))
+}
+
 /// Split plans of `rows` rows each, in order, into decodes of at most
 /// [`MAX_EXACT_ROWS`] rows (index ranges); a plan of more rows is decoded alone.
 pub(crate) fn decode_groups(rows: impl IntoIterator<Item = usize>) -> Vec<std::ops::Range<usize>> {

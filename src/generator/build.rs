@@ -45,12 +45,10 @@ fn context_params(
     }
 }
 
-/// The settings, and the draft model against the mode and the target. (The
-/// context length against the model's trained length, and the thread count,
-/// are checked by `Context::new` before it allocates.)
+/// The draft model against the mode and the target (the settings are
+/// checked by [`new_member`]; the context length against the model's trained
+/// length, and the thread count, by `Context::new` before it allocates).
 fn check_models(target: &Model, draft: Option<&Model>, config: &GeneratorConfig) -> Result<()> {
-    config.validate()?;
-    config.sampling.check_vocabulary(target.n_vocab())?;
     let mode = config.mode.name();
     match (config.mode.needs_draft_model(), draft) {
         (true, None) => Err(Error::Invalid(format!("mode '{mode}' needs a draft model"))),

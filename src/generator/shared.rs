@@ -15,7 +15,9 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::batching::{decode_groups, fill_rows, history_engine, place_state, BatchedConfig};
+use super::batching::{
+    decode_groups, fill_rows, history_engine, place_state, undo_failed_decode, BatchedConfig,
+};
 use super::Member;
 use crate::engine::{Plan, Round};
 use crate::limits::MAX_EXACT_ROWS;
@@ -207,7 +209,12 @@ impl SharedEngine {
                     None => history_engine(&mut shared.target, member, batch, seq, |engine, at| {
                         engine.finish_round(&at, plan, first_row, micros)
                     }),
-                    Some(message) => Err(shared.undo(seq, plan.n_past, message)),
+                    Some(message) => Err(undo_failed_decode(
+                        &mut shared.target,
+                        seq,
+                        plan.n_past,
+                        &message,
+                    )),
                 };
                 shared.read(seq);
                 self.changed.notify_all();
@@ -309,13 +316,6 @@ impl Shared {
     fn decode_group(&mut self, group: &[Submission]) -> Result<()> {
         fill_rows(&mut self.step, group.iter().map(|s| (s.seq, &s.plan)))?;
         Ok(self.target.decode(&self.step)?)
-    }
-
-    /// A failed decode: `seq`'s rows are removed again.
-    fn undo(&mut self, seq: i32, n_past: usize, message: String) -> Error {
-        let keep = i32::try_from(n_past).unwrap_or(i32::MAX);
-        self.target.seq_rm(seq, keep, -1);
-        Error::Usage(format!("the shared decode failed: {message}"))
     }
 }
 
