@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -202,7 +202,7 @@ gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
 
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
-	@$(MAKE) --no-print-directory chain-runs
+	@$(MAKE) --no-print-directory chain-runs busy-runs
 	$(BIN)/python benchmarks/report.py --record-run
 
 # docs/benchmarks.md from benchmarks/results/*.json and the text of benchmarks/benchmarks.md.template, measuring
@@ -215,6 +215,15 @@ bench-report: develop
 bench-speculation: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/speculation.py
 	$(BIN)/python benchmarks/report.py
+
+# Decoding while 0, 1 and 2 other CPU-bound processes run (issue 33): specstate at 1, 2 and the default thread count,
+# with and without ggml's spinning waits, llama-cpp-python at its default and 2 threads, llama-bench; interleaved
+# rounds (also part of `make bench`). Run it on an otherwise quiet machine: the loads are its own.
+bench-busy: develop busy-runs
+	$(BIN)/python benchmarks/report.py
+
+busy-runs:
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/busy.py --json benchmarks/results/busy.json
 
 bench-cpu: develop
 	$(BIN)/python benchmarks/cpu_baseline.py

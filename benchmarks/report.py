@@ -22,6 +22,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from busy import busy_fields
 from speculation import ADAPTIVE, LLAMA_CPP, LLAMA_CPP_SIZES, LOOKUP, NONE, contenders_table, exactness
 from speculation import targets as speculation_targets
 from speculation import targets_table as speculation_targets_table
@@ -32,7 +33,7 @@ RESULTS = BENCHMARKS / "results"
 TEMPLATE = BENCHMARKS / "benchmarks.md.template"
 PAGE = BENCHMARKS.parent / "docs" / "benchmarks.md"
 #: The results files the page reads, by the name its fields use.
-PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json", "runs")
+PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json", "runs", "busy")
 #: How many `make bench` runs runs.json keeps, and how many the page shows side by side.
 RUNS_KEPT, RUNS_SHOWN = 10, 3
 
@@ -529,6 +530,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **_openmp_fields(results["openmp"]),
         **_chain_fields(results["chain"], results["chain-json"]),
         **_runs_fields(results["runs"]),
+        **busy_fields(results["busy"]),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llama_cpp_spec import KERNEL_FLAGS, llama_cpp_source
+from llama_cpp_spec import llama_bench
 from peer_venv import peer_python
 from specstate import Model, native_info
 from specstate.bench import (
@@ -61,39 +61,6 @@ TARGET_DIR = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "s
 
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def llama_bench() -> Path:
-    """llama.cpp's llama-bench, built with cmake from the pinned crate's source (once)."""
-    build = Path.home() / ".cache" / "specstate-bench" / "llama-bench-build"
-    binary = build / "bin" / "llama-bench"
-    if binary.exists():
-        return binary
-    log("building llama-bench with cmake (several minutes on 2 cores)")
-    subprocess.run(
-        [
-            "cmake",
-            "-S",
-            str(llama_cpp_source()),
-            "-B",
-            str(build),
-            "-G",
-            "Ninja",
-            "-DCMAKE_BUILD_TYPE=Release",
-            *KERNEL_FLAGS,
-            "-DLLAMA_CURL=OFF",
-            "-DLLAMA_OPENSSL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_SERVER=OFF",
-            "-DLLAMA_BUILD_APP=OFF",
-            "-DLLAMA_BUILD_TOOLS=ON",
-            "-DBUILD_SHARED_LIBS=OFF",
-        ],
-        check=True,
-    )
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", "2"], check=True)
-    return binary
 
 
 def build_native_loop() -> None:

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="none", choices=get_args(Mode), help="specstate's speculative mode")
     parser.add_argument("--ask", action="append", default=[], help="a question (repeatable); else read stdin")
     parser.add_argument("--max-tokens", type=int, default=128, help="most tokens per reply")
-    parser.add_argument("--threads", type=int, default=None, help="threads (default: the CPUs available)")
+    parser.add_argument("--threads", type=int, default=None, help="threads (default: specstate's default count)")
     parser.add_argument("--seed", type=int, default=-1, help="the sampling seed (default: random)")
     args = parser.parse_args(argv)
     model_path = args.model or str(smollm2_path())

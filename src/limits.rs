@@ -23,14 +23,14 @@ pub const MAX_THREADS: i32 = 512;
 
 /// The one rule for a thread count, wherever one comes from (a context, a
 /// generator, a restore, a checkpoint's record, the command line): 0 (the
-/// CPUs available) to [`MAX_THREADS`]. The count, narrowed to `i32`.
+/// default thread count, `native::threads`) to [`MAX_THREADS`]. The count, narrowed to `i32`.
 pub fn check_threads(n_threads: i64) -> Result<i32, SettingError> {
     match i32::try_from(n_threads) {
         Ok(n) if (0..=MAX_THREADS).contains(&n) => Ok(n),
         _ => Err(SettingError {
             field: "n_threads",
             reason: format!(
-                "must be between 0 (the CPUs available) and {MAX_THREADS}, not {n_threads}"
+                "must be between 0 (the default thread count) and {MAX_THREADS}, not {n_threads}"
             ),
         }),
     }
@@ -89,7 +89,7 @@ mod tests {
         assert_eq!(check_threads(-1).unwrap_err().field, "n_threads");
         assert_eq!(
             check_threads(1 << 40).unwrap_err().to_string(),
-            "n_threads must be between 0 (the CPUs available) and 512, not 1099511627776"
+            "n_threads must be between 0 (the default thread count) and 512, not 1099511627776"
         );
     }
 

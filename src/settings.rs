@@ -502,7 +502,7 @@ impl GeneratorConfig {
 /// Threads are a runtime choice, not part of what is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuntimeOptions {
-    /// Threads per context (0: the CPUs available).
+    /// Threads per context (0: the default thread count, `native::default_threads`).
     pub n_threads: i32,
 }
 
@@ -513,7 +513,7 @@ impl Default for RuntimeOptions {
 }
 
 impl RuntimeOptions {
-    /// The default: 0, as many threads as the CPUs available.
+    /// The default: 0, the default thread count (docs/threads.md).
     pub const DEFAULT: Self = Self { n_threads: 0 };
 
     /// Check the thread count ([`check_threads`]).

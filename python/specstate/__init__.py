@@ -4,7 +4,8 @@ This package exposes the seed contract of speculative draft sessions: its
 bounds (``MAX_SPECULATIVE_*``), its validators (:func:`validate_config`,
 :func:`validate_context_capacities`, :func:`validate_state_size`), the
 :class:`ContextCapacity` they take, and one typed exception per error variant
-(see :mod:`specstate.errors`). :func:`native_info` describes the native build.
+(see :mod:`specstate.errors`). :func:`native_info` describes the native build, and
+:func:`default_threads` the thread count a generation decodes with when it is given none.
 The dictionaries the package takes and returns are typed (``TypedDict``):
 :class:`NativeInfo`, :class:`GeneratorSettings` (the keyword arguments of
 :class:`Generator`), :class:`SamplingSettings` (its sampling ones, which
@@ -34,6 +35,7 @@ from specstate._native import (  # noqa: E402
     DraftSession,
     GreedyGeneration,
     Model,
+    default_threads,
     inspect_checkpoint,
     json_schema_to_grammar,
     model_fingerprint,
@@ -111,6 +113,7 @@ __all__ = [
     "StepReport",
     "TokenLogprobs",
     "chat_template",
+    "default_threads",
     "encode_prompt",
     "inspect_checkpoint",
     "json_schema_to_grammar",

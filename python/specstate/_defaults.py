@@ -26,7 +26,7 @@ N_DRAFT = _count("n_draft")
 N_CTX = _count("n_ctx")
 #: Rows per decode.
 N_BATCH = _count("n_batch")
-#: Threads (0: the CPUs available).
+#: Threads (0: the default thread count, docs/threads.md).
 N_THREADS = _count("n_threads")
 #: Tokens of the history the repetition penalties count.
 REPEAT_LAST_N = _count("repeat_last_n")

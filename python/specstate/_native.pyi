@@ -53,10 +53,14 @@ __all__ = [
     "_raise_for_status",
     "_seed_error_display",
     "check_sampling",
+    "default_threads",
     "inspect_checkpoint",
     "json_schema_to_grammar",
+    "machine_cpus",
     "model_fingerprint",
     "native_info",
+    "threads_for",
+    "threads_now",
     "validate_config",
     "validate_context_capacities",
     "validate_state_size",
@@ -75,7 +79,8 @@ MAX_SPECULATIVE_SEQUENCES: Final[int]
 MAX_SPECULATIVE_DRAFT_TOKENS: Final[int]
 #: Maximum prompt tokens copied into one speculative session (1,048,576).
 MAX_SPECULATIVE_PROMPT_TOKENS: Final[int]
-#: The most threads a context may use (ggml's limit, 512); every thread count is 0 (the CPUs available) to this.
+#: The most threads a context may use (ggml's limit, 512); every thread count is 0 (the default,
+#: :func:`default_threads`) to this.
 MAX_THREADS: Final[int]
 #: The message template of each variant of the seed's ``SpeculativeStateError`` by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
@@ -197,6 +202,38 @@ def json_schema_to_grammar(schema: str) -> str:
 
     Raises:
         ValueError: for text that is not JSON, a schema the converter refuses, or text over 1 MiB.
+    """
+
+def default_threads(slots: SupportsIndex = 1) -> int:
+    """The threads each of ``slots`` generations decoding at once in this process decodes with by default
+    (``n_threads=0``): the physical cores among the CPUs this process may run on, at most its CPU quota, divided
+    between the slots, at least 1 (docs/threads.md). Read from the machine at each call.
+
+    Raises:
+        ValueError: for ``slots`` outside 1 to 2**32 - 1.
+    """
+
+def machine_cpus() -> dict[str, int]:
+    """What :func:`default_threads` reads of the machine: ``usable``, the CPUs this process may use (its
+    affinity mask, at most its cgroup CPU quota), and ``physical_cores``, the cores among the CPUs of the
+    affinity mask (0 where the topology cannot be read)."""
+
+def threads_for(usable: SupportsIndex, physical_cores: SupportsIndex, slots: SupportsIndex = 1) -> int:
+    """The rule of :func:`default_threads` over given numbers: ``min(physical_cores, usable) // slots``
+    (``usable // slots`` when ``physical_cores`` is 0), at least 1 and at most :data:`MAX_THREADS`.
+
+    Raises:
+        ValueError: for a number outside 0 to 2**32 - 1, or ``slots`` 0.
+    """
+
+def threads_now(configured: SupportsIndex) -> int:
+    """The threads a graph of a context configured for ``configured`` threads (0: :func:`default_threads`) runs
+    with now: at most the machine's online CPUs less the other tasks runnable (the kernel's count, smoothed over
+    the last readings, this one included), at least 1; ``configured`` itself with ``SPECSTATE_FIXED_THREADS=1``.
+    Every decode asks the same before it runs (docs/threads.md); every kernel gives the same bits at any count.
+
+    Raises:
+        ValueError: for a count outside 0 to :data:`MAX_THREADS`.
     """
 
 def check_sampling(**settings: Unpack[SamplingSettings]) -> None:
@@ -474,7 +511,7 @@ class Embedder:
     ``n_ctx`` is the longest input (0: the model's trained length); ``pooling`` is ``None`` (the model's own,
     from its GGUF metadata; ``"none"`` for a generative model, which records none), ``"none"`` (one vector per
     token), ``"mean"``, ``"cls"`` (the first token's) or ``"last"``; a model whose own pooling is a reranker's
-    (``rank``) needs one of these. ``n_threads`` 0 uses the CPUs available. Usable from any thread: calls run
+    (``rank``) needs one of these. ``n_threads`` 0 uses :func:`default_threads`. Usable from any thread: calls run
     one at a time, each with the GIL released while it decodes.
 
     Raises:
@@ -804,7 +841,7 @@ class Generator:
         `max_n_batch` (default: 512), and, unless `max_n_batch` is given, a
         recurrent or hybrid target's rollback snapshots may take at most the
         model's size (`AllocationLimitError`). Without `n_threads`, the
-        recorded thread count is used, at most the CPUs available; any count
+        recorded thread count is used, at most :func:`default_threads`; any count
         continues exactly (verification does not depend on it).
         """
     def attach(self, engine: SharedEngine) -> None:

@@ -153,7 +153,7 @@ class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     n_ctx: int
     #: Rows per decode (default 512; at most ``n_ctx``, a larger one is clamped to it).
     n_batch: int
-    #: Threads per context (default 0: the CPUs available).
+    #: Threads per context (default 0: the default thread count, docs/threads.md).
     n_threads: int
     #: ``fixed`` (the default: every round drafts up to ``n_draft``) or ``adaptive`` (speculative modes only).
     draft_policy: DraftPolicy

@@ -128,7 +128,7 @@ class Embedder:
             llama-cpp-python's 512). One text is decoded in one batch of up to ``n_ctx`` rows.
         pooling: ``None`` (the model's own; ``"none"`` for a generative model), ``"none"``, ``"mean"``,
             ``"cls"`` or ``"last"``.
-        n_threads: decoding threads (0: the CPUs available).
+        n_threads: decoding threads (0: the default thread count, docs/threads.md).
         max_inputs: the most texts one call takes (at most :data:`MAX_EMBEDDING_INPUTS`).
 
     Raises:

@@ -147,7 +147,7 @@ class Generator:
         that does not start as a checkpoint is refused from its first bytes.
 
         ``n_threads`` defaults to the thread count the checkpoint was taken
-        with, at most the CPUs available (0: the CPUs available). Any count
+        with, at most :func:`~specstate.default_threads` (0: that default). Any count
         continues exactly: on the CPU a verified row gets its single-token
         decode's logits bit for bit whatever the thread count.
         """

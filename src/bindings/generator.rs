@@ -536,7 +536,7 @@ impl PyGenerator {
             Some(n_threads) => RuntimeOptions { n_threads },
             None => decoded
                 .meta
-                .recorded_runtime(crate::native::available_cpus().unsigned_abs()),
+                .recorded_runtime(crate::native::default_threads(1).unsigned_abs()),
         };
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);

@@ -11,6 +11,7 @@ mod guarded;
 mod info;
 mod model;
 mod session;
+mod threads;
 mod validators;
 
 use pyo3::prelude::*;
@@ -77,5 +78,9 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(validators::_seed_error_display, module)?)?;
     module.add_function(wrap_pyfunction!(info::native_info, module)?)?;
     module.add_function(wrap_pyfunction!(info::json_schema_to_grammar, module)?)?;
+    module.add_function(wrap_pyfunction!(threads::default_threads, module)?)?;
+    module.add_function(wrap_pyfunction!(threads::machine_cpus, module)?)?;
+    module.add_function(wrap_pyfunction!(threads::threads_for, module)?)?;
+    module.add_function(wrap_pyfunction!(threads::threads_now, module)?)?;
     Ok(())
 }

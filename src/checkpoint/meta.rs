@@ -314,7 +314,7 @@ impl Meta {
 
     /// The runtime options a restore uses unless the caller gives others:
     /// the recorded thread count, at most the `available` CPUs (a file may
-    /// not push the count past them), or 0 (the CPUs available) if none is
+    /// not push the count past them), or 0 (the default thread count) if none is
     /// recorded (or 0 is, which specstate never writes). The count changes speed only: verification is exact at any
     /// count (specstate's llama.cpp patch), so the continuation is the same.
     pub fn recorded_runtime(&self, available: u32) -> crate::settings::RuntimeOptions {

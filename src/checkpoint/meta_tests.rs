@@ -146,8 +146,8 @@ const CASES: &[(Base, Change, Expect)] = &[
     (Base::None, Json(|m| m["draft_model"] = json!(model("d"))), Is("meta.draft_model: does not fit mode none")),
     (Base::Eagle3, Json(|m| m["draft_model"] = Value::Null), Is("meta.draft_model: does not fit mode eagle3")),
     // The recorded thread count.
-    (Base::Threads, Json(|m| m["n_threads"] = json!(513)), Is("meta.n_threads must be between 0 (the CPUs available) and 512, not 513")),
-    (Base::Threads, Json(|m| m["n_threads"] = json!(u32::MAX)), Is("meta.n_threads must be between 0 (the CPUs available) and 512, not 4294967295")),
+    (Base::Threads, Json(|m| m["n_threads"] = json!(513)), Is("meta.n_threads must be between 0 (the default thread count) and 512, not 513")),
+    (Base::Threads, Json(|m| m["n_threads"] = json!(u32::MAX)), Is("meta.n_threads must be between 0 (the default thread count) and 512, not 4294967295")),
     // The samplers.
     (Base::Sampler, Json(|m| m["sampler"]["min_p"] = json!(1.5)), Contains("meta.min_p must be in [0, 1]")),
     (Base::Sampler, Json(|m| m["sampler"]["min_p"] = json!(1e39)), Contains("meta.min_p must be in")),
@@ -291,7 +291,7 @@ fn the_thread_count_is_recorded_from_version_3() {
     let bytes = encode(&synthetic_base(Base::Threads));
     let decoded = decode(&bytes).unwrap();
     assert_eq!(decoded.meta.recorded_runtime(2).n_threads, 2);
-    assert_eq!(decoded.meta.recorded_runtime(1).n_threads, 1); // at most the CPUs available
+    assert_eq!(decoded.meta.recorded_runtime(1).n_threads, 1); // at most the default thread count
     assert_eq!(
         decode(&valid(Mode::Draft))
             .unwrap()
@@ -300,7 +300,7 @@ fn the_thread_count_is_recorded_from_version_3() {
             .n_threads,
         0
     );
-    // 0, the CPUs available, as every thread count (specstate records the resolved count).
+    // 0, the default thread count, as every thread count (specstate records the resolved count).
     let zero = with_meta(&bytes, |m| m["n_threads"] = json!(0));
     assert_eq!(decode(&zero).unwrap().meta.recorded_runtime(4).n_threads, 0);
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use llama_cpp_sys_4 as sys;
 
 use super::seq_state::{check_recurrent_cells, Memories};
+use super::threads::{default_threads, threads_now};
 use super::{Batch, Model, NativeError, NativeResult};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS, MAX_SEQUENCES};
 use crate::speculative::SpeculativeContextCapacity;
@@ -58,7 +59,7 @@ pub struct ContextParams {
     pub n_rs_seq: u32,
     /// Which computation the context runs.
     pub kind: ContextKind,
-    /// Threads for single-token and for batch decoding (0: the CPUs available).
+    /// Threads for single-token and for batch decoding (0: the default, [`default_threads`]).
     pub n_threads: i32,
 }
 
@@ -120,16 +121,6 @@ fn check_params(
     Ok(n_ctx)
 }
 
-/// The CPUs this process may run on (its affinity mask and CPU quota, as
-/// `std::thread::available_parallelism` reads them; 1 if unknown): the
-/// threads used when none are asked for, and the most a checkpoint may ask.
-///
-/// llama.cpp's own default (4) oversubscribes smaller machines, where its
-/// spinning worker threads then slow decoding by orders of magnitude.
-pub fn available_cpus() -> i32 {
-    std::thread::available_parallelism().map_or(1, |n| i32::try_from(n.get()).unwrap_or(i32::MAX))
-}
-
 /// The llama.cpp context a [`Context`] runs, freed when its last holder
 /// goes: the [`Context`] itself, a context linked to it (`ctx_other`), or a
 /// speculative session over it ([`super::SessionHandle`]), since llama.cpp
@@ -175,6 +166,9 @@ pub struct Context {
     handle: Arc<ContextHandle>,
     model: Arc<Model>,
     params: ContextParams,
+    /// The threads its graphs may use (the resolved count, never 0); each runs with as many of them as the
+    /// machine can give it then ([`threads_now`]).
+    n_threads: i32,
     /// Decodes run so far (failed ones included).
     decodes: u64,
     /// The stamp of the batch the last decode ran, if it succeeded.
@@ -238,7 +232,7 @@ impl Context {
         let threads = if params.n_threads > 0 {
             params.n_threads
         } else {
-            available_cpus()
+            default_threads(1)
         };
         raw_params.n_threads = threads;
         raw_params.n_threads_batch = threads;
@@ -265,6 +259,7 @@ impl Context {
             handle,
             model,
             params,
+            n_threads: threads,
             decodes: 0,
             last_decoded: None,
         })
@@ -352,14 +347,14 @@ impl Context {
 
     /// The threads used for decoding (the resolved count, never 0).
     pub fn n_threads(&self) -> i32 {
-        // SAFETY: the context is live.
-        unsafe { sys::llama_n_threads(self.raw.as_ptr()) }
+        self.n_threads
     }
 
-    /// Set the threads used for generation and batches.
-    pub fn set_threads(&mut self, n_threads: i32) {
+    /// Let the next graphs run with the threads the machine can give now of the context's own ([`threads_now`]).
+    pub(crate) fn fit_threads(&mut self) {
+        let threads = threads_now(self.n_threads);
         // SAFETY: the context is live and exclusively borrowed.
-        unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), n_threads, n_threads) };
+        unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
     }
 
     /// Decode a batch. Runs llama.cpp's compute; call without the GIL.
@@ -378,6 +373,7 @@ impl Context {
         }
         self.decodes += 1;
         self.last_decoded = None;
+        self.fit_threads();
         let _changing = self.handle.hold();
         let _reading = self.handle.other.as_deref().map(ContextHandle::hold);
         // SAFETY: the context is live and exclusively borrowed; the batch's

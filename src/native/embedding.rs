@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use llama_cpp_sys_4 as sys;
 
-use super::context::available_cpus;
+use super::threads::{default_threads, threads_now};
 use super::{Batch, Model, NativeError, NativeResult, OutOfVocabulary};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS};
 
@@ -92,7 +92,7 @@ pub struct EmbedderParams {
     /// The pooling, or `None` for the model's own (`<arch>.pooling_type`;
     /// `none` when the model records none, as for generative models).
     pub pooling: Option<Pooling>,
-    /// Threads for decoding (0: the CPUs available).
+    /// Threads for decoding (0: the default thread count).
     pub n_threads: i32,
 }
 
@@ -168,6 +168,8 @@ pub struct Embedder {
     pooling: Pooling,
     /// Encoder-only models (BERT) run `llama_encode`; the others `llama_decode`.
     encoder: bool,
+    /// The threads its graphs may use (resolved, never 0), as many of them as the machine gives ([`threads_now`]).
+    n_threads: i32,
 }
 
 // SAFETY: a llama.cpp context has no thread affinity; what it forbids is
@@ -177,7 +179,7 @@ unsafe impl Send for Embedder {}
 
 /// Refuse, before llama.cpp sees them, parameters it would abort on or that
 /// would allocate more than the model was made for; the context length,
-/// resolved (0: the trained length), and the thread count (0: the CPUs).
+/// resolved (0: the trained length), and the thread count (0: the default).
 fn check_params(model: &Model, params: &EmbedderParams) -> NativeResult<(u32, i32)> {
     let setting = |e: SettingError| NativeError::InvalidArgument(e.to_string());
     let n_ctx = resolve_n_ctx(params.n_ctx, model.n_ctx_train()).map_err(setting)?;
@@ -188,7 +190,7 @@ fn check_params(model: &Model, params: &EmbedderParams) -> NativeResult<(u32, i3
         )));
     }
     let threads = match check_threads(params.n_threads.into()).map_err(setting)? {
-        0 => available_cpus(),
+        0 => default_threads(1),
         threads => threads,
     };
     Ok((n_ctx, threads))
@@ -257,6 +259,7 @@ impl Embedder {
             n_embd,
             pooling: Pooling::None,
             encoder,
+            n_threads: threads,
         };
         // SAFETY: the context is live; a plain getter.
         let resolved = unsafe { sys::llama_pooling_type(embedder.raw.as_ptr()) };
@@ -292,8 +295,7 @@ impl Embedder {
 
     /// The threads used for decoding (the resolved count, never 0).
     pub fn n_threads(&self) -> i32 {
-        // SAFETY: the context is live.
-        unsafe { sys::llama_n_threads(self.raw.as_ptr()) }
+        self.n_threads
     }
 
     /// Floats the embedding of an input of `tokens` tokens has.
@@ -366,6 +368,9 @@ impl Embedder {
     fn embed_checked(&mut self, tokens: &[i32]) -> NativeResult<Embedding> {
         self.clear_memory();
         self.batch.fill(tokens, 0, 0, true)?;
+        let threads = threads_now(self.n_threads);
+        // SAFETY: the context is live and exclusively borrowed.
+        unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
         let status = if self.encoder {
             // SAFETY: the context is live and exclusively borrowed; the batch
             // holds `tokens.len()` valid rows (<= n_batch = n_ubatch), each

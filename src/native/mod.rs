@@ -18,6 +18,7 @@ pub mod info;
 mod model;
 mod seq_state;
 mod session;
+pub mod threads;
 
 /// The native layer's bounds, owned by the leaf [`crate::limits`].
 pub use crate::limits::{MAX_BATCH_ROWS, MAX_SEQUENCES};
@@ -26,8 +27,7 @@ pub use batch::Batch;
 pub use chat::{builtin_template_names, ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
 pub use chat_tools::{format_name, GrammarTrigger, ToolChoice, ToolRender, ToolRequest};
 pub use context::{
-    available_cpus, recurrent_state_bytes, restream_seq_state, Context, ContextBytes, ContextKind,
-    ContextParams,
+    recurrent_state_bytes, restream_seq_state, Context, ContextBytes, ContextKind, ContextParams,
 };
 pub use embedding::{
     Embedder, EmbedderParams, Embedding, EmbeddingInputError, Pooling, MAX_EMBEDDING_FLOATS,
@@ -36,6 +36,7 @@ pub use embedding::{
 pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
 pub use model::Model;
 pub use session::{OtherContexts, SessionConfig, SessionHandle, SpecType, StateStatus};
+pub use threads::default_threads;
 
 use std::path::PathBuf;
 

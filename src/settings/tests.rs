@@ -183,7 +183,7 @@ fn thread_counts_are_bounded() {
     assert_eq!(check_threads(MAX_THREADS.into()), Ok(MAX_THREADS));
     assert_eq!(
         check_threads(1 << 40).unwrap_err().to_string(),
-        "n_threads must be between 0 (the CPUs available) and 512, not 1099511627776"
+        "n_threads must be between 0 (the default thread count) and 512, not 1099511627776"
     );
 }
 

@@ -95,7 +95,7 @@ def test_resume_caps_a_recorded_thread_count_above_the_cpus(chat_model: Path, tm
         for threads in ([], ["--threads", "1"])
     ]
     assert all(reply.returncode == 0 for reply in replies), replies
-    assert replies[0].stdout == replies[1].stdout != ""  # the CPUs available, or 1: the same reply
+    assert replies[0].stdout == replies[1].stdout != ""  # the default thread count, or 1: the same reply
 
 
 class Terminal:

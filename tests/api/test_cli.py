@@ -91,7 +91,7 @@ def test_resume_caps_a_recorded_thread_count_above_the_cpus(tiny_map: dict[str, 
     ckpt = tmp_path / "many-threads.ckpt"
     ckpt.write_bytes(rewrite_meta(generator.checkpoint(), n_threads=len(os.sched_getaffinity(0)) + 1))
     options = ["--model", str(tiny_map["qwen35"]), "--max-tokens", "3", "--quiet"]
-    capped = specstate("resume", str(ckpt), *options)  # the CPUs available: any count continues exactly
+    capped = specstate("resume", str(ckpt), *options)  # at most the default thread count: any count continues exactly
     given = specstate("resume", str(ckpt), *options, "--threads", "1")
     assert capped.returncode == 0 and given.returncode == 0, capped.stderr + given.stderr
     assert capped.stdout == given.stdout == generator.generate(max_tokens=3) + "\n"

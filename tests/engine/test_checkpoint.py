@@ -27,6 +27,7 @@ from specstate import (
     SectionTooLargeError,
     TruncatedCheckpointError,
     UnsupportedVersionError,
+    default_threads,
     inspect_checkpoint,
 )
 from specstate_testkit.generator_support import assert_refused_and_unchanged, draft_for, tiny_generator
@@ -265,13 +266,14 @@ def test_a_restore_decodes_with_the_recorded_thread_count_by_default(tiny_map: d
 
 
 def test_a_recorded_thread_count_above_the_cpus_is_capped_and_continues_exactly(tiny_map: dict[str, Path]) -> None:
-    """A file cannot push the thread count past the CPUs: a restore without ``n_threads`` uses at most the CPUs
-    available, an explicit count is obeyed, and either continues token for token (the count changes speed only)."""
+    """A file cannot push the thread count past the CPUs: a restore without ``n_threads`` uses at most the default
+    thread count (docs/threads.md), an explicit count is obeyed, and either continues token for token (the count
+    changes speed only)."""
     generator = tiny_generator("ngram", tiny_map)  # n_threads=1
     generator.generate("abc", max_tokens=4)
     data = generator.checkpoint()
     generator.generate(max_tokens=6)
-    cpus = len(os.sched_getaffinity(0))
+    cpus = default_threads()
     model = generator.model
     for recorded in (cpus + 1, 512):
         forged = codec.rewrite_meta(data, n_threads=recorded)

@@ -187,3 +187,42 @@ def test_the_benchmarks_page_is_what_the_results_give() -> None:
     from report import PAGE, load_results, page
 
     assert PAGE.read_text() == page(load_results()), "docs/benchmarks.md is stale: run `make bench-report`"
+
+
+def test_busy_tables_and_goals(tmp_path: Path, tiny_map: dict[str, Path]) -> None:
+    """benchmarks/busy.py: a smoke run on the tiny model (no peers, one load, one round), and its goals and tables
+    from a run's figures."""
+    import subprocess
+    import sys
+
+    from busy import before_name, busy_fields, goals, table
+
+    out = tmp_path / "busy.json"
+    command = [sys.executable, "benchmarks/busy.py", "--skip-peers", "--loads", "0", "1", "--rounds", "1"]
+    command += ["--tokens", "4", "--model", str(tiny_map["llama"]), "--json", str(out)]
+    subprocess.run(command, check=True, cwd=Path(__file__).resolve().parents[2], capture_output=True)
+    smoke = json.loads(out.read_text())
+    assert set(smoke["figures"]) == {"0", "1"} and all(
+        v[0] > 0 for row in smoke["figures"].values() for v in row.values()
+    )
+    assert len(goals(smoke)) == 6  # no peer: the four of one busy process, the two idle ones
+
+    names = ["specstate none, 1 thread", "specstate none, 2 threads", "specstate none, default threads"]
+    names += [before_name("none"), "llama-cpp-python none, its default threads"]
+    speeds = {"0": [60.0, 80.0, 80.0, 80.0, 60.0], "1": [60.0, 62.0, 61.0, 21.0, 60.0]}
+    results = {
+        "date": "today",
+        "tokens": 64,
+        "rounds": 2,
+        "machine": {"cpus": 2, "default_threads": 2, "llama_cpp_python_default_threads": 1},
+        "figures": {load: {n: [v, v] for n, v in zip(names, values)} for load, values in speeds.items()},
+    }
+    rows = {measure: entry["median"] for measure, entry, _ in goals(results)}
+    assert rows["1 busy process, none: default / best of 1 and 2 threads"] == 61 / 62
+    assert rows["1 busy process, none: 2 threads / 1 thread"] == 62 / 60
+    assert rows["idle, none: default / before (2 fixed threads)"] == 1.0
+    assert rows["1 busy: specstate none, default / llama-cpp-python at its default"] == 61 / 60
+    fields = busy_fields(results)
+    assert fields["busy_verdict"] == "5 of 5 goals met"
+    assert "| 1 busy process, none: 2 threads / 1 thread | x1.03 (1.03-1.03) | >= 1 | met |" in fields["busy_targets"]
+    assert table(results)[3] == "| specstate none, 2 threads | 80.0 | x1.00 (1.00-1.00) | 62.0 | x1.02 (1.02-1.02) |"

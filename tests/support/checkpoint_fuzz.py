@@ -187,7 +187,7 @@ MAX_TRIALS = (4096 + 2) * 8 * 256
 PROBE_AFTER = 16
 VERSION_KEYS = META_KEYS[:4]
 OPTIONAL_KEYS = frozenset({"ngram", "draft_model", "n_threads"})
-#: The most threads (src/settings.rs, MAX_THREADS; 0 is the CPUs available).
+#: The most threads (src/settings.rs, MAX_THREADS; 0 is the default thread count).
 MAX_THREADS = 512
 FINGERPRINT_KEYS = ("sha256", "size", "file")
 MAX_DRAFT = 4096

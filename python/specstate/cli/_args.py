@@ -132,8 +132,8 @@ def add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        help="threads (0: the CPUs available; default: all of them for a new generation, "
-        "the checkpoint's own count, at most the CPUs available, for a resumed one: any count continues exactly)",
+        help="threads (0: the default count, docs/threads.md; default: that for a new generation, "
+        "the checkpoint's own count, at most the default, for a resumed one: any count continues exactly)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
@@ -164,7 +164,7 @@ class Range(NamedTuple):
         return self.requirement() + self.note if too_low or value > self.high else None
 
 
-#: Every thread count's range, as the native core checks it (0: the CPUs available).
+#: Every thread count's range, as the native core checks it (0: the default thread count).
 THREADS = Range("threads", 0, _native.MAX_THREADS)
 #: --n-ctx: 0 (the model's trained length) or a length the native core then checks against the model.
 N_CTX = Range("n_ctx", 2, U32_MAX, when=lambda args: args.n_ctx != 0, note=" (or 0: the model's trained length)")

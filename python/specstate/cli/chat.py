@@ -46,7 +46,7 @@ def add_parser(commands: Any) -> None:
     chat.add_argument(
         "--threads",
         type=int,
-        help="threads (0: the CPUs available; default: all, or the checkpoint's count, at most the CPUs)",
+        help="threads (0 or none: the default count; a checkpoint's own count, at most the default, on --resume)",
     )
     chat.add_argument("--quiet", action="store_true", help="no status line")
     add_max_n_batch(chat)

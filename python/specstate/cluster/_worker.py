@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import ray
 from ray.exceptions import RayTaskError
 
-from specstate import Generator, Model, model_fingerprint
+from specstate import Generator, Model, default_threads, model_fingerprint
 
 
 def raise_cause(error: RayTaskError) -> NoReturn:
@@ -29,9 +29,10 @@ def get(reference: Any) -> Any:
 class Worker:
     """The Ray actor: loaded models and the generations running on them."""
 
-    def __init__(self, models: Mapping[str, str], n_threads: int) -> None:
+    def __init__(self, models: Mapping[str, str], n_threads: int, sharing: int = 1) -> None:
+        """``n_threads`` 0: the default thread count of one of ``sharing`` workers on this node."""
         self.models = {name: Model(path) for name, path in models.items()}
-        self.n_threads = n_threads
+        self.n_threads = n_threads or default_threads(sharing)
         self.generators: dict[str, Generator] = {}
 
     def describe(self) -> dict[str, Any]:

@@ -42,7 +42,9 @@ class Pool:
     Args:
         models: model files by name (``{"target": path, "draft": path}``); each worker loads them once.
         workers: how many workers to start.
-        n_threads: threads each worker decodes with.
+        n_threads: threads each worker decodes with; 0, the default: the default thread count of one of the
+            pool's workers on each node (:func:`specstate.default_threads` with the workers spread over the
+            cluster's live nodes as slots of one process, docs/threads.md).
         address: an existing Ray cluster (``ray.init(address=...)``); by default a local instance is
             started (or the one this process already joined is used). A Ray instance that the pool starts
             prints nothing on the driver's output; one that the caller started keeps its own settings.
@@ -54,12 +56,12 @@ class Pool:
         models: Mapping[str, str | os.PathLike[str]],
         *,
         workers: int = 2,
-        n_threads: int = 1,
+        n_threads: int = 0,
         address: str | None = None,
         chunk: int = 16,
     ) -> None:
-        if workers < 1 or chunk < 1 or n_threads < 1:
-            raise ValueError("workers, chunk and n_threads must be at least 1")
+        if workers < 1 or chunk < 1 or n_threads < 0:
+            raise ValueError("workers and chunk must be at least 1, and n_threads at least 0")
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
@@ -72,6 +74,9 @@ class Pool:
         self._runner = Runner(self._placement, self._generations, chunk)
         self._ids = itertools.count()
         self.n_threads = n_threads
+        nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]  # unannotated in Ray
+        alive = len([node for node in nodes if node.get("Alive")])
+        self._sharing = -(-workers // max(alive, 1))  # the pool's workers on one node (SPREAD)
         for _ in range(workers):
             self.add_worker(n_threads=n_threads)
         self._home = self._placement.workers[0].models  # the fingerprints of the pool's own model files
@@ -105,10 +110,11 @@ class Pool:
 
     # --- workers ---------------------------------------------------------------------------------
 
-    def add_worker(self, models: Mapping[str, str | os.PathLike[str]] | None = None, *, n_threads: int = 1) -> int:
-        """Start one more worker (with other model files if given); returns its id."""
+    def add_worker(self, models: Mapping[str, str | os.PathLike[str]] | None = None, *, n_threads: int = 0) -> int:
+        """Start one more worker (with other model files if given); returns its id. ``n_threads`` 0: the
+        default thread count of one of the pool's workers on a node, as for the pool's own."""
         files = self._models if models is None else {name: str(Path(p).resolve()) for name, p in models.items()}
-        actor: Any = self._actor_class.remote(files, n_threads)
+        actor: Any = self._actor_class.remote(files, n_threads, self._sharing)
         info: dict[str, Any] = ray.get(actor.describe.remote())
         worker = len(self._placement.workers)
         self._placement.workers[worker] = WorkerEntry(actor, info["pid"], info["n_threads"], info["models"])

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from specstate import _defaults
-from specstate._native import MAX_THREADS
+from specstate._native import MAX_THREADS, default_threads
 from specstate._typing import U32_MAX, Mode
 from specstate.serve.request import RequestLimits
 
@@ -56,13 +56,13 @@ class ServerConfig:
     )
     #: Context length of each slot (0: the model's trained length).
     n_ctx: int = field(default=_defaults.N_CTX, metadata=_option("context length of each slot (0: the model's)"))
-    #: Threads per slot (0: the CPUs available, shared out between the slots); with batching, the engine's threads
-    #: (0: the CPUs available).
+    #: Threads of the batched engine (0: the default thread count); with separate slots, threads per slot (0: the
+    #: default thread count shared out between the slots). docs/threads.md.
     n_threads: int = field(
         default=_defaults.N_THREADS,
         metadata=_option(
-            "threads of the batched engine, or per slot with --separate-slots (0: the CPUs, shared out between separate"
-            " slots)",
+            "threads of the batched engine, or per slot with --separate-slots (0: the default, shared out between"
+            " separate slots)",
             name="threads",
             low=0,
             high=MAX_THREADS,
@@ -141,9 +141,10 @@ class ServerConfig:
         return not self.separate_slots and self.mode in BATCHED_MODES
 
     def engine_threads(self) -> int:
-        """Threads of the batched engine: ``n_threads``, or the CPUs available."""
-        return self.n_threads or len(os.sched_getaffinity(0))
+        """Threads of the batched engine: ``n_threads``, or the default thread count (docs/threads.md)."""
+        return self.n_threads or default_threads()
 
     def threads_per_slot(self) -> int:
-        """Threads each slot decodes with: the CPUs shared out when ``n_threads`` is 0."""
-        return self.n_threads or max(1, len(os.sched_getaffinity(0)) // self.slots)
+        """Threads each slot decodes with: when ``n_threads`` is 0, the default thread count of one of ``slots``
+        generations decoding at once in this process (:func:`specstate.default_threads`, docs/threads.md)."""
+        return self.n_threads or default_threads(self.slots)

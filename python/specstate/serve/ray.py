@@ -88,8 +88,8 @@ class PoolDriver(threading.Thread):
             models = {"target": self.config.model_path}
             if self.config.draft_model_path is not None:
                 models["draft"] = self.config.draft_model_path
-            threads = self.config.threads_per_slot()
-            self.pool = Pool(models, workers=self.workers, n_threads=threads, address=self.address)
+            # n_threads 0: each worker's default, the workers on one node sharing it (Pool, docs/threads.md).
+            self.pool = Pool(models, workers=self.workers, n_threads=self.config.n_threads, address=self.address)
         except BaseException as error:
             self.error = error
             return
