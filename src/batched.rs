@@ -60,6 +60,8 @@ struct Sequence {
     batch: Batch,
     /// The most tokens its next round may commit.
     budget: usize,
+    /// Its rounds run while it holds fewer committed tokens than this not yet handed out.
+    lead: usize,
     /// A failure of its last round, handed to the next [`Batched::take`].
     error: Option<Error>,
 }
@@ -71,7 +73,7 @@ impl Sequence {
             && self.member.started()
             && !self.member.state.finished
             && self.budget > 0
-            && self.member.undelivered() == 0
+            && self.member.undelivered() < self.lead
     }
 }
 
@@ -167,6 +169,7 @@ impl Batched {
             batch: Batch::new(member.config.n_batch as usize)?,
             member,
             budget: usize::MAX,
+            lead: 1,
             error: None,
         });
         Ok(seq_id)
@@ -242,6 +245,15 @@ impl Batched {
     /// no bound), as `Generator.take(max_commit=...)` bounds a lone round.
     pub fn set_budget(&mut self, seq_id: i32, max_commit: usize) -> Result<()> {
         self.sequence(seq_id)?.budget = max_commit;
+        Ok(())
+    }
+
+    /// Let `seq_id`'s rounds run while it holds fewer than `lead` committed
+    /// tokens not yet handed out (at least 1; 1, the default: a round only
+    /// once every token is handed out), so that a caller who takes tokens
+    /// later finds them decoded alongside the others' rounds.
+    pub fn set_lead(&mut self, seq_id: i32, lead: usize) -> Result<()> {
+        self.sequence(seq_id)?.lead = lead.max(1);
         Ok(())
     }
 

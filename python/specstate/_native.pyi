@@ -30,6 +30,7 @@ __all__ = [
     "MAX_EMBEDDING_FLOATS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_GRAMMAR_BYTES",
+    "MAX_SEQUENCES",
     "MAX_SPECULATIVE_DRAFT_TOKENS",
     "MAX_SPECULATIVE_PROMPT_TOKENS",
     "MAX_SPECULATIVE_SEQUENCES",
@@ -82,6 +83,9 @@ MAX_SPECULATIVE_PROMPT_TOKENS: Final[int]
 #: The most threads a context may use (ggml's limit, 512); every thread count is 0 (the default,
 #: :func:`default_threads`) to this.
 MAX_THREADS: Final[int]
+#: The most sequences one context holds (llama.cpp's ``LLAMA_MAX_SEQ``, 256): a :class:`BatchEngine`'s ``n_seq``
+#: at most.
+MAX_SEQUENCES: Final[int]
 #: The message template of each variant of the seed's ``SpeculativeStateError`` by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
 SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
@@ -716,6 +720,8 @@ class BatchEngine:
         """Decode the prompt of ``seq`` in decodes of its own and commit the first generated token."""
     def set_budget(self, seq: int, max_commit: int | None) -> None:
         """The most tokens the next round of ``seq`` may commit (``None``: no bound)."""
+    def set_lead(self, seq: int, lead: int) -> None:
+        """Let the rounds of ``seq`` run while it holds fewer than ``lead`` tokens not yet handed out."""
     def step(self) -> tuple[int, int, int, int]:
         """One step for every sequence that needs a round: ``(sequences, rows, decodes, committed)``."""
     def take(self, seq: int, max_n: int = ...) -> list[int]:

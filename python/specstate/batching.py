@@ -59,7 +59,7 @@ class BatchEngine:
         n_seq: sequences held at once.
         n_ctx: context length of every sequence (a generator joins only with the same ``n_ctx``).
         n_batch: the most rows of one prompt chunk (a joining generator's ``n_batch`` may be smaller).
-        n_threads: threads of the one decode per step (0: the CPUs available).
+        n_threads: threads of the one decode per step (0: the default thread count, docs/threads.md).
     """
 
     def __init__(
@@ -104,9 +104,16 @@ class BatchEngine:
         ``Generator.take(max_commit=...)`` bounds a lone round: a reply that must end at a length sets it."""
         self._native.set_budget(seq, max_commit)
 
+    def set_lead(self, seq: int, lead: int) -> None:
+        """Let the rounds of ``seq`` run while it holds fewer than ``lead`` committed tokens not yet handed out
+        (1, the default: a round only once every token is handed out). A caller that takes a sequence's tokens
+        later (a server answering its clients in turn) sets it to run ahead with the others' steps; the tokens
+        are the same, only when they are decoded changes. Values below 1 count as 1."""
+        self._native.set_lead(seq, lead)
+
     def step(self) -> StepReport:
-        """One round for every sequence that has handed out its tokens and is not done, all their rows decoded
-        together. A sequence whose round fails raises at its next :meth:`take`; the others go on."""
+        """One round for every sequence that has handed out its tokens (see :meth:`set_lead`) and is not done, all their
+        rows decoded together. A sequence whose round fails raises at its next :meth:`take`; the others go on."""
         return StepReport(*self._native.step())
 
     def take(self, seq: int, max_n: int | None = None) -> list[int]:

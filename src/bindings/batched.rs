@@ -135,6 +135,14 @@ impl PyBatchEngine {
         Ok(self.run(py, |batched| batched.set_budget(seq, budget))??)
     }
 
+    /// Let the rounds of `seq` run while it holds fewer than `lead` committed
+    /// tokens not yet handed out (1, the default: once all are handed out).
+    #[pyo3(signature = (seq, lead))]
+    fn set_lead(&self, py: Python<'_>, seq: i32, lead: WideInt) -> PyResult<()> {
+        let lead = lead.count("lead")?;
+        Ok(self.run(py, |batched| batched.set_lead(seq, lead))??)
+    }
+
     /// One step: a round for every sequence that has handed out all its tokens
     /// and is not done, their rows decoded together. Returns `(sequences,
     /// rows, decodes, committed)`. A sequence whose round failed raises at its

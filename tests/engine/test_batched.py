@@ -479,6 +479,32 @@ def test_the_step_report_counts_sequences_rows_and_decodes(solo: Solo) -> None:
     batch.check()
 
 
+def test_a_lead_lets_a_sequence_run_ahead_of_what_it_hands_out(solo: Solo) -> None:
+    """set_lead(seq, n): the sequence keeps running rounds while it holds fewer than n tokens not handed out (what
+    the Ray worker uses), and its tokens are still its lone reply's."""
+    batch = Batch(solo, n_seq=2)
+    engine = batch.engine
+    ahead, behind = (batch.arrive(Request(prompt, "none", 0.0, 0, 12)) for prompt in (1, 2))
+    for seq in (ahead, behind):
+        batch.live[seq].reply += engine.take(seq)
+    engine.set_lead(ahead, 3)
+    engine.set_lead(behind, 0)  # below 1 counts as 1: the default
+    assert engine.step() == StepReport(2, 2, 1, 2)
+    assert engine.step() == StepReport(1, 1, 1, 1)  # only the one with a lead
+    assert engine.step() == StepReport(1, 1, 1, 1)
+    assert engine.step() == StepReport(0, 0, 0, 0)  # three ahead: it waits too
+    taken = engine.take(ahead)
+    assert len(taken) == 3
+    batch.live[ahead].reply += taken
+    batch.live[behind].reply += engine.take(behind)
+    engine.set_lead(ahead, 1)
+    with pytest.raises(GenerationError, match="the batch holds no sequence 7"):
+        engine.set_lead(7, 2)
+    while batch.live:
+        batch.step()
+    batch.check()
+
+
 def test_ngram_drafts_are_decoded_together_in_decodes_of_at_most_17_rows(solo: Solo) -> None:
     batch = Batch(solo, n_seq=4)
     for seed in (1, 2, 3, 4):

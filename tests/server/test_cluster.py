@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import ray  # the `ray` extra, in requirements-dev.txt: without it these tests fail, they are not skipped
 
+from specstate import Generator, Model
 from specstate.cluster import (
     GenerationPreempted,
     GenerationStateError,
@@ -282,3 +283,35 @@ def test_a_migration_that_cannot_happen_leaves_the_generation_running_where_it_w
     assert text == reference(tiny_map, "ngram")[1]
     stats = pool.stats(handle)
     assert (stats.migrations, stats.preempted_seconds) == (0, [])
+
+
+def test_a_workers_generations_are_decoded_together_each_as_alone(pool: Pool, tiny_map: dict[str, Path]) -> None:
+    """A worker's none and ngram generations on an attention-only target share its BatchEngine: one call for a
+    generation's tokens steps them all (rounds per step above 1), and each gives the tokens it gives alone, through a
+    preemption and a resume."""
+    worker = pool.workers()[0]
+    actor = pool._placement.workers[worker].actor
+    before = ray.get(actor.describe.remote())["batched"]
+    cases = [("none", False), ("ngram", False), ("ngram", True), ("none", True)]
+    handles = [
+        pool.submit(PROMPT, max_tokens=TOKENS, target="llama", worker=worker, **settings(mode, sampled))
+        for mode, sampled in cases
+    ]
+    next(pool.stream(handles[1]))
+    pool.preempt(handles[1])  # its sequence leaves the engine as a checkpoint
+    pool.resume(handles[1], worker=worker)  # and joins it again
+    for handle in handles:
+        pool.result(handle)
+    for handle, (mode, sampled) in zip(handles, cases):
+        alone = Generator(Model(tiny_map["llama"]), n_threads=1, **settings(mode, sampled))
+        alone.generate(PROMPT, max_tokens=TOKENS)
+        assert pool.tokens(handle) == alone.tokens
+    after = ray.get(actor.describe.remote())["batched"]
+    steps, rounds = after["steps"] - before["steps"], after["rounds"] - before["rounds"]
+    assert steps > 0 and rounds > 1.5 * steps  # most steps ran several generations' rounds
+
+
+def test_a_pool_checks_its_batch(tiny_map: dict[str, Path]) -> None:
+    for batch in (-1, 257):
+        with pytest.raises(ValueError, match="batch between 0 and 256"):
+            Pool(tiny_map, batch=batch)

@@ -19,6 +19,7 @@ import ray
 import ray._private.worker as ray_worker
 from ray.exceptions import RayActorError
 
+from specstate._native import MAX_SEQUENCES
 from specstate._typing import GeneratorSettings
 from specstate.cluster import _streaming
 from specstate.cluster._placement import Placement, models_of, not_alive, unplaced
@@ -49,6 +50,9 @@ class Pool:
             started (or the one this process already joined is used). A Ray instance that the pool starts
             prints nothing on the driver's output; one that the caller started keeps its own settings.
         chunk: tokens asked of a worker per call (a generation's tokens do not depend on it).
+        batch: generations each worker decodes together in ``none`` and ``ngram`` mode (one
+            :class:`~specstate.BatchEngine` per target model and context length; 0: each generation alone). A
+            generation's tokens do not depend on it either.
     """
 
     def __init__(
@@ -59,9 +63,12 @@ class Pool:
         n_threads: int = 0,
         address: str | None = None,
         chunk: int = 16,
+        batch: int = 4,
     ) -> None:
-        if workers < 1 or chunk < 1 or n_threads < 0:
-            raise ValueError("workers and chunk must be at least 1, and n_threads at least 0")
+        if workers < 1 or chunk < 1 or n_threads < 0 or not 0 <= batch <= MAX_SEQUENCES:
+            raise ValueError(
+                f"workers and chunk must be at least 1, n_threads at least 0, and batch between 0 and {MAX_SEQUENCES}"
+            )
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
@@ -74,6 +81,7 @@ class Pool:
         self._runner = Runner(self._placement, self._generations, chunk)
         self._ids = itertools.count()
         self.n_threads = n_threads
+        self._batch = batch
         nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]  # unannotated in Ray
         alive = len([node for node in nodes if node.get("Alive")])
         self._sharing = -(-workers // max(alive, 1))  # the pool's workers on one node (SPREAD)
@@ -114,7 +122,7 @@ class Pool:
         """Start one more worker (with other model files if given); returns its id. ``n_threads`` 0: the
         default thread count of one of the pool's workers on a node, as for the pool's own."""
         files = self._models if models is None else {name: str(Path(p).resolve()) for name, p in models.items()}
-        actor: Any = self._actor_class.remote(files, n_threads, self._sharing)
+        actor: Any = self._actor_class.remote(files, n_threads, self._sharing, self._batch)
         info: dict[str, Any] = ray.get(actor.describe.remote())
         worker = len(self._placement.workers)
         self._placement.workers[worker] = WorkerEntry(actor, info["pid"], info["n_threads"], info["models"])
