@@ -6,7 +6,7 @@ back, the order rotating: the ratios are medians of per-round pairs measured und
 stretch of time, printed with their range. Contenders, each decoding ``--tokens`` greedy tokens on the code prompt
 after its first token (prefill excluded):
 
-- specstate, plain decoding (``none``) and ``ngram``, at 1 thread, 2 threads and the default thread count
+- specstate, plain decoding (``none``) and ``ngram`` with the adaptive draft length (``make bench``'s), at 1 thread, 2 threads and the default thread count
   (``n_threads=0``, docs/threads.md), in a persistent worker process that restores a prefilled checkpoint before each
   generation (untimed);
 - the same worker with every graph kept at its configured count (``SPECSTATE_FIXED_THREADS=1``, what specstate
@@ -82,7 +82,8 @@ def worker(path: Path) -> None:
     prompt = model.tokenize(CODE_PROMPT, add_special=False, parse_special=True)
     checkpoints = {}
     for mode in MEASURED_MODES:
-        generator = Generator(model, mode=mode, n_ctx=1024, n_threads=1)
+        policy = {"draft_policy": "adaptive"} if mode == "ngram" else {}
+        generator = Generator(model, mode=mode, n_ctx=1024, n_threads=1, **policy)
         generator.generate(prompt, max_tokens=1)
         checkpoints[mode] = generator.checkpoint()
     print(json.dumps({"default_threads": default_threads()}), flush=True)

@@ -117,6 +117,62 @@ def llama_bench() -> Path:
     return binary
 
 
+#: llama-cpp-python's sdist (the version the benchmarks measure), whose ``vendor/llama.cpp`` is llama.cpp's whole
+#: source tree, ``tools/server`` included: the pinned crate ships only a stub of it, and llama.cpp's repository is
+#: too large to fetch here. Pinned by its SHA-256; unpacked into the bench cache, never into the repository.
+PEER_SDIST = (
+    "https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/"
+    "llama_cpp_python-0.3.36.tar.gz",
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+)
+
+
+def peer_llama_cpp_source() -> Path:
+    """llama.cpp's source tree as vendored by llama-cpp-python's sdist (downloaded and checked once)."""
+    import hashlib
+    import tarfile
+    import urllib.request
+
+    cache = Path.home() / ".cache" / "specstate-bench" / "peer-llama-cpp"
+    source = cache / "llama.cpp"
+    if (source / "tools" / "server" / "server.cpp").exists():
+        return source
+    url, digest = PEER_SDIST
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / "sdist.tar.gz"
+    urllib.request.urlretrieve(url, archive)
+    if hashlib.sha256(archive.read_bytes()).hexdigest() != digest:
+        raise RuntimeError(f"{url} does not have the pinned SHA-256")
+    prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+    with tarfile.open(archive) as tar:
+        members = []
+        for member in tar.getmembers():
+            if member.name.startswith(prefix):
+                member.name = member.name[len(prefix) :]
+                members.append(member)
+        tar.extractall(source, members=members, filter="data")
+    archive.unlink()
+    return source
+
+
+def llama_server() -> Path:
+    """llama.cpp's llama-server (continuous batching, ``--parallel``), built with cmake from the peer's llama.cpp
+    source with the same kernel flags as every peer, without its web UI (once)."""
+    build = Path.home() / ".cache" / "specstate-bench" / "llama-server-build"
+    binary = build / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    print("[bench] building llama-server with cmake (several minutes on 2 cores)", file=sys.stderr, flush=True)
+    options = ["-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+    options += ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_UI=OFF"]
+    options += ["-DLLAMA_USE_PREBUILT_UI=OFF", "-DBUILD_SHARED_LIBS=OFF"]
+    configure = ["cmake", "-S", str(peer_llama_cpp_source()), "-B", str(build), "-G", "Ninja"]
+    configure += [f"-DCMAKE_MAKE_PROGRAM={build_tool('ninja')}", "-DCMAKE_BUILD_TYPE=Release", *KERNEL_FLAGS]
+    subprocess.run([*configure, *options], check=True)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", "2"], check=True)
+    return binary
+
+
 def build_llama_spec(build: Path = BUILD_DIR, jobs: int = 2) -> Path:
     """The driver binary, configured once and (re)built with ninja when its sources changed."""
     if not (build / "build.ninja").exists():

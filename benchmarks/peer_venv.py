@@ -14,15 +14,15 @@ from llama_cpp_spec import KERNEL_FLAGS
 #: Where the peer environment lives (``SPECSTATE_BENCH_VENV`` to move it).
 PEER_VENV = Path(os.environ.get("SPECSTATE_BENCH_VENV", Path.home() / ".cache" / "specstate-bench-venv"))
 #: The llama-cpp-python measured against.
-LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+LLAMA_CPP_PYTHON = "llama-cpp-python[server]==0.3.36"
 
 
 def peer_python() -> Path:
-    """The bench venv's python, with llama-cpp-python built from its sdist (once)."""
+    """The bench venv's python, with llama-cpp-python and its server built from its sdist (once)."""
     python = PEER_VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
-    probe = subprocess.run([str(python), "-c", "import llama_cpp"], capture_output=True)
+    probe = subprocess.run([str(python), "-c", "import llama_cpp, llama_cpp.server.app"], capture_output=True)
     if probe.returncode != 0:
         print(f"[bench] building {LLAMA_CPP_PYTHON} from its sdist (several minutes on 2 cores)", file=sys.stderr)
         env = dict(os.environ, CMAKE_ARGS=" ".join(KERNEL_FLAGS))

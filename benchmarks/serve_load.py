@@ -1,21 +1,16 @@
-"""``make bench-serve``: specstate serve against llama-cpp-python's own server, under the same load, interleaved.
+"""``make bench-serve``: specstate serve, llama.cpp's ``llama-server`` and llama-cpp-python's server under the same
+concurrent chat load, side by side (issue 34).
 
-Both servers run on loopback with SmolLM2-135M-Instruct Q4_1 and the same
-threads in all (specstate: ``--slots 2 --threads 1``; llama-cpp-python:
-``--n_threads 2``, one request at a time, as its server runs). Each round runs
-the same load against each server, in alternating order: ``--clients`` threads,
-each sending ``--requests`` streamed chat completions (32 to 128 tokens, a seeded
-mix of prompts, greedy), through the ``openai`` client. Measured: tokens per
-second over the round, time to first token (p50, p99), time per token after
-the first (p50), errors. Then the follow-up turn of a conversation of about
-2,000 tokens, after another client's request went between its turns: time to
-the first token of the second turn, on each server.
-
-Printed: the figures per server and the ratios (specstate against
-llama-cpp-python) as medians over rounds; ``--json`` writes them. The peer
-runs from the benchmark venv (``SPECSTATE_BENCH_VENV``, default
-``~/.cache/specstate-bench-venv``, with ``llama-cpp-python[server]``); without
-it only specstate's figures are printed.
+For 1, 4 and 8 concurrent clients, each server is started with as many slots as clients and 2 threads in all:
+specstate (``--slots C --threads 2``: one batched engine, modes ``none`` and ``ngram``), ``llama-server`` built from
+llama.cpp's source (``--parallel C -t 2 -c 2048*C``: continuous batching over one context, ``llama_server()`` in
+``llama_cpp_spec.py``) and llama-cpp-python's server (``--n_threads 2``, one request at a time, as it serves). Each is
+given the same requests (a seeded mix of prompts, 24 to 96 tokens, half greedy, half sampled with a seed): first
+each request alone, one after another (its reference reply, untimed), then all of them from C clients at once
+(timed). Measured: aggregate completion tokens per second, time to first token p50 and p95, the server's peak RSS
+(``VmHWM``), and the share of replies identical to the same request served alone by the same server. Interleaved
+rounds: every server at every client count once per round, the order rotating; ratios are medians of per-round
+pairs. Writes ``--json`` (``benchmarks/results/serve.json``) and the tables beside it (``serve.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +32,8 @@ from typing import Any
 
 import openai
 
-from peer_venv import PEER_VENV
+from llama_cpp_spec import llama_server
+from peer_venv import peer_python
 from specstate.smollm2 import smollm2_path
 
 PROMPTS = [
@@ -48,38 +44,55 @@ PROMPTS = [
     "Write a Python function that reverses a list, then explain it.",
     "Describe a walk through a city at night.",
 ]
-#: About 2,000 tokens of conversation before the follow-up turn.
-LONG_CONTEXT = "Here are my notes from the meeting. " + " ".join(
-    f"Item {i}: the team reviewed the budget line {i}, agreed on the schedule and noted the open questions."
-    for i in range(90)
-)
+#: The client counts measured; each server gets as many slots.
+CLIENTS = (1, 4, 8)
+#: Threads in all, for every server.
+THREADS = 2
+#: Context length of each slot.
+SLOT_CTX = 2048
+SPECSTATE = "specstate"
+LLAMA_SERVER = "llama-server"
+PEER = "llama-cpp-python"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One chat request of the load."""
+
+    prompt: str
+    max_tokens: int
+    temperature: float
+    seed: int
 
 
 @dataclass
-class Load:
-    """One load run's measurements on one server."""
-
-    seconds: float = 0.0
+class Reply:
+    text: str = ""
     tokens: int = 0
-    errors: int = 0
-    first_token: list[float] = field(default_factory=list)
-    per_token: list[float] = field(default_factory=list)
+    ttft: float = 0.0
 
-    def summary(self) -> dict[str, float]:
-        return {
-            "tokens_per_second": self.tokens / self.seconds if self.seconds else 0.0,
-            "ttft_p50_ms": 1000 * _quantile(self.first_token, 0.5),
-            "ttft_p99_ms": 1000 * _quantile(self.first_token, 0.99),
-            "per_token_p50_ms": 1000 * _quantile(self.per_token, 0.5),
-            "errors": float(self.errors),
-        }
+
+@dataclass
+class Run:
+    """One concurrent run's measurements on one server."""
+
+    replies: list[Reply] = field(default_factory=list)
+    seconds: float = 0.0
+    errors: int = 0
+
+
+def requests(count: int, seed: int = 0) -> list[Request]:
+    """``count`` requests: prompts in turn, lengths at random, every other one sampled with a seed."""
+    rng = random.Random(seed)
+    return [
+        Request(PROMPTS[i % len(PROMPTS)], rng.randint(24, 96), 0.0 if i % 2 == 0 else 0.8, 1000 + i)
+        for i in range(count)
+    ]
 
 
 def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def _free_port() -> int:
@@ -88,196 +101,241 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (``VmHWM``), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 @contextmanager
-def _server(command: list[str], port: int) -> Iterator[openai.OpenAI]:
-    """A server process on ``port``, until the block ends; yields a client."""
+def _server(command: list[str], port: int) -> Iterator[tuple[openai.OpenAI, subprocess.Popen[str]]]:
+    """A server process on ``port`` until the block ends; yields a client and the process."""
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
     try:
         deadline = time.monotonic() + 300
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"{command[2:4]} exited: {process.stderr.read() if process.stderr else ''}")
+                raise RuntimeError(f"{command[:4]} exited: {process.stderr.read() if process.stderr else ''}")
             try:
                 client.models.list()
                 break
-            except openai.APIConnectionError:
+            except (openai.APIConnectionError, openai.InternalServerError, openai.APIStatusError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        yield client
+        yield client, process
     finally:
         process.terminate()
         process.wait(timeout=60)
 
 
-def specstate_command(model: Path, port: int, threads: int) -> list[str]:
-    slots = max(1, threads)
+# --- the servers --------------------------------------------------------------------------------------------------
+
+
+def specstate_command(mode: str) -> Callable[[Path, int, int], list[str]]:
+    def command(model: Path, port: int, slots: int) -> list[str]:
+        return [
+            *(sys.executable, "-m", "specstate", "serve", "--model", str(model), "--port", str(port)),
+            *("--slots", str(slots), "--threads", str(THREADS), "--n-ctx", str(SLOT_CTX), "--mode", mode),
+        ]
+
+    return command
+
+
+def llama_server_command(model: Path, port: int, slots: int) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "specstate",
-        "serve",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        "--slots",
-        str(slots),
-        "--threads",
-        "1",
-        "--n-ctx",
-        "4096",
-        "--mode",
-        "ngram",
+        *(str(llama_server()), "-m", str(model), "--port", str(port), "--parallel", str(slots)),
+        *("-t", str(THREADS), "-tb", str(THREADS), "-c", str(SLOT_CTX * slots), "--no-webui"),
     ]
 
 
-def peer_command(model: Path, port: int, threads: int) -> list[str] | None:
-    python = PEER_VENV / "bin" / "python"
-    if (
-        not python.exists()
-        or subprocess.run([str(python), "-c", "import llama_cpp.server"], capture_output=True).returncode
-    ):
-        return None
+def peer_command(model: Path, port: int, slots: int) -> list[str]:
+    # By default its server stops the request in progress when another arrives (each client would get a cut
+    # reply); here they wait their turn.
     return [
-        str(python),
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        "--n_threads",
-        str(threads),
-        "--n_ctx",
-        "4096",
-        "--verbose",
-        "False",
-        # By default its server stops the request in progress when another arrives (each client would get a
-        # cut reply); here they wait their turn, as specstate's queue makes them.
-        "--interrupt_requests",
-        "False",
+        *(str(peer_python()), "-m", "llama_cpp.server", "--model", str(model), "--port", str(port)),
+        *("--n_threads", str(THREADS), "--n_ctx", str(SLOT_CTX), "--verbose", "False"),
+        *("--interrupt_requests", "False"),
     ]
 
 
-def _requests(clients: int, per_client: int, seed: int) -> list[list[tuple[str, int]]]:
-    rng = random.Random(seed)
-    return [[(rng.choice(PROMPTS), rng.randint(32, 128)) for _ in range(per_client)] for _ in range(clients)]
+SERVERS: dict[str, Callable[[Path, int, int], list[str]]] = {
+    f"{SPECSTATE} none": specstate_command("none"),
+    f"{SPECSTATE} ngram": specstate_command("ngram"),
+    f"{LLAMA_SERVER} none": llama_server_command,
+    f"{PEER} none": peer_command,
+}
 
 
-def _one(client: openai.OpenAI, model: str, prompt: str, max_tokens: int, load: Load, lock: threading.Lock) -> None:
-    started = time.perf_counter()
-    times: list[float] = []
-    try:
-        stream = client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=max_tokens,
-            temperature=0,
-            stream=True,
-        )
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                times.append(time.perf_counter())
-    except openai.APIError:
-        with lock:
-            load.errors += 1
-        return
-    with lock:
-        load.tokens += len(times)
-        load.errors += not times  # a reply without text counts as failed
-        if times:
-            load.first_token.append(times[0] - started)
-            load.per_token.extend(b - a for a, b in zip(times, times[1:]))
+# --- the load -----------------------------------------------------------------------------------------------------
 
 
-def run_load(client: openai.OpenAI, model: str, plan: list[list[tuple[str, int]]]) -> Load:
-    """Every client's requests, one after another per client, clients at once."""
-    load, lock = Load(), threading.Lock()
+def ask(client: openai.OpenAI, model: str, request: Request) -> Reply:
+    """One streamed chat request; its text, completion tokens and time to the first token."""
+    reply, started = Reply(), time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": request.prompt}],
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        seed=request.seed,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces = 0
+    for chunk in stream:
+        if chunk.usage is not None:
+            reply.tokens = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not reply.text:
+                reply.ttft = time.perf_counter() - started
+            reply.text += chunk.choices[0].delta.content
+            pieces += 1
+    reply.tokens = reply.tokens or pieces
+    return reply
 
-    def client_thread(requests: list[tuple[str, int]]) -> None:
-        for prompt, max_tokens in requests:
-            _one(client, model, prompt, max_tokens, load, lock)
 
-    threads = [threading.Thread(target=client_thread, args=(requests,)) for requests in plan]
+def concurrent(client: openai.OpenAI, model: str, load: list[Request], clients: int) -> Run:
+    """The requests from ``clients`` threads at once (client i sends requests i, i + clients, ...)."""
+    run = Run(replies=[Reply() for _ in load])
+    lock = threading.Lock()
+
+    def client_thread(first: int) -> None:
+        for index in range(first, len(load), clients):
+            try:
+                run.replies[index] = ask(client, model, load[index])
+            except openai.OpenAIError:
+                with lock:
+                    run.errors += 1
+
+    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(clients)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    load.seconds = time.perf_counter() - started
-    return load
+    run.seconds = time.perf_counter() - started
+    return run
 
 
-def follow_up_ttft(client: openai.OpenAI, model: str) -> float:
-    """Seconds to the first token of a conversation's second turn, another request having gone between."""
-    history: list[Any] = [{"role": "user", "content": LONG_CONTEXT + "\n\nSummarise the notes in one line."}]
-    first = client.chat.completions.create(model=model, messages=history, max_tokens=16, temperature=0)
-    history += [{"role": "assistant", "content": first.choices[0].message.content or ""}]
-    history += [{"role": "user", "content": "Which item was the last one?"}]
-    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-    started = time.perf_counter()
-    stream = client.chat.completions.create(model=model, messages=history, max_tokens=8, temperature=0, stream=True)
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            return time.perf_counter() - started
-    return time.perf_counter() - started
-
-
-def measure(server: str, command: list[str], port: int, plan: list[list[tuple[str, int]]]) -> dict[str, float]:
-    model = smollm2_path().name
-    with _server(command, port) as client:
-        figures = run_load(client, model, plan).summary()
-        figures["follow_up_ttft_ms"] = 1000 * follow_up_ttft(client, model)
-    print(f"  {server:16s} " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
+def measure(name: str, model: Path, clients: int, load: list[Request], solo: dict[str, list[str]]) -> dict[str, Any]:
+    """One server at one client count: the lone replies (once per server and count), then the concurrent run."""
+    port = _free_port()
+    key = f"{name} @{clients}"
+    with _server(SERVERS[name](model, port, clients), port) as (client, process):
+        if key not in solo:
+            solo[key] = [ask(client, model.name, request).text for request in load]
+        run = concurrent(client, model.name, load, clients)
+        rss = _peak_rss_mib(process.pid)
+    tokens = sum(reply.tokens for reply in run.replies)
+    ttfts = [reply.ttft * 1000 for reply in run.replies if reply.text]
+    identical = sum(reply.text == alone for reply, alone in zip(run.replies, solo[key]))
+    figures = {
+        "tokens_per_second": tokens / run.seconds,
+        "ttft_p50_ms": _quantile(ttfts, 0.5),
+        "ttft_p95_ms": _quantile(ttfts, 0.95),
+        "peak_rss_mib": rss,
+        "identical": identical / len(load),
+        "errors": run.errors,
+    }
+    print(f"  {name:22s} {clients} clients  " + "  ".join(f"{k} {v:.2f}" for k, v in figures.items()), flush=True)
     return figures
 
 
-def _ratios(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    """specstate against llama-cpp-python, medians over rounds (throughput: higher is better; times: theirs/ours)."""
-    if not all("llama-cpp-python" in r for r in rounds):
-        return {}
-    ours = [r["specstate"] for r in rounds]
-    theirs = [r["llama-cpp-python"] for r in rounds]
-    return {
-        "throughput": statistics.median(a["tokens_per_second"] / b["tokens_per_second"] for a, b in zip(ours, theirs)),
-        "ttft_p50": statistics.median(b["ttft_p50_ms"] / a["ttft_p50_ms"] for a, b in zip(ours, theirs)),
-        "follow_up_ttft": statistics.median(
-            b["follow_up_ttft_ms"] / a["follow_up_ttft_ms"] for a, b in zip(ours, theirs)
-        ),
-    }
+# --- goals and tables ---------------------------------------------------------------------------------------------
+
+
+def ratio(rounds: list[dict[str, Any]], clients: int, ours: str, theirs: str) -> dict[str, float] | None:
+    """Throughput of ``ours`` over ``theirs`` at ``clients``: median, low and high of the per-round ratios."""
+    pairs = [
+        r[str(clients)][ours]["tokens_per_second"] / r[str(clients)][theirs]["tokens_per_second"]
+        for r in rounds
+        if ours in r.get(str(clients), {}) and theirs in r.get(str(clients), {})
+    ]
+    if not pairs:
+        return None
+    return {"median": statistics.median(pairs), "low": min(pairs), "high": max(pairs)}
+
+
+def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | None]]:
+    """Issue 34's goals: (measure, value, target, met)."""
+    rounds, best = results["rounds"], f"{SPECSTATE} ngram"
+    rows: list[tuple[str, float | None, str, bool | None]] = []
+    for clients, peer, target in ((4, LLAMA_SERVER, 1.0), (4, PEER, 2.5), (8, LLAMA_SERVER, 1.0)):
+        entry = ratio(rounds, clients, best, f"{peer} none")
+        value = None if entry is None else entry["median"]
+        met = None if value is None else value >= target
+        rows.append((f"{clients} clients: specstate ngram / {peer} throughput", value, f">= {target:g}", met))
+    shares = [
+        figures["identical"]
+        for r in rounds
+        for by_server in r.values()
+        for name, figures in by_server.items()
+        if name.startswith(SPECSTATE)
+    ]
+    share = min(shares) if shares else None
+    rows.append(
+        ("specstate replies identical to solo, lowest share", share, "1.0", None if share is None else share == 1)
+    )
+    model_mib = smollm2_path().stat().st_size / 2**20
+    kv_mib = 30 * 3 * 64 * 2 * 2 * SLOT_CTX / 2**20  # SmolLM2: 30 layers x 3 KV heads x 64, f16 K and V
+    bound = model_mib + 4 * kv_mib + 200
+    rss = [r["4"][f"{SPECSTATE} none"]["peak_rss_mib"] for r in rounds if f"{SPECSTATE} none" in r.get("4", {})]
+    peak = max(rss) if rss else None
+    rows.append(("peak RSS, 4 slots (MiB)", peak, f"<= {bound:.0f}", None if peak is None else peak <= bound))
+    return rows
+
+
+def tables(results: dict[str, Any]) -> str:
+    lines = ["| goal | value | target | verdict |", "| --- | ---: | ---: | --- |"]
+    for measure, value, target, met in goals(results):
+        verdict = "not measured" if met is None else ("met" if met else "**missed**")
+        lines.append(f"| {measure} | {'-' if value is None else f'{value:.2f}'} | {target} | {verdict} |")
+    lines += ["", "| server | clients | tokens/s | TTFT p50 ms | TTFT p95 ms | peak RSS MiB | identical to solo |"]
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rounds = results["rounds"]
+    for clients in results["clients"]:
+        for name in SERVERS:
+            runs = [r[str(clients)][name] for r in rounds if name in r.get(str(clients), {})]
+            if not runs:
+                continue
+
+            def median(key: str, runs: list[dict[str, Any]] = runs) -> float:
+                return statistics.median(run[key] for run in runs)
+
+            lines.append(
+                f"| {name} | {clients} | {median('tokens_per_second'):.1f} | {median('ttft_p50_ms'):.0f} | "
+                f"{median('ttft_p95_ms'):.0f} | {max(run['peak_rss_mib'] for run in runs):.0f} | "
+                f"{min(run['identical'] for run in runs):.0%} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=6, help="requests per client")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
+    parser.add_argument("--requests", type=int, default=16, help="requests of each run")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    model = smollm2_path()
-    plan = _requests(args.clients, args.requests, seed=0)
-    servers = {"specstate": specstate_command, "llama-cpp-python": peer_command}
-    rounds: list[dict[str, dict[str, float]]] = []
+    model, load = smollm2_path(), requests(args.requests)
+    solo: dict[str, list[str]] = {}
+    rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
         print(f"round {index + 1}/{args.rounds}", flush=True)
-        order = list(servers) if index % 2 == 0 else list(reversed(servers))
-        figures: dict[str, dict[str, float]] = {}
-        for name in order:
-            port = _free_port()
-            command = servers[name](model, port, args.threads)
-            if command is not None:
-                figures[name] = measure(name, command, port, plan)
-        rounds.append(figures)
-    ratios = _ratios(rounds)
-    print(
-        "specstate / llama-cpp-python (median over rounds): "
-        + ("  ".join(f"{k} x{v:.2f}" for k, v in ratios.items()) or "peer not installed")
-    )
+        shift = index % len(args.servers)
+        order = args.servers[shift:] + args.servers[:shift]
+        rounds.append({str(c): {name: measure(name, model, c, load, solo) for name in order} for c in args.clients})
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "clients": args.clients, "rounds": rounds}
+    text = tables(results)
+    print(text)
     if args.json is not None:
-        args.json.write_text(json.dumps({"clients": args.clients, "rounds": rounds, "ratios": ratios}, indent=1))
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        args.json.with_suffix(".md").write_text(text)
     return 0
 
 

@@ -91,22 +91,23 @@ pub fn threads_now(configured: i32) -> i32 {
     fit(configured, online_cpus(), load)
 }
 
-/// The threads of `configured` that `online` CPUs give beside a smoothed `load` of other tasks (rounded to the
-/// nearest task): at least 1.
+/// The threads of `configured` that `online` CPUs give beside a smoothed `load` of other tasks (a task counts
+/// from three quarters of one): at least 1.
 pub fn fit(configured: i32, online: u32, load: u32) -> i32 {
-    let busy = load.saturating_add(LOAD_ONE / 2) / LOAD_ONE;
+    let busy = load.saturating_add(LOAD_ONE / 4) / LOAD_ONE;
     let free = i32::try_from(online.saturating_sub(busy).max(1)).unwrap_or(i32::MAX);
     configured.min(free).max(1)
 }
 
-/// `load` after one more reading of `others` runnable tasks: a quarter of the new reading, three quarters of
-/// the old, so that a machine must show a task for about three graphs in a row before a thread is given up
-/// (a lone reading is often a passing kernel thread), and one freed core is taken back as quickly.
+/// `load` after one more reading of `others` runnable tasks: half the new reading, half the old, so that a
+/// machine must show a task at two graphs in a row before a thread is given up (a lone reading may be a
+/// passing kernel thread: about one graph in 200 on an idle machine here), and a freed core is taken back at
+/// the next graph.
 pub fn smoothed(load: u32, others: u32) -> u32 {
     let reading = others
         .min(MAX_THREADS.unsigned_abs())
         .saturating_mul(LOAD_ONE);
-    load - load / 4 + reading / 4
+    load / 2 + reading / 2
 }
 
 /// Whether [`FIXED_THREADS_VARIABLE`] is `1` (read once per process).
@@ -223,7 +224,8 @@ mod tests {
         assert_eq!(fit(2, 2, 5 * one), 1); // at least one
         assert_eq!(fit(8, 16, 3 * one), 8); // the cores left are enough
         assert_eq!(fit(16, 16, 3 * one), 13);
-        assert_eq!(fit(2, 2, one / 2 - 1), 2); // under half a task: rounded down
+        assert_eq!(fit(2, 2, one * 3 / 4 - 1), 2); // under three quarters of a task: none
+        assert_eq!(fit(2, 2, one * 3 / 4), 1);
         assert_eq!(fit(1, 2, 0), 1);
     }
 
@@ -235,23 +237,12 @@ mod tests {
                 .fold(0, |load, &others| smoothed(load, others))
         };
         assert_eq!(fit(2, 2, after(&[1])), 2);
-        assert_eq!(fit(2, 2, after(&[1, 1])), 2);
-        assert_eq!(fit(2, 2, after(&[1, 1, 1])), 1);
+        assert_eq!(fit(2, 2, after(&[1, 0, 1, 0, 1])), 2);
+        assert_eq!(fit(2, 2, after(&[1, 1])), 1);
         assert_eq!(fit(2, 2, after(&[1; 50])), 1);
-        assert_eq!(
-            fit(
-                2,
-                2,
-                after(
-                    &[1; 50]
-                        .iter()
-                        .chain(&[0, 0, 0])
-                        .copied()
-                        .collect::<Vec<_>>()
-                )
-            ),
-            2
-        );
+        let freed: Vec<u32> = [1; 50].iter().chain(&[0]).copied().collect();
+        assert_eq!(fit(2, 2, after(&freed)), 2);
+        assert_eq!(fit(4, 4, after(&[2, 2, 2])), 2);
         assert!(after(&[u32::MAX; 100]) <= MAX_THREADS.unsigned_abs() * LOAD_ONE);
     }
 
