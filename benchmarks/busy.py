@@ -6,9 +6,9 @@ back, the order rotating: the ratios are medians of per-round pairs measured und
 stretch of time, printed with their range. Contenders, each decoding ``--tokens`` greedy tokens on the code prompt
 after its first token (prefill excluded):
 
-- specstate, plain decoding (``none``) and ``ngram`` with the adaptive draft length (``make bench``'s), at 1 thread, 2 threads and the default thread count
-  (``n_threads=0``, docs/threads.md), in a persistent worker process that restores a prefilled checkpoint before each
-  generation (untimed);
+- specstate, plain decoding (``none``) and ``ngram`` with the adaptive draft length (``make bench``'s), at 1 thread,
+  2 threads and the default thread count (``n_threads=0``, docs/threads.md), in a persistent worker process that
+  restores a prefilled checkpoint before each generation (untimed);
 - the same worker with every graph kept at its configured count (``SPECSTATE_FIXED_THREADS=1``, what specstate
   did before issue 33), at 2 threads: the configuration before (then the default on these 2-CPU machines);
 - llama-cpp-python (the benchmark venv's), plain decoding at its own default thread count (``cpu_count() // 2``)
