@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use llama_cpp_sys_4 as sys;
 
 use super::seq_state::{check_recurrent_cells, Memories};
-use super::threads::{default_threads, threads_now};
+use super::threads::{default_threads, threads_now, InFlight};
 use super::{Batch, Model, NativeError, NativeResult};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS, MAX_SEQUENCES};
 use crate::speculative::SpeculativeContextCapacity;
@@ -350,11 +350,13 @@ impl Context {
         self.n_threads
     }
 
-    /// Let the next graphs run with the threads the machine can give now of the context's own ([`threads_now`]).
-    pub(crate) fn fit_threads(&mut self) {
+    /// Let the next graphs run with the threads the machine can give now of the context's own ([`threads_now`]);
+    /// hold the guard while they run, so that other graphs of the process count them.
+    pub(crate) fn fit_threads(&mut self) -> InFlight {
         let threads = threads_now(self.n_threads);
         // SAFETY: the context is live and exclusively borrowed.
         unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
+        InFlight::new(threads)
     }
 
     /// Decode a batch. Runs llama.cpp's compute; call without the GIL.
@@ -373,7 +375,7 @@ impl Context {
         }
         self.decodes += 1;
         self.last_decoded = None;
-        self.fit_threads();
+        let _graph = self.fit_threads();
         let _changing = self.handle.hold();
         let _reading = self.handle.other.as_deref().map(ContextHandle::hold);
         // SAFETY: the context is live and exclusively borrowed; the batch's

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use llama_cpp_sys_4 as sys;
 
-use super::threads::{default_threads, threads_now};
+use super::threads::{default_threads, threads_now, InFlight};
 use super::{Batch, Model, NativeError, NativeResult, OutOfVocabulary};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS};
 
@@ -371,6 +371,7 @@ impl Embedder {
         let threads = threads_now(self.n_threads);
         // SAFETY: the context is live and exclusively borrowed.
         unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
+        let _graph = InFlight::new(threads);
         let status = if self.encoder {
             // SAFETY: the context is live and exclusively borrowed; the batch
             // holds `tokens.len()` valid rows (<= n_batch = n_ubatch), each

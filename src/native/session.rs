@@ -149,7 +149,7 @@ impl SessionHandle {
         batch: &Batch,
     ) -> Result<bool, OtherContexts> {
         self.check(target, draft)?;
-        draft.fit_threads();
+        let _graph = draft.fit_threads();
         // SAFETY: the session, its contexts and the batch are live and
         // borrowed for the call; the shim only reads the batch.
         Ok(unsafe { sys::mtp_session_process(self.raw.as_ptr(), batch.raw()) })
@@ -166,7 +166,7 @@ impl SessionHandle {
         id_last: i32,
     ) -> Result<Option<Vec<i32>>, OtherContexts> {
         self.check(target, draft)?;
-        draft.fit_threads();
+        let _graph = draft.fit_threads();
         let capacity = self.n_draft_max;
         let mut tokens = vec![0_i32; usize::try_from(capacity).unwrap_or(0)];
         let mut written = capacity;

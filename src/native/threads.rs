@@ -83,12 +83,58 @@ pub fn threads_now(configured: i32) -> i32 {
     let Some(running) = runnable_tasks() else {
         return configured;
     };
-    // The kernel's count includes the thread reading it; ggml's workers of this
-    // process's earlier graphs are gone (each graph starts its own).
-    let others = running.saturating_sub(1);
+    let others = match running.saturating_sub(1) {
+        0 => 0,
+        // Something else runs: other processes' tasks count, and this
+        // process's other graphs, not its own passing threads (a server's
+        // event loop, a slot handing out tokens), which soon wait again.
+        _ => running
+            .saturating_sub(own_runnable_threads().unwrap_or(1))
+            .saturating_add(IN_FLIGHT.load(Ordering::Relaxed)),
+    };
     let load = smoothed(LOAD.load(Ordering::Relaxed), others);
     LOAD.store(load, Ordering::Relaxed);
     fit(configured, online_cpus(), load)
+}
+
+/// The threads of this process's graphs running now (their callers included).
+static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+
+/// A graph of this process running with some threads, counted by other graphs' [`threads_now`] while it lives.
+#[must_use = "the graph counts while the guard lives"]
+pub struct InFlight(u32);
+
+impl InFlight {
+    /// Count a graph that runs with `threads` threads until the guard is dropped.
+    pub fn new(threads: i32) -> Self {
+        let threads = threads.clamp(0, MAX_THREADS).unsigned_abs();
+        IN_FLIGHT.fetch_add(threads, Ordering::Relaxed);
+        Self(threads)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
+/// This process's runnable threads now, the calling one included (`R` in `/proc/self/task/*/stat`; at most the
+/// first 4,096 threads read); `None` outside Linux.
+fn own_runnable_threads() -> Option<u32> {
+    let mut runnable = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.take(4096) {
+        let Ok(stat) = std::fs::read_to_string(task.ok()?.path().join("stat")) else {
+            continue; // the thread has ended since the listing
+        };
+        runnable += u32::from(task_state(&stat) == Some('R'));
+    }
+    Some(runnable.max(1))
+}
+
+/// The state letter of a `/proc/<pid>/task/<tid>/stat` text (after the name's closing parenthesis).
+pub(crate) fn task_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// The threads of `configured` that `online` CPUs give beside a smoothed `load` of other tasks (a task counts
@@ -244,6 +290,19 @@ mod tests {
         assert_eq!(fit(2, 2, after(&freed)), 2);
         assert_eq!(fit(4, 4, after(&[2, 2, 2])), 2);
         assert!(after(&[u32::MAX; 100]) <= MAX_THREADS.unsigned_abs() * LOAD_ONE);
+    }
+
+    #[test]
+    fn a_threads_state_is_read_after_its_name() {
+        assert_eq!(task_state("12 (python3) R 1 12 12"), Some('R'));
+        assert_eq!(task_state("12 (a) b) S 1"), Some('S'));
+        assert_eq!(task_state("12 (x"), None);
+        assert!(own_runnable_threads().is_some_and(|n| n >= 1));
+        let before = IN_FLIGHT.load(Ordering::Relaxed);
+        {
+            let _graph = InFlight::new(3);
+            assert!(IN_FLIGHT.load(Ordering::Relaxed) >= before + 3);
+        }
     }
 
     #[test]
