@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from llama_cpp_spec import llama_bench
 from peer_venv import peer_python
-from specstate._typing import Mode
+from specstate._typing import DraftPolicy, Mode
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -82,8 +82,8 @@ def worker(path: Path) -> None:
     prompt = model.tokenize(CODE_PROMPT, add_special=False, parse_special=True)
     checkpoints = {}
     for mode in MEASURED_MODES:
-        policy = {"draft_policy": "adaptive"} if mode == "ngram" else {}
-        generator = Generator(model, mode=mode, n_ctx=1024, n_threads=1, **policy)
+        policy: DraftPolicy = "adaptive" if mode == "ngram" else "fixed"
+        generator = Generator(model, mode=mode, n_ctx=1024, n_threads=1, draft_policy=policy)
         generator.generate(prompt, max_tokens=1)
         checkpoints[mode] = generator.checkpoint()
     print(json.dumps({"default_threads": default_threads()}), flush=True)

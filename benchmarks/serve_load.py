@@ -304,7 +304,7 @@ def tables(results: dict[str, Any]) -> str:
                 continue
 
             def median(key: str, runs: list[dict[str, Any]] = runs) -> float:
-                return statistics.median(run[key] for run in runs)
+                return float(statistics.median(run[key] for run in runs))
 
             lines.append(
                 f"| {name} | {clients} | {median('tokens_per_second'):.1f} | {median('ttft_p50_ms'):.0f} | "
