@@ -850,6 +850,9 @@ class Generator:
         recorded thread count is used, at most :func:`default_threads`; any count
         continues exactly (verification does not depend on it).
         """
+    def release_sequence(self) -> None:
+        """Give this generation's sequence of a shared engine back at once: it can no longer decode or
+        checkpoint (``GenerationError``). Nothing for a generator with a context of its own."""
     def attach(self, engine: SharedEngine) -> None:
         """Move this generation onto a sequence of ``engine`` (its target state copied there, its own context
         freed); it goes on exactly as before. Refused, changing nothing, for modes other than ``none`` and

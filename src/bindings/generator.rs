@@ -554,6 +554,14 @@ impl PyGenerator {
         Ok(self.run(py, |generator| generator.attach(&engine))??)
     }
 
+    /// Give this generation's sequence of a shared engine back at once (a
+    /// `Llama` letting go of its held generations does): it can no longer
+    /// decode or checkpoint. Nothing for a generator with its own context.
+    fn release_sequence(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |generator| generator.release_sequence())?;
+        Ok(())
+    }
+
     /// Replace this generation with a checkpoint of the same mode, configuration
     /// and models, reusing this generator's contexts. Everything is validated
     /// first; if anything is refused, this generator is left exactly as it was.

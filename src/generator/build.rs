@@ -190,6 +190,13 @@ impl Generator {
         })
     }
 
+    /// Give a shared sequence back to its engine at once, whatever else still
+    /// holds this generator: its record (tokens, counts) stays, but it can no
+    /// longer decode or checkpoint. Nothing for a context of its own.
+    pub fn release_sequence(&mut self) {
+        self.target.release();
+    }
+
     /// Move this generation onto a sequence of `engine` (its target state
     /// copied there, its own context freed); it goes on exactly as before.
     /// Refused, changing nothing, for another mode than `none` and `ngram`,

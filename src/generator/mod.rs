@@ -320,6 +320,7 @@ impl Generator {
                 let mut shared = attached.engine().idle();
                 history_engine(&mut shared.target, member, batch, attached.seq(), call)
             }
+            Target::Released(_) => Err(target::released_error()),
         }
     }
 
@@ -341,6 +342,7 @@ impl Generator {
                 let mut shared = attached.engine().idle();
                 call(&mut shared.target, batch, member, attached.seq())
             }
+            Target::Released(_) => Err(target::released_error()),
         }
     }
 
@@ -475,6 +477,7 @@ impl Generator {
                 max_commit,
             )?,
             Target::Own(_) => self.with_engine(|engine, at| engine.round_within(at, max_commit))?,
+            Target::Released(_) => return Err(target::released_error()),
         };
         self.member.apply(&round);
         Ok(())

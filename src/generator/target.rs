@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::shared::{Attached, SharedEngine};
 use crate::native::{Context, Model, NativeResult};
-use crate::Result;
+use crate::{Error, Result};
 
 /// Where a generator's target memory is.
 pub(crate) enum Target {
@@ -13,6 +13,23 @@ pub(crate) enum Target {
     Own(Context),
     /// A sequence of a shared engine (modes `none` and `ngram`).
     Shared(Attached),
+    /// A sequence given back to its engine ([`Target::release`]): the
+    /// generation's record stays, its memory is gone.
+    Released(Released),
+}
+
+/// What a released target still answers.
+pub(crate) struct Released {
+    model: Arc<Model>,
+    n_threads: i32,
+    n_ctx: u32,
+}
+
+/// The refusal of a released target's memory.
+pub(crate) fn released_error() -> Error {
+    Error::Usage(
+        "this generation gave its sequence back to the shared engine; restore its checkpoint to go on".into(),
+    )
 }
 
 impl Target {
@@ -21,6 +38,7 @@ impl Target {
         match self {
             Self::Own(context) => context.model(),
             Self::Shared(attached) => attached.engine().model(),
+            Self::Released(released) => &released.model,
         }
     }
 
@@ -29,6 +47,7 @@ impl Target {
         match self {
             Self::Own(context) => context.n_threads(),
             Self::Shared(attached) => attached.engine().n_threads(),
+            Self::Released(released) => released.n_threads,
         }
     }
 
@@ -37,6 +56,7 @@ impl Target {
         match self {
             Self::Own(context) => context.n_ctx(),
             Self::Shared(attached) => attached.engine().config().n_ctx,
+            Self::Released(released) => released.n_ctx,
         }
     }
 
@@ -44,14 +64,14 @@ impl Target {
     pub fn own(&mut self) -> Option<&mut Context> {
         match self {
             Self::Own(context) => Some(context),
-            Self::Shared(_) => None,
+            Self::Shared(_) | Self::Released(_) => None,
         }
     }
 
     /// The engine it shares, if attached.
     pub fn engine(&self) -> Option<&Arc<SharedEngine>> {
         match self {
-            Self::Own(_) => None,
+            Self::Own(_) | Self::Released(_) => None,
             Self::Shared(attached) => Some(attached.engine()),
         }
     }
@@ -61,6 +81,7 @@ impl Target {
         match self {
             Self::Own(context) => Ok(context.seq_state(0)?),
             Self::Shared(attached) => attached.state(),
+            Self::Released(_) => Err(released_error()),
         }
     }
 
@@ -69,6 +90,7 @@ impl Target {
         match self {
             Self::Own(context) => Ok(context.set_seq_state(0, state)?),
             Self::Shared(attached) => attached.set_state(state),
+            Self::Released(_) => Err(released_error()),
         }
     }
 
@@ -77,6 +99,7 @@ impl Target {
         match self {
             Self::Own(context) => context.clear(),
             Self::Shared(attached) => attached.clear(),
+            Self::Released(_) => {}
         }
     }
 
@@ -85,6 +108,21 @@ impl Target {
         match self {
             Self::Own(context) => context.seq_positions(0),
             Self::Shared(attached) => attached.positions(),
+            Self::Released(_) => Ok((-1, -1)),
+        }
+    }
+
+    /// Give a shared sequence back to its engine (its cells freed, its place
+    /// free for another generator); nothing for any other target.
+    pub fn release(&mut self) {
+        if let Self::Shared(attached) = self {
+            let engine = attached.engine();
+            let released = Released {
+                model: Arc::clone(engine.model()),
+                n_threads: engine.n_threads(),
+                n_ctx: engine.config().n_ctx,
+            };
+            *self = Self::Released(released);
         }
     }
 }

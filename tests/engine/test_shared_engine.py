@@ -128,3 +128,25 @@ def test_refusals_change_nothing(solo: Solo, smollm2: Model, smollm2_file: Path)
     assert go_on_alone(first, [], request.budget) == solo(request)
     with pytest.raises(ValueError, match="n_seq must be between 1 and 256"):
         SharedEngine(smollm2, n_seq=0)
+
+
+def test_a_released_sequence_is_free_at_once_and_its_generator_refuses_to_go_on(smollm2: Model) -> None:
+    """release_sequence (what a Llama letting go of its generations calls): the engine's place is free at once,
+    whatever still holds the generator, which keeps its record but can neither decode nor checkpoint."""
+    engine = SharedEngine(smollm2, n_seq=1, n_ctx=N_CTX, n_threads=1)
+    first = Generator(smollm2, n_ctx=N_CTX, n_threads=1, engine=engine)
+    first.generate(PROMPTS[0], max_tokens=4)
+    tokens = list(first.tokens)
+    with pytest.raises(GenerationError, match="all attached"):
+        Generator(smollm2, n_ctx=N_CTX, n_threads=1, engine=engine)
+    first._native.release_sequence()
+    assert engine.attached == 0 and first.tokens == tokens
+    for go_on in (lambda: first.generate(max_tokens=2), first.checkpoint):
+        with pytest.raises(GenerationError, match="gave its sequence back"):
+            go_on()
+    second = Generator(smollm2, n_ctx=N_CTX, n_threads=1, engine=engine)
+    assert second.generate(PROMPTS[0], max_tokens=4) == first.text and engine.attached == 1
+    first._native.release_sequence()  # twice: nothing more happens
+    alone = Generator(smollm2, n_ctx=N_CTX, n_threads=1)
+    alone._native.release_sequence()  # a context of its own: nothing
+    assert alone.generate(PROMPTS[0], max_tokens=4) == first.text

@@ -196,6 +196,8 @@ class Llama:
         self._extendable: _Conversation | None = None
         #: The generation of the last call (what save_state saves).
         self._last: Generator | None = None
+        #: On a shared engine, the generations holding its sequences, given back when the next one starts.
+        self._on_engine: list[Generator] = []
         self._cache: BaseLlamaCache | None = None
 
     # --- state and cache, llama-cpp-python's way -------------------------------------------------
@@ -350,12 +352,16 @@ class Llama:
         if self.engine is not None:
             self._let_go()
             generator.attach(self.engine)
-        return generator
+        return self._held_on_engine(generator)
 
     def _let_go(self) -> None:
-        """On a shared engine, a new generation takes a sequence: the held ones give theirs back first."""
+        """On a shared engine, a new generation takes a sequence: the earlier ones give theirs back first, at once,
+        whatever else still holds them (a finished reply's stream, an error's traceback): one sequence a slot."""
         if self.engine is not None:
             self._conversation = self._extendable = self._last = None
+            for generator in self._on_engine:
+                generator._native.release_sequence()
+            self._on_engine.clear()
 
     def restore_chat(self, checkpoint: bytes | str | os.PathLike[str]) -> Generator:
         """Continue a saved chat: ``checkpoint`` (bytes, or a file) of a :attr:`chat_generator` is restored with
@@ -570,7 +576,13 @@ class Llama:
         """A new generator with this object's settings and ``sampling``."""
         settings: GeneratorSettings = {**self._settings, **sampling.settings()}
         self._let_go()
-        return Generator(self.model, **settings)
+        return self._held_on_engine(Generator(self.model, **settings))
+
+    def _held_on_engine(self, generator: Generator) -> Generator:
+        """``generator``, recorded as holding a sequence of the engine (with one)."""
+        if self.engine is not None:
+            self._on_engine.append(generator)
+        return generator
 
     def _watch(self, pieces: Iterator[str]) -> Iterator[str]:
         """``pieces``, forgetting the held conversation if generating them fails."""

@@ -194,10 +194,10 @@ def load(config: ServerConfig, engine: SharedEngine | None = None) -> Llama:
 
 
 def shared_engine(config: ServerConfig) -> SharedEngine | None:
-    """The engine the slots share when their generations are batched: two sequences a slot (a slot's held
-    conversation and the one it starts next), the threads sized to the machine."""
+    """The engine the slots share when their generations are batched: one sequence a slot (a slot's Llama gives
+    its earlier generation's sequence back before it starts the next one), the threads sized to the machine."""
     if not config.batched():
         return None
     return SharedEngine(
-        Model(config.model_path), n_seq=2 * config.slots, n_ctx=config.n_ctx, n_threads=config.engine_threads()
+        Model(config.model_path), n_seq=config.slots, n_ctx=config.n_ctx, n_threads=config.engine_threads()
     )
