@@ -99,8 +99,9 @@ class Llama:
         verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
         engine: a :class:`~specstate.SharedEngine` over this model file (specstate's; default None): the
             generations decode on its sequences (their ``n_ctx`` the engine's), together with those of the other
-            objects sharing it, each reply token for token its reply alone; held generations give their sequence
-            back when the next call starts one. Modes ``none`` and ``ngram``.
+            objects sharing it, each reply token for token its reply alone; the generations this object made give
+            their sequences back when the next call starts one (after that they can no longer decode or
+            checkpoint: save what you need first). Modes ``none`` and ``ngram``.
         **llama_cpp_options: llama-cpp-python's other constructor parameters, for ported code: those of
             :data:`~specstate.llama.compat.WITHOUT_EFFECT` with any value (each with the reason it has no
             effect), those of :data:`~specstate.llama.compat.ACCEPTED_AT` at the value that leaves the model
@@ -196,8 +197,7 @@ class Llama:
         self._extendable: _Conversation | None = None
         #: The generation of the last call (what save_state saves).
         self._last: Generator | None = None
-        #: On a shared engine, the generations holding its sequences, given back when the next one starts.
-        self._on_engine: list[Generator] = []
+        self._on_engine: list[Generator] = []  #: on a shared engine, its generations (see _let_go)
         self._cache: BaseLlamaCache | None = None
 
     # --- state and cache, llama-cpp-python's way -------------------------------------------------
