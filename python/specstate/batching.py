@@ -28,7 +28,10 @@ from specstate import _defaults, _native
 from specstate._native import Model
 from specstate.generator import Generator, encode_prompt
 
-__all__ = ["BatchEngine", "SharedEngine", "StepReport"]
+__all__ = ["BATCHED_MODES", "BatchEngine", "SharedEngine", "StepReport"]
+
+#: The modes whose generations a batch holds (they draft from the history); the others are refused.
+BATCHED_MODES = ("none", "ngram")
 
 SharedEngine = _native.SharedEngine
 """One target context shared by generators used from several threads (``Generator(model, engine=shared)``, or

@@ -50,16 +50,13 @@ pub(crate) fn threads_for(
     Ok(threads::threads_for(cpus, slots_argument(slots)?))
 }
 
-/// The threads a graph of a context configured for `configured` threads (0: the default) would run with now (docs/threads.md):
-/// at most the CPUs that the machine's other runnable tasks leave free, smoothed over the last readings (this
-/// call is one). For tests and diagnostics; every decode asks the same.
+/// The threads a graph of a context configured for `configured` threads (0: the default) would run with
+/// now (docs/threads.md): at most the CPUs that the machine's other runnable tasks leave free, smoothed over
+/// the last readings (this call is one). For tests and diagnostics; every decode asks the same.
 #[pyfunction]
 #[pyo3(text_signature = "(configured)")]
 pub(crate) fn threads_now(configured: WideInt) -> PyResult<i32> {
     let configured = crate::limits::check_threads(configured.narrow::<i32>("configured")?.into())
         .map_err(|error| PyValueError::new_err(error.to_string()))?;
-    Ok(threads::threads_now(match configured {
-        0 => threads::default_threads(1),
-        configured => configured,
-    }))
+    Ok(threads::threads_now(threads::resolved(configured)))
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use llama_cpp_sys_4 as sys;
 
 use super::seq_state::{check_recurrent_cells, Memories};
-use super::threads::{default_threads, threads_now, InFlight};
+use super::threads::{resolved, threads_now, InFlight};
 use super::{Batch, Model, NativeError, NativeResult};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS, MAX_SEQUENCES};
 use crate::speculative::SpeculativeContextCapacity;
@@ -121,6 +121,19 @@ fn check_params(
     Ok(n_ctx)
 }
 
+/// Let `raw`'s next graphs run with the threads the machine can give now of
+/// its `configured` ones ([`threads_now`]); hold the guard while they run,
+/// so that other graphs of the process count them.
+///
+/// # Safety
+/// `raw` is a live context that nothing else uses during the call.
+pub(super) unsafe fn fit_threads(raw: NonNull<sys::llama_context>, configured: i32) -> InFlight {
+    let threads = threads_now(configured);
+    // SAFETY: live and not used elsewhere during the call (the caller's promise).
+    unsafe { sys::llama_set_n_threads(raw.as_ptr(), threads, threads) };
+    InFlight::new(threads)
+}
+
 /// The llama.cpp context a [`Context`] runs, freed when its last holder
 /// goes: the [`Context`] itself, a context linked to it (`ctx_other`), or a
 /// speculative session over it ([`super::SessionHandle`]), since llama.cpp
@@ -229,11 +242,7 @@ impl Context {
             ContextKind::Default => sys::LLAMA_CONTEXT_TYPE_DEFAULT,
             ContextKind::Mtp => sys::LLAMA_CONTEXT_TYPE_MTP,
         };
-        let threads = if params.n_threads > 0 {
-            params.n_threads
-        } else {
-            default_threads(1)
-        };
+        let threads = resolved(params.n_threads);
         raw_params.n_threads = threads;
         raw_params.n_threads_batch = threads;
         raw_params.no_perf = true;
@@ -353,10 +362,8 @@ impl Context {
     /// Let the next graphs run with the threads the machine can give now of the context's own ([`threads_now`]);
     /// hold the guard while they run, so that other graphs of the process count them.
     pub(crate) fn fit_threads(&mut self) -> InFlight {
-        let threads = threads_now(self.n_threads);
         // SAFETY: the context is live and exclusively borrowed.
-        unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
-        InFlight::new(threads)
+        unsafe { fit_threads(self.raw, self.n_threads) }
     }
 
     /// Decode a batch. Runs llama.cpp's compute; call without the GIL.

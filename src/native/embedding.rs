@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use llama_cpp_sys_4 as sys;
 
-use super::threads::{default_threads, threads_now, InFlight};
+use super::context::fit_threads;
+use super::threads::resolved;
 use super::{Batch, Model, NativeError, NativeResult, OutOfVocabulary};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS};
 
@@ -189,10 +190,7 @@ fn check_params(model: &Model, params: &EmbedderParams) -> NativeResult<(u32, i3
             "n_ctx of an embedder must be at most {max_rows} (it is also the rows of one batch), not {n_ctx}"
         )));
     }
-    let threads = match check_threads(params.n_threads.into()).map_err(setting)? {
-        0 => default_threads(1),
-        threads => threads,
-    };
+    let threads = resolved(check_threads(params.n_threads.into()).map_err(setting)?);
     Ok((n_ctx, threads))
 }
 
@@ -368,10 +366,8 @@ impl Embedder {
     fn embed_checked(&mut self, tokens: &[i32]) -> NativeResult<Embedding> {
         self.clear_memory();
         self.batch.fill(tokens, 0, 0, true)?;
-        let threads = threads_now(self.n_threads);
         // SAFETY: the context is live and exclusively borrowed.
-        unsafe { sys::llama_set_n_threads(self.raw.as_ptr(), threads, threads) };
-        let _graph = InFlight::new(threads);
+        let _graph = unsafe { fit_threads(self.raw, self.n_threads) };
         let status = if self.encoder {
             // SAFETY: the context is live and exclusively borrowed; the batch
             // holds `tokens.len()` valid rows (<= n_batch = n_ubatch), each

@@ -56,6 +56,14 @@ pub fn threads_for(cpus: Cpus, slots: u32) -> u32 {
     (cores / slots.max(1)).clamp(1, MAX_THREADS.unsigned_abs())
 }
 
+/// A thread count as asked (0: [`default_threads`] of one slot), resolved.
+pub fn resolved(n_threads: i32) -> i32 {
+    match n_threads {
+        0 => default_threads(1),
+        n_threads => n_threads,
+    }
+}
+
 /// The default thread count of each of `slots` generations decoding at once in this process: the rule over
 /// this machine, read now.
 pub fn default_threads(slots: u32) -> i32 {

@@ -10,6 +10,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from specstate import BatchEngine, Generator, Model, default_threads, model_fingerprint
+from specstate.batching import BATCHED_MODES
 
 
 def raise_cause(error: RayTaskError) -> NoReturn:
@@ -24,10 +25,6 @@ def get(reference: Any) -> Any:
         return ray.get(reference)
     except RayTaskError as error:
         raise_cause(error)
-
-
-#: The modes whose generations a worker decodes together (specstate.BatchEngine); the others run alone.
-BATCHED_MODES = ("none", "ngram")
 
 
 class Worker:
@@ -63,8 +60,7 @@ class Worker:
     def _engine(self, generator: Generator, target: str) -> BatchEngine | None:
         """The batched engine a generation joins, or None if it runs alone."""
         model = self.models[target]
-        alone = generator.mode not in BATCHED_MODES or generator.draft_model is not None
-        if not self.batch or alone or model.is_recurrent or model.is_hybrid:
+        if not self.batch or generator.mode not in BATCHED_MODES or model.is_recurrent or model.is_hybrid:
             return None
         key = (target, generator.context_length)
         if key not in self.engines:

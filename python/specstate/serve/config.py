@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from specstate import _defaults
 from specstate._native import MAX_THREADS, default_threads
 from specstate._typing import U32_MAX, Mode
+from specstate.batching import BATCHED_MODES
 from specstate.serve.request import RequestLimits
 
 #: Mebibytes, the unit of the options of sizes.
@@ -35,10 +36,6 @@ class Option(NamedTuple):
 
 def _option(help: str, **how: Any) -> dict[str, Option]:
     return {"option": Option(help, **how)}
-
-
-#: The modes whose generations a batched engine runs (they draft from the history).
-BATCHED_MODES = ("none", "ngram")
 
 
 @dataclass(frozen=True)
