@@ -248,9 +248,10 @@ fn timed_rows(max_rows: usize) -> Vec<usize> {
     rows
 }
 
-/// Measure the cost curve on `target`, whose memory must be empty (before a
-/// prompt): decode batches of `token` at positions `0..r`, each timed
-/// [`REPETITIONS`] times after a warm-up, and clear the memory after each.
+/// Measure the cost curve on sequence `seq_id` of `target`, which must be
+/// empty (before a prompt): decode batches of `token` at positions `0..r`,
+/// each timed [`REPETITIONS`] times after a warm-up, and empty the sequence
+/// after each (only it: the other sequences of a shared target keep theirs).
 /// Returns `max_rows` costs in microseconds (rows `1..=max_rows`).
 pub fn measure_cost_curve(
     target: &mut Context,
@@ -271,7 +272,7 @@ pub fn measure_cost_curve(
         let start = Instant::now();
         let decoded = target.decode(batch);
         let micros = start.elapsed().as_micros();
-        target.clear();
+        target.seq_rm(seq_id, -1, -1);
         decoded?;
         Ok(u32::try_from(micros)
             .unwrap_or(u32::MAX)

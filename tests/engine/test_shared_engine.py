@@ -150,3 +150,17 @@ def test_a_released_sequence_is_free_at_once_and_its_generator_refuses_to_go_on(
     alone = Generator(smollm2, n_ctx=N_CTX, n_threads=1)
     alone._native.release_sequence()  # a context of its own: nothing
     assert alone.generate(PROMPTS[0], max_tokens=4) == first.text
+
+
+def test_an_adaptive_generator_measuring_its_costs_leaves_the_other_sequences_alone(solo: Solo) -> None:
+    """The adaptive policy times decodes on the generator's own sequence before its prompt: emptying the memory
+    after each timing must empty that sequence only, not another generation's in the middle of its reply."""
+    request = Request(0, "ngram", 0.0, 0, 24)
+    engine = SharedEngine(solo.model, n_seq=2, n_ctx=N_CTX, n_threads=N_THREADS)
+    going = Generator(solo.model, mode="ngram", n_ctx=N_CTX, engine=engine)
+    going._native.prefill(solo.tokens[request.prompt])
+    reply = go_on_alone(going, [], request.budget, rounds=2)
+    measuring = Generator(solo.model, mode="ngram", n_ctx=N_CTX, draft_policy="adaptive", engine=engine)
+    measuring._native.prefill(solo.tokens[1])
+    assert measuring.cost_curve is not None
+    assert go_on_alone(going, reply, request.budget) == solo(request)
