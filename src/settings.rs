@@ -411,6 +411,15 @@ pub fn parse_draft_policy(name: &str) -> Result<bool, SettingError> {
 }
 
 impl GeneratorConfig {
+    /// Whether every decode of the generation holds at most
+    /// [`crate::limits::MAX_EXACT_ROWS`] rows (its prompt chunks, and its
+    /// verify batches, which `n_batch` bounds), so that each row gets its
+    /// single decode's bits and its memory's cells are the same however its
+    /// tokens were batched: a prefix of them can serve another prompt exactly.
+    pub fn decodes_exactly(&self) -> bool {
+        self.n_batch as usize <= crate::limits::MAX_EXACT_ROWS
+    }
+
     /// Check every setting that does not depend on a model: the one rule for
     /// the constructor, checkpoints and the CLI. `n_ctx` may be 0 (the
     /// model's trained length) and `n_batch` above `n_ctx` (clamped to it):

@@ -25,6 +25,7 @@ __all__ = [
     "DRAFT_POLICIES",
     "EMBEDDING_N_CTX",
     "EMBEDDING_POOLINGS",
+    "EXACT_PROMPT_ROWS",
     "GENERATOR_DEFAULTS",
     "MAX_CHECKPOINT_BYTES",
     "MAX_EMBEDDING_FLOATS",
@@ -86,6 +87,10 @@ MAX_THREADS: Final[int]
 #: The most sequences one context holds (llama.cpp's ``LLAMA_MAX_SEQ``, 256): a :class:`BatchEngine`'s ``n_seq``
 #: at most.
 MAX_SEQUENCES: Final[int]
+#: Prompt chunk rows (16) that keep a prompt's memory exact: each row gets its single decode's bits, so the cells
+#: are the same however the prompt was cut, and a :class:`SharedEngine` reuses a prefix kept from an earlier
+#: generation (``n_batch`` at most this, and draft lengths of at most 16) without changing a reply.
+EXACT_PROMPT_ROWS: Final[int]
 #: The message template of each variant of the seed's ``SpeculativeStateError`` by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
 SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
@@ -771,6 +776,10 @@ class SharedEngine:
     @property
     def stats(self) -> tuple[int, int, int]:
         """``(decodes, rows, sequences)`` of the shared decodes so far."""
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens not decoded so far: their cells kept from an earlier generation's exact decodes (a
+        prompt that starts the same way)."""
     @property
     def target(self) -> Model:
         """The target model."""

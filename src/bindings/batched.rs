@@ -295,8 +295,16 @@ impl PySharedEngine {
             decodes,
             rows,
             sequences,
+            ..
         } = py.detach(|| self.inner.stats());
         (decodes, rows, sequences)
+    }
+
+    /// Prompt tokens not decoded so far: their cells kept from an earlier
+    /// generation's exact decodes (a prompt that starts the same way).
+    #[getter]
+    fn reused_tokens(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.inner.stats().reused)
     }
 
     /// The target model.

@@ -33,6 +33,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("MAX_GRAMMAR_BYTES", MAX_GRAMMAR_BYTES)?;
     module.add("MAX_THREADS", MAX_THREADS)?;
     module.add("MAX_SEQUENCES", crate::limits::MAX_SEQUENCES)?;
+    module.add("EXACT_PROMPT_ROWS", crate::limits::EXACT_PROMPT_ROWS)?;
     module.add(
         "SPECULATIVE_STATE_MESSAGES",
         std::collections::BTreeMap::from(SpeculativeStateError::MESSAGES),

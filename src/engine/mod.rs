@@ -239,8 +239,22 @@ impl Engine<'_> {
     /// first token not be chosen (a grammar llama.cpp refuses, or one that
     /// allows no token), the target and the drafter are left empty again.
     pub fn prefill(&mut self, prompt: &[i32]) -> Result<i32> {
+        self.prefill_after(prompt, 0)
+    }
+
+    /// [`Engine::prefill`] when the target already holds the cells of
+    /// `prompt[..kept]` (a prefix kept from an earlier generation, as exact
+    /// as decoding it again): only the rest is decoded. `kept` is below the
+    /// prompt's length (the last prompt token's row gives the first token).
+    pub fn prefill_after(&mut self, prompt: &[i32], kept: usize) -> Result<i32> {
         self.check_prompt(prompt)?;
-        self.decode_prompt(prompt, 0)?;
+        if kept >= prompt.len() {
+            return Err(Error::Usage(format!(
+                "{kept} kept tokens leave nothing of a {}-token prompt to decode",
+                prompt.len()
+            )));
+        }
+        self.decode_prompt(&prompt[kept..], kept)?;
         self.drafter.begin(self.target, prompt)?;
         self.choose_first(prompt)
             .map_err(|error| self.abandon_after(0, error))

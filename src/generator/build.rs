@@ -194,7 +194,14 @@ impl Generator {
     /// holds this generator: its record (tokens, counts) stays, but it can no
     /// longer decode or checkpoint. Nothing for a context of its own.
     pub fn release_sequence(&mut self) {
-        self.target.release();
+        let state = &self.member.state;
+        let exact = self.member.config.decodes_exactly() && self.member.started();
+        let keep = if exact {
+            &state.history[..state.n_past]
+        } else {
+            &[]
+        };
+        self.target.release(keep);
     }
 
     /// Move this generation onto a sequence of `engine` (its target state

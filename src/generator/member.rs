@@ -55,6 +55,11 @@ impl Member {
         Ok(())
     }
 
+    /// Whether the adaptive policy still has to time its cost curve (before the prompt).
+    pub fn needs_cost_curve(&self) -> bool {
+        self.config.adaptive && self.state.adaptive.is_none()
+    }
+
     /// An adaptive generation without a pinned cost curve measures it on
     /// sequence `seq_id` of `target`, still empty, before its prompt.
     pub fn measure_cost_curve(
@@ -64,7 +69,7 @@ impl Member {
         seq_id: i32,
         prompt: &[i32],
     ) -> Result<()> {
-        if !self.config.adaptive || self.state.adaptive.is_some() {
+        if !self.needs_cost_curve() {
             return Ok(());
         }
         let token = *prompt

@@ -317,7 +317,7 @@ impl Generator {
         match target {
             Target::Own(context) => own_engine(context, batch, parts, member, call),
             Target::Shared(attached) => {
-                let mut shared = attached.engine().idle();
+                let mut shared = attached.settle();
                 history_engine(&mut shared.target, member, batch, attached.seq(), call)
             }
             Target::Released(_) => Err(target::released_error()),
@@ -339,7 +339,7 @@ impl Generator {
         match target {
             Target::Own(context) => call(context, batch, member, 0),
             Target::Shared(attached) => {
-                let mut shared = attached.engine().idle();
+                let mut shared = attached.settle();
                 call(&mut shared.target, batch, member, attached.seq())
             }
             Target::Released(_) => Err(target::released_error()),
@@ -351,14 +351,30 @@ impl Generator {
         if self.started() {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
+        let kept = self.reuse_prefix(prompt)?;
         self.on_target(|target, batch, member, seq| {
             member.measure_cost_curve(target, batch, seq, prompt)?;
             member.new_reply()
         })?;
-        let first = self.with_engine(|engine, _| engine.prefill(prompt))?;
+        let first = self.with_engine(|engine, _| engine.prefill_after(prompt, kept))?;
         self.member.state.history = prompt.to_vec();
         self.commit_first(first);
         Ok(first)
+    }
+
+    /// On a shared engine, before `prompt`: the tokens of it whose exact
+    /// cells an earlier generation left (this generator moving onto that
+    /// sequence), when this generation's own decodes are exact too and it
+    /// need not time its cost curve first; else 0 (its sequence empty).
+    fn reuse_prefix(&mut self, prompt: &[i32]) -> Result<usize> {
+        let Target::Shared(attached) = &mut self.target else {
+            return Ok(0);
+        };
+        let member = &self.member;
+        if !member.config.decodes_exactly() || member.needs_cost_curve() {
+            return Ok(0);
+        }
+        attached.reuse(prompt)
     }
 
     /// Pin the cost curve of an adaptive generation before its prompt
@@ -481,6 +497,14 @@ impl Generator {
         };
         self.member.apply(&round);
         Ok(())
+    }
+}
+
+/// A generator dropped on a shared engine gives its sequence back as
+/// [`Generator::release_sequence`] does, its exact cells kept for a later prompt.
+impl Drop for Generator {
+    fn drop(&mut self) {
+        self.release_sequence();
     }
 }
 

@@ -39,6 +39,19 @@ pub struct SharedStats {
     pub rows: u64,
     /// Rounds those decodes held (a sequence per round).
     pub sequences: u64,
+    /// Prompt tokens not decoded: kept from an earlier generation's exact cells.
+    pub reused: u64,
+}
+
+/// The cells a free sequence still holds: an earlier generation's tokens,
+/// exact (decoded in chunks of at most [`MAX_EXACT_ROWS`] rows), kept for a
+/// prompt that starts the same way.
+#[derive(Clone, Debug, Default)]
+struct Kept {
+    tokens: Vec<i32>,
+    /// When it was given back (the engine's count of releases): the free
+    /// sequence given back longest ago is taken first.
+    released: u64,
 }
 
 /// A round's rows waiting for a decode.
@@ -64,6 +77,8 @@ pub(crate) struct Shared {
     window_end: Option<Instant>,
     published: Option<Published>,
     last_round: Vec<Option<Instant>>,
+    kept: Vec<Kept>,
+    releases: u64,
     stats: SharedStats,
 }
 
@@ -92,6 +107,8 @@ impl SharedEngine {
             window_end: None,
             published: None,
             last_round: vec![None; n_seq],
+            kept: vec![Kept::default(); n_seq],
+            releases: 0,
             stats: SharedStats::default(),
         };
         Ok(Arc::new(Self {
@@ -162,13 +179,14 @@ impl SharedEngine {
     }
 
     /// A free sequence for a generator, holding `state` (a lone context's
-    /// layout) if given.
+    /// layout) if given. Without a state, the sequence given back longest ago
+    /// is taken, its kept cells left for [`Attached::reuse`] (any other use
+    /// empties it first: [`Attached::settle`]).
     pub(crate) fn attach(self: &Arc<Self>, state: Option<&[u8]>) -> Result<Attached> {
         let mut shared = self.idle();
-        let seq = shared
-            .taken
-            .iter()
-            .position(|taken| !taken)
+        let seq = (0..shared.taken.len())
+            .filter(|&seq| !shared.taken[seq])
+            .min_by_key(|&seq| shared.kept[seq].released)
             .ok_or_else(|| {
                 Error::Usage(format!(
                     "the engine's {} sequences are all attached",
@@ -176,12 +194,17 @@ impl SharedEngine {
                 ))
             })?;
         let seq_id = crate::engine::position(seq)?;
-        place_state(&mut shared.target, self.config.n_seq, seq_id, state)?;
+        if state.is_some() {
+            shared.kept[seq].tokens.clear();
+            place_state(&mut shared.target, self.config.n_seq, seq_id, state)?;
+        }
         shared.taken[seq] = true;
         shared.last_round[seq] = None;
         Ok(Attached {
             engine: Arc::clone(self),
             seq: seq_id,
+            exact: state.is_none(),
+            keep: None,
         })
     }
 
@@ -232,6 +255,38 @@ impl SharedEngine {
 }
 
 impl Shared {
+    /// Empty `seq`'s cells if they are an earlier generation's, kept.
+    fn settle(&mut self, seq: i32) {
+        let Some(kept) = usize::try_from(seq).ok().and_then(|s| self.kept.get_mut(s)) else {
+            return;
+        };
+        if !kept.tokens.is_empty() {
+            kept.tokens.clear();
+            self.target.seq_rm(seq, -1, -1);
+        }
+    }
+
+    /// The sequence, `seq` or a free one, whose kept tokens share the longest
+    /// prefix with `prompt`, and that prefix's length (at most all but the
+    /// prompt's last token).
+    fn longest_kept(&self, seq: usize, prompt: &[i32]) -> (usize, usize) {
+        let most = prompt.len().saturating_sub(1);
+        let shared = |kept: &Kept| {
+            let n = kept
+                .tokens
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+            n.min(most)
+        };
+        (0..self.kept.len())
+            .filter(|&s| s == seq || !self.taken[s])
+            .map(|s| (s, shared(&self.kept[s])))
+            .max_by_key(|&(s, n)| (n, s == seq))
+            .unwrap_or((seq, 0))
+    }
+
     fn submit(&mut self, seq: i32, plan: &Plan) {
         self.pending.push(Submission {
             seq,
@@ -323,6 +378,11 @@ impl Shared {
 pub(crate) struct Attached {
     engine: Arc<SharedEngine>,
     seq: i32,
+    /// Whether every cell of the sequence was decoded in exact rows (it
+    /// began empty or on kept cells; a state placed from elsewhere is not).
+    exact: bool,
+    /// The tokens whose cells stay for a later prompt when it is dropped.
+    keep: Option<Vec<i32>>,
 }
 
 impl Attached {
@@ -336,16 +396,59 @@ impl Attached {
         self.seq
     }
 
+    /// The engine's lock, the sequence emptied of cells kept from an earlier
+    /// generation (what every use of it but [`Attached::reuse`] needs first).
+    pub(crate) fn settle(&self) -> MutexGuard<'_, Shared> {
+        let mut shared = self.engine.idle();
+        shared.settle(self.seq);
+        shared
+    }
+
+    /// Before a prompt: move onto the free sequence (this one included)
+    /// whose kept cells share the longest prefix with `prompt`, keep that
+    /// prefix's cells and empty the rest; returns its length (0: the
+    /// sequence is empty). Only for a generation whose own decodes are exact.
+    pub(crate) fn reuse(&mut self, prompt: &[i32]) -> Result<usize> {
+        let mut shared = self.engine.idle();
+        let own = usize::try_from(self.seq).unwrap_or(0);
+        let (best, n) = shared.longest_kept(own, prompt);
+        if best != own {
+            // A free sequence's cells are its kept tokens, or none.
+            if shared.kept[own].tokens.is_empty() {
+                shared.target.seq_rm(self.seq, -1, -1);
+            }
+            shared.taken[own] = false;
+            shared.taken[best] = true;
+            shared.last_round[best] = None;
+            self.seq = crate::engine::position(best)?;
+        }
+        shared.kept[best].tokens.clear();
+        shared
+            .target
+            .seq_rm(self.seq, crate::engine::position(n)?, -1);
+        shared.stats.reused += n as u64;
+        Ok(n)
+    }
+
+    /// Keep the cells of `tokens` (the sequence's tokens, in order) for a
+    /// later prompt once this is dropped, if they are exact.
+    pub(crate) fn keep_when_dropped(&mut self, tokens: &[i32]) {
+        if self.exact {
+            self.keep = Some(tokens.to_vec());
+        }
+    }
+
     /// The sequence's state in a lone context's layout.
     pub(crate) fn state(&self) -> Result<Vec<u8>> {
-        let mut shared = self.engine.idle();
+        let mut shared = self.settle();
         let state = shared.target.seq_state(self.seq)?;
         Ok(restream_seq_state(&state, 1, 0)?)
     }
 
     /// Replace the sequence's state with `state` (a lone context's layout).
-    pub(crate) fn set_state(&self, state: &[u8]) -> Result<()> {
-        let mut shared = self.engine.idle();
+    pub(crate) fn set_state(&mut self, state: &[u8]) -> Result<()> {
+        self.exact = false;
+        let mut shared = self.settle();
         place_state(
             &mut shared.target,
             self.engine.config.n_seq,
@@ -355,23 +458,37 @@ impl Attached {
     }
 
     /// Empty the sequence.
-    pub(crate) fn clear(&self) {
-        self.engine.idle().target.seq_rm(self.seq, -1, -1);
+    pub(crate) fn clear(&mut self) {
+        self.exact = true;
+        self.settle().target.seq_rm(self.seq, -1, -1);
     }
 
     /// The lowest and highest positions of the sequence (`-1` when empty).
     pub(crate) fn positions(&self) -> crate::native::NativeResult<(i32, i32)> {
-        self.engine.idle().target.seq_positions(self.seq)
+        self.settle().target.seq_positions(self.seq)
     }
 }
 
 impl Drop for Attached {
     fn drop(&mut self) {
         let mut shared = self.engine.idle();
-        shared.target.seq_rm(self.seq, -1, -1);
-        if let Ok(seq) = usize::try_from(self.seq) {
-            shared.taken[seq] = false;
-            shared.last_round[seq] = None;
+        let Ok(seq) = usize::try_from(self.seq) else {
+            return;
+        };
+        let tokens = self.keep.take().unwrap_or_default();
+        let kept = crate::engine::position(tokens.len())
+            .is_ok_and(|n| tokens.is_empty() || shared.target.seq_rm(self.seq, n, -1));
+        if kept && !tokens.is_empty() {
+            shared.releases += 1;
+            shared.kept[seq] = Kept {
+                tokens,
+                released: shared.releases,
+            };
+        } else {
+            shared.target.seq_rm(self.seq, -1, -1);
+            shared.kept[seq] = Kept::default();
         }
+        shared.taken[seq] = false;
+        shared.last_round[seq] = None;
     }
 }

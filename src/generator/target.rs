@@ -112,10 +112,12 @@ impl Target {
         }
     }
 
-    /// Give a shared sequence back to its engine (its cells freed, its place
-    /// free for another generator); nothing for any other target.
-    pub fn release(&mut self) {
+    /// Give a shared sequence back to its engine (its place free for another
+    /// generator; its cells kept for a later prompt if `keep` holds their
+    /// tokens and they are exact, else freed); nothing for any other target.
+    pub fn release(&mut self, keep: &[i32]) {
         if let Self::Shared(attached) = self {
+            attached.keep_when_dropped(keep);
             let engine = attached.engine();
             let released = Released {
                 model: Arc::clone(engine.model()),

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from specstate._native import Model, SharedEngine
+from specstate._native import EXACT_PROMPT_ROWS, Model, SharedEngine
 from specstate._typing import Message
 from specstate.llama import (
     ChatStream,
@@ -199,5 +199,9 @@ def shared_engine(config: ServerConfig) -> SharedEngine | None:
     if not config.batched():
         return None
     return SharedEngine(
-        Model(config.model_path), n_seq=config.slots, n_ctx=config.n_ctx, n_threads=config.engine_threads()
+        Model(config.model_path),
+        n_seq=config.slots,
+        n_ctx=config.n_ctx,
+        n_batch=max(EXACT_PROMPT_ROWS, config.n_draft + 1),  # exact prompts: a prefix serves the next one
+        n_threads=config.engine_threads(),
     )
