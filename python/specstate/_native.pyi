@@ -781,6 +781,9 @@ class SharedEngine:
         """Prompt tokens not decoded so far: their cells kept from an earlier generation's exact decodes (a
         prompt that starts the same way)."""
     @property
+    def decode_seconds(self) -> float:
+        """Seconds the shared decodes took so far."""
+    @property
     def target(self) -> Model:
         """The target model."""
 

@@ -307,6 +307,12 @@ impl PySharedEngine {
         py.detach(|| self.inner.stats().reused)
     }
 
+    /// Seconds the shared decodes took so far.
+    #[getter]
+    fn decode_seconds(&self, py: Python<'_>) -> f64 {
+        py.detach(|| self.inner.stats().micros as f64 / 1e6)
+    }
+
     /// The target model.
     #[getter]
     fn target(&self, py: Python<'_>) -> Py<PyModel> {

@@ -41,6 +41,8 @@ pub struct SharedStats {
     pub sequences: u64,
     /// Prompt tokens not decoded: kept from an earlier generation's exact cells.
     pub reused: u64,
+    /// Microseconds those decodes took.
+    pub micros: u64,
 }
 
 /// The cells a free sequence still holds: an earlier generation's tokens,
@@ -79,15 +81,67 @@ pub(crate) struct Shared {
     last_round: Vec<Option<Instant>>,
     kept: Vec<Kept>,
     releases: u64,
+    /// The engine is being dropped: the decoder thread ends.
+    stopping: bool,
     stats: SharedStats,
+}
+
+/// The lock and the signal every waiter (rounds, the decoder) shares.
+struct Core {
+    shared: Mutex<Shared>,
+    changed: Condvar,
+}
+
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(
+        &self,
+        guard: MutexGuard<'a, Shared>,
+        until: Option<Instant>,
+    ) -> MutexGuard<'a, Shared> {
+        let timeout = until.map(|end| end.saturating_duration_since(Instant::now()));
+        match timeout {
+            Some(timeout) => {
+                self.changed
+                    .wait_timeout(guard, timeout)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
+            None => self
+                .changed
+                .wait(guard)
+                .unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// The decoder's loop: decode the pending rows whenever they are ready,
+    /// until the engine is dropped. Every shared decode runs on this one
+    /// thread: rounds only plan, submit, wait and judge (measured: decodes run
+    /// from whichever round's thread found them ready took about twice as
+    /// long at 4 sequences, docs/batching.md).
+    fn decode_until_stopped(&self) {
+        let mut shared = self.lock();
+        while !shared.stopping {
+            if shared.ready(Instant::now()) {
+                shared.decode_next();
+                self.changed.notify_all();
+                continue;
+            }
+            let until = shared.window_end.filter(|_| shared.published.is_none());
+            shared = self.wait(shared, until);
+        }
+    }
 }
 
 /// A target context of `n_seq` sequences shared by attached generators.
 pub struct SharedEngine {
     model: Arc<Model>,
     config: BatchedConfig,
-    shared: Mutex<Shared>,
-    changed: Condvar,
+    core: Arc<Core>,
+    decoder: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SharedEngine {
@@ -109,13 +163,25 @@ impl SharedEngine {
             last_round: vec![None; n_seq],
             kept: vec![Kept::default(); n_seq],
             releases: 0,
+            stopping: false,
             stats: SharedStats::default(),
         };
+        let core = Arc::new(Core {
+            shared: Mutex::new(shared),
+            changed: Condvar::new(),
+        });
+        let decoding = Arc::clone(&core);
+        let decoder = std::thread::Builder::new()
+            .name("specstate-decoder".into())
+            .spawn(move || decoding.decode_until_stopped())
+            .map_err(|error| {
+                Error::Usage(format!("cannot start the engine's decoder thread: {error}"))
+            })?;
         Ok(Arc::new(Self {
             model,
             config,
-            shared: Mutex::new(shared),
-            changed: Condvar::new(),
+            core,
+            decoder: Some(decoder),
         }))
     }
 
@@ -145,7 +211,7 @@ impl SharedEngine {
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+        self.core.lock()
     }
 
     fn wait<'a>(
@@ -153,19 +219,7 @@ impl SharedEngine {
         guard: MutexGuard<'a, Shared>,
         until: Option<Instant>,
     ) -> MutexGuard<'a, Shared> {
-        let timeout = until.map(|end| end.saturating_duration_since(Instant::now()));
-        match timeout {
-            Some(timeout) => {
-                self.changed
-                    .wait_timeout(guard, timeout)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            }
-            None => self
-                .changed
-                .wait(guard)
-                .unwrap_or_else(PoisonError::into_inner),
-        }
+        self.core.wait(guard, until)
     }
 
     /// The lock, once no decode's rows wait to be read (so that a prompt's
@@ -225,7 +279,7 @@ impl SharedEngine {
             return Ok(Round::default());
         };
         shared.submit(seq, &plan);
-        self.changed.notify_all();
+        self.core.changed.notify_all();
         loop {
             if let Some((first_row, micros, failed)) = shared.published_for(seq) {
                 let outcome = match failed {
@@ -240,16 +294,21 @@ impl SharedEngine {
                     )),
                 };
                 shared.read(seq);
-                self.changed.notify_all();
+                self.core.changed.notify_all();
                 return outcome;
             }
-            if shared.ready(Instant::now()) {
-                shared.decode_next();
-                self.changed.notify_all();
-                continue;
-            }
-            let until = shared.window_end.filter(|_| shared.published.is_none());
-            shared = self.wait(shared, until);
+            shared = self.wait(shared, None);
+        }
+    }
+}
+
+impl Drop for SharedEngine {
+    fn drop(&mut self) {
+        self.lock().stopping = true;
+        self.core.changed.notify_all();
+        if let Some(decoder) = self.decoder.take() {
+            // A decoder that panicked has nothing left to give back.
+            let _ = decoder.join();
         }
     }
 }
@@ -359,6 +418,7 @@ impl Shared {
             })
             .collect();
         self.stats.decodes += 1;
+        self.stats.micros += micros;
         self.stats.rows += first_row as u64;
         self.stats.sequences += group.len() as u64;
         self.published = Some(Published {
