@@ -255,14 +255,22 @@ impl Engine<'_> {
             )));
         }
         self.decode_prompt(&prompt[kept..], kept)?;
+        self.begin_after_prompt(prompt, -1)
+    }
+
+    /// The rest of [`Engine::prefill`] once the target holds `prompt`'s
+    /// cells, its last row's logits at output row `row` of the last decode
+    /// (`-1`: the last): begin the drafter and return the first token.
+    pub fn begin_after_prompt(&mut self, prompt: &[i32], row: i32) -> Result<i32> {
         self.drafter.begin(self.target, prompt)?;
-        self.choose_first(prompt)
+        self.choose_first(prompt, row)
             .map_err(|error| self.abandon_after(0, error))
     }
 
-    /// The first token after a decoded prompt, its log-probability recorded.
-    fn choose_first(&mut self, prompt: &[i32]) -> Result<i32> {
-        let row = self.target.logits(-1)?;
+    /// The first token after a decoded prompt (its logits at output row
+    /// `row`), its log-probability recorded.
+    fn choose_first(&mut self, prompt: &[i32], row: i32) -> Result<i32> {
+        let row = self.target.logits(row)?;
         let token = self.sampler.choose(row, prompt)?;
         record(self.logprobs.as_deref_mut(), &[row], &[token]);
         Ok(token)
@@ -281,7 +289,7 @@ impl Engine<'_> {
         self.check_prompt(&prompt)?;
         self.decode_prompt(&prompt[at.n_past..], at.n_past)?;
         self.drafter.begin(self.target, &prompt)?;
-        self.choose_first(&prompt)
+        self.choose_first(&prompt, -1)
             .map_err(|error| self.abandon_after(at.n_past, error))
     }
 
@@ -297,7 +305,9 @@ impl Engine<'_> {
         Ok(())
     }
 
-    fn check_prompt(&self, prompt: &[i32]) -> Result<()> {
+    /// Refuse a prompt the target cannot hold: empty, not shorter than a
+    /// sequence's context, or with a token the model does not have.
+    pub fn check_prompt(&self, prompt: &[i32]) -> Result<()> {
         if prompt.is_empty() {
             return Err(Error::Invalid("the prompt is empty".into()));
         }

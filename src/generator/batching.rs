@@ -96,10 +96,12 @@ pub(crate) fn batch_target(
             config.n_seq
         ))
     })?;
+    // A step's decode holds up to MAX_EXACT_ROWS rows, whatever the prompt chunks.
+    let n_rows = config.n_batch.max(MAX_EXACT_ROWS as u32);
     let params = ContextParams {
         n_ctx: total,
-        n_batch: config.n_batch,
-        n_ubatch: config.n_batch,
+        n_batch: n_rows,
+        n_ubatch: n_rows,
         n_seq_max: config.n_seq,
         n_rs_seq: 0,
         kind: ContextKind::Default,
@@ -164,10 +166,16 @@ pub(crate) fn fill_rows<'a>(
 ) -> Result<()> {
     step.clear();
     for (seq_id, plan) in plans {
-        let start = crate::engine::position(plan.n_past)?;
-        for (offset, token) in plan.rows().into_iter().enumerate() {
-            step.push(token, start + offset as i32, seq_id, true)?;
-        }
+        push_rows(step, seq_id, plan)?;
+    }
+    Ok(())
+}
+
+/// Add `plan`'s rows of sequence `seq_id` to `step`, at its positions, all with logits.
+pub(crate) fn push_rows(step: &mut Batch, seq_id: i32, plan: &Plan) -> Result<()> {
+    let start = crate::engine::position(plan.n_past)?;
+    for (offset, token) in plan.rows().into_iter().enumerate() {
+        step.push(token, start + offset as i32, seq_id, true)?;
     }
     Ok(())
 }

@@ -356,7 +356,12 @@ impl Generator {
             member.measure_cost_curve(target, batch, seq, prompt)?;
             member.new_reply()
         })?;
-        let first = self.with_engine(|engine, _| engine.prefill_after(prompt, kept))?;
+        let first = match &mut self.target {
+            Target::Shared(attached) => {
+                prefill_shared(attached, &mut self.batch, &mut self.member, prompt, kept)?
+            }
+            _ => self.with_engine(|engine, _| engine.prefill_after(prompt, kept))?,
+        };
         self.member.state.history = prompt.to_vec();
         self.commit_first(first);
         Ok(first)
@@ -498,6 +503,45 @@ impl Generator {
         self.member.apply(&round);
         Ok(())
     }
+}
+
+/// [`Engine::prefill_after`] on a shared engine: the prompt's chunks (after
+/// the `kept` tokens) are decoded on the engine's decoder thread, beside
+/// other sequences' rows when they fit, then the first token is chosen.
+fn prefill_shared(
+    attached: &shared::Attached,
+    batch: &mut Batch,
+    member: &mut Member,
+    prompt: &[i32],
+    kept: usize,
+) -> Result<i32> {
+    let (engine, seq) = (attached.engine(), attached.seq());
+    {
+        let mut shared = attached.settle();
+        history_engine(&mut shared.target, member, batch, seq, |engine, _| {
+            engine.check_prompt(prompt)
+        })?;
+    }
+    let rest = prompt.get(kept..).unwrap_or_default();
+    let chunks: Vec<&[i32]> = rest.chunks(member.config.n_batch as usize).collect();
+    let Some((last, before)) = chunks.split_last() else {
+        return Err(Error::Usage(format!(
+            "{kept} kept tokens leave nothing of a {}-token prompt to decode",
+            prompt.len()
+        )));
+    };
+    let mut start = kept;
+    for piece in before {
+        let (mut shared, _) = engine.decode_prompt_chunk(seq, piece, start)?;
+        engine.done_reading(&mut shared, seq);
+        start += piece.len();
+    }
+    let (mut shared, row) = engine.decode_prompt_chunk(seq, last, start)?;
+    let first = history_engine(&mut shared.target, member, batch, seq, |engine, _| {
+        engine.begin_after_prompt(prompt, row)
+    });
+    engine.done_reading(&mut shared, seq);
+    first
 }
 
 /// A generator dropped on a shared engine gives its sequence back as

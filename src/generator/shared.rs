@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::batching::{
-    decode_groups, fill_rows, history_engine, place_state, undo_failed_decode, BatchedConfig,
+    decode_groups, history_engine, place_state, push_rows, undo_failed_decode, BatchedConfig,
 };
 use super::Member;
 use crate::engine::{Plan, Round};
@@ -33,15 +33,15 @@ const RECENT: Duration = Duration::from_millis(50);
 /// Counters of the shared decodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SharedStats {
-    /// Decodes of rounds' rows.
+    /// Decodes that held rounds' rows.
     pub decodes: u64,
-    /// Rows those decodes held.
+    /// Rounds' rows those decodes held.
     pub rows: u64,
     /// Rounds those decodes held (a sequence per round).
     pub sequences: u64,
     /// Prompt tokens not decoded: kept from an earlier generation's exact cells.
     pub reused: u64,
-    /// Microseconds those decodes took.
+    /// Microseconds every shared decode took (prompt chunks' included).
     pub micros: u64,
 }
 
@@ -56,15 +56,47 @@ struct Kept {
     released: u64,
 }
 
-/// A round's rows waiting for a decode.
+/// Rows of a sequence waiting for a decode.
 struct Submission {
     seq: i32,
-    plan: Plan,
+    rows: Rows,
+}
+
+/// What the rows are.
+enum Rows {
+    /// A round's plan: its last token and draft, every row an output.
+    Round(Plan),
+    /// A chunk of a prompt at positions `start..`: only the last row is an output.
+    Prompt { tokens: Vec<i32>, start: usize },
+}
+
+impl Rows {
+    fn len(&self) -> usize {
+        match self {
+            Self::Round(plan) => plan.draft.tokens.len() + 1,
+            Self::Prompt { tokens, .. } => tokens.len(),
+        }
+    }
+
+    fn push_into(&self, step: &mut Batch, seq: i32) -> Result<()> {
+        match self {
+            Self::Round(plan) => push_rows(step, seq, plan),
+            Self::Prompt { tokens, start } => {
+                let start = crate::engine::position(*start)?;
+                for (offset, &token) in tokens.iter().enumerate() {
+                    let last = offset + 1 == tokens.len();
+                    step.push(token, start + offset as i32, seq, last)?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// The decode whose output rows the rounds in it may read now.
 struct Published {
-    /// Each round's sequence and first output row, until the round has read them.
+    /// Each submission's sequence and first row (its index in the decode's
+    /// batch, which is what llama.cpp's logits are asked by), until read.
     rows: Vec<(i32, i32)>,
     micros: u64,
     failed: Option<String>,
@@ -155,7 +187,7 @@ impl SharedEngine {
         let n_seq = config.n_seq as usize;
         let shared = Shared {
             target,
-            step: Batch::new(MAX_EXACT_ROWS)?,
+            step: Batch::new(MAX_EXACT_ROWS.max(config.n_batch as usize))?,
             taken: vec![false; n_seq],
             pending: Vec::new(),
             window_end: None,
@@ -278,7 +310,7 @@ impl SharedEngine {
         let Some(plan) = plan else {
             return Ok(Round::default());
         };
-        shared.submit(seq, &plan);
+        shared.submit(seq, Rows::Round(plan.clone()));
         self.core.changed.notify_all();
         loop {
             if let Some((first_row, micros, failed)) = shared.published_for(seq) {
@@ -299,6 +331,47 @@ impl SharedEngine {
             }
             shared = self.wait(shared, None);
         }
+    }
+}
+
+impl SharedEngine {
+    /// Decode `tokens`, a chunk of sequence `seq`'s prompt at positions
+    /// `start..`, on the decoder (beside other sequences' rows when all fit
+    /// in exact rows: each row's bits are its single decode's either way).
+    /// Returns the lock, held while the chunk's output row (its last token's)
+    /// is published, and that row: the caller reads it, then calls
+    /// [`SharedEngine::done_reading`]. A failed decode's rows are removed.
+    pub(crate) fn decode_prompt_chunk(
+        &self,
+        seq: i32,
+        tokens: &[i32],
+        start: usize,
+    ) -> Result<(MutexGuard<'_, Shared>, i32)> {
+        let mut shared = self.lock();
+        let rows = Rows::Prompt {
+            tokens: tokens.to_vec(),
+            start,
+        };
+        shared.submit(seq, rows);
+        self.core.changed.notify_all();
+        loop {
+            if let Some((first_row, _, failed)) = shared.published_for(seq) {
+                let Some(message) = failed else {
+                    let last_row = first_row + tokens.len() as i32 - 1;
+                    return Ok((shared, last_row));
+                };
+                let error = undo_failed_decode(&mut shared.target, seq, start, &message);
+                self.done_reading(&mut shared, seq);
+                return Err(error);
+            }
+            shared = self.wait(shared, None);
+        }
+    }
+
+    /// `seq` has read its rows of the published decode.
+    pub(crate) fn done_reading(&self, shared: &mut Shared, seq: i32) {
+        shared.read(seq);
+        self.core.changed.notify_all();
     }
 }
 
@@ -346,16 +419,13 @@ impl Shared {
             .unwrap_or((seq, 0))
     }
 
-    fn submit(&mut self, seq: i32, plan: &Plan) {
-        self.pending.push(Submission {
-            seq,
-            plan: plan.clone(),
-        });
+    fn submit(&mut self, seq: i32, rows: Rows) {
+        self.pending.push(Submission { seq, rows });
         self.window_end
             .get_or_insert_with(|| Instant::now() + GATHER_WINDOW);
     }
 
-    /// The first output row of `seq`'s rows in the published decode, its time, its failure.
+    /// The first row of `seq`'s rows in the published decode, its time, its failure.
     fn published_for(&self, seq: i32) -> Option<(i32, u64, Option<String>)> {
         let published = self.published.as_ref()?;
         let (_, first_row) = published.rows.iter().find(|(s, _)| *s == seq)?;
@@ -397,7 +467,7 @@ impl Shared {
 
     /// Decode the first group of pending rows and publish it.
     fn decode_next(&mut self) {
-        let rows = self.pending.iter().map(|s| s.plan.draft.tokens.len() + 1);
+        let rows = self.pending.iter().map(|s| s.rows.len());
         let Some(range) = decode_groups(rows).into_iter().next() else {
             return;
         };
@@ -413,14 +483,11 @@ impl Shared {
             .iter()
             .map(|s| {
                 let row = (s.seq, first_row);
-                first_row += s.plan.draft.tokens.len() as i32 + 1;
+                first_row += s.rows.len() as i32;
                 row
             })
             .collect();
-        self.stats.decodes += 1;
-        self.stats.micros += micros;
-        self.stats.rows += first_row as u64;
-        self.stats.sequences += group.len() as u64;
+        self.count(&group, micros);
         self.published = Some(Published {
             rows,
             micros,
@@ -428,8 +495,24 @@ impl Shared {
         });
     }
 
+    /// Count a decode of `group` in the stats (rounds' decodes, rows and sequences).
+    fn count(&mut self, group: &[Submission], micros: u64) {
+        self.stats.micros += micros;
+        let rounds = group.iter().filter(|s| matches!(s.rows, Rows::Round(_)));
+        let (sequences, rows) =
+            rounds.fold((0, 0), |(n, rows), s| (n + 1, rows + s.rows.len() as u64));
+        if sequences > 0 {
+            self.stats.decodes += 1;
+            self.stats.rows += rows;
+            self.stats.sequences += sequences;
+        }
+    }
+
     fn decode_group(&mut self, group: &[Submission]) -> Result<()> {
-        fill_rows(&mut self.step, group.iter().map(|s| (s.seq, &s.plan)))?;
+        self.step.clear();
+        for submission in group {
+            submission.rows.push_into(&mut self.step, submission.seq)?;
+        }
         Ok(self.target.decode(&self.step)?)
     }
 }
