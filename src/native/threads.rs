@@ -96,9 +96,16 @@ pub fn threads_now(configured: i32) -> i32 {
         // Something else runs: other processes' tasks count, and this
         // process's other graphs, not its own passing threads (a server's
         // event loop, a slot handing out tokens), which soon wait again.
-        _ => running
-            .saturating_sub(own_runnable_threads().unwrap_or(1))
-            .saturating_add(IN_FLIGHT.load(Ordering::Relaxed)),
+        // The own threads are read before the machine's count is read again:
+        // one of them going to sleep in between (a round that just handed its
+        // rows to a shared engine's decoder) then does not count as load.
+        _ => {
+            let own = own_runnable_threads().unwrap_or(1);
+            let tasks = runnable_tasks().unwrap_or(running).saturating_sub(own);
+            tasks
+                .min(busy_others().unwrap_or(u32::MAX))
+                .saturating_add(IN_FLIGHT.load(Ordering::Relaxed))
+        }
     };
     let load = smoothed(LOAD.load(Ordering::Relaxed), others);
     LOAD.store(load, Ordering::Relaxed);
@@ -124,6 +131,110 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         IN_FLIGHT.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
+/// How long the CPU time of other processes is summed over before [`busy_others`] reads it again.
+const SHARE_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The CPU time counters at the start of the current window, and the last window's answer.
+struct ShareWindow {
+    started: std::time::Instant,
+    counters: CpuCounters,
+    busy_others: Option<u32>,
+}
+
+static WINDOW: std::sync::Mutex<Option<ShareWindow>> = std::sync::Mutex::new(None);
+
+/// The whole tasks' worth of CPU time other processes used over the last [`SHARE_WINDOW`] (a task counts from
+/// 0.6 of a CPU), or `None` before a window has passed or where the counters cannot be read. A task runnable at
+/// the start of every graph but using a fifth of a CPU (a client parsing each streamed token) is no reason to
+/// give a thread up; a busy process is.
+fn busy_others() -> Option<u32> {
+    let mut window = WINDOW.try_lock().ok()?;
+    let now = std::time::Instant::now();
+    match window.as_mut() {
+        Some(open) if now.duration_since(open.started) < SHARE_WINDOW => open.busy_others,
+        _ => {
+            let counters = CpuCounters::read()?;
+            let busy_others = window
+                .as_ref()
+                .and_then(|open| counters.others_since(&open.counters, online_cpus()));
+            *window = Some(ShareWindow {
+                started: now,
+                counters,
+                busy_others,
+            });
+            busy_others
+        }
+    }
+}
+
+/// The machine's CPU time counters and this process's (clock ticks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CpuCounters {
+    /// Every CPU's time, idle included (`/proc/stat`'s `cpu` line).
+    pub total: u64,
+    /// Every CPU's busy time: user, nice, system, irq, softirq, steal.
+    pub busy: u64,
+    /// This process's user and system time (`/proc/self/stat`).
+    pub own: u64,
+}
+
+impl CpuCounters {
+    fn read() -> Option<Self> {
+        let machine = std::fs::read_to_string("/proc/stat").ok()?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        Self::parse(machine.lines().next()?, &own)
+    }
+
+    /// The counters of `/proc/stat`'s first line and a `/proc/<pid>/stat` text.
+    pub(crate) fn parse(cpu_line: &str, own_stat: &str) -> Option<Self> {
+        let mut fields = cpu_line.split_ascii_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let ticks: Vec<u64> = fields
+            .take(8)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = ticks[..] else {
+            return None;
+        };
+        let busy = [user, nice, system, irq, softirq, steal]
+            .iter()
+            .try_fold(0_u64, |a, &b| a.checked_add(b))?;
+        let total = busy.checked_add(idle)?.checked_add(iowait)?;
+        // utime and stime: fields 14 and 15, the 12th and 13th after the name's closing parenthesis.
+        let mut after_name = own_stat
+            .rsplit_once(')')?
+            .1
+            .split_ascii_whitespace()
+            .skip(11);
+        let utime: u64 = after_name.next()?.parse().ok()?;
+        let stime: u64 = after_name.next()?.parse().ok()?;
+        Some(Self {
+            total,
+            busy,
+            own: utime.checked_add(stime)?,
+        })
+    }
+
+    /// Whole tasks of CPU time (from 0.6 of a CPU each) that others than this process used on `online` CPUs
+    /// since `earlier`; `None` if no time passed.
+    pub(crate) fn others_since(&self, earlier: &Self, online: u32) -> Option<u32> {
+        let total = self.total.checked_sub(earlier.total).filter(|&t| t > 0)?;
+        let others = self
+            .busy
+            .saturating_sub(earlier.busy)
+            .saturating_sub(self.own.saturating_sub(earlier.own));
+        // others / total of the machine's CPUs, in tenths of a CPU, plus 0.4 and rounded down.
+        let tenths = others
+            .saturating_mul(10)
+            .saturating_mul(u64::from(online.max(1)))
+            / total;
+        u32::try_from((tenths + 4) / 10).ok()
     }
 }
 
@@ -240,6 +351,45 @@ pub(crate) fn cpu_list(text: &str) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const OWN_STAT: &str =
+        "4242 (python3 (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 700 300 0 0 20 0 3 0";
+
+    #[test]
+    fn cpu_counters_read_the_machine_line_and_the_own_times() {
+        let counters = CpuCounters::parse("cpu  100 5 50 800 20 3 2 1 0 0", OWN_STAT).unwrap();
+        assert_eq!(
+            counters,
+            CpuCounters {
+                total: 981,
+                busy: 161,
+                own: 1000
+            }
+        );
+        assert!(CpuCounters::parse("cpu0 1 2 3 4 5 6 7 8", OWN_STAT).is_none());
+        assert!(CpuCounters::parse("cpu 1 2 3", OWN_STAT).is_none());
+        assert!(CpuCounters::parse("cpu  1 2 3 4 5 6 7 8", "garbage").is_none());
+    }
+
+    #[test]
+    fn a_task_counts_from_six_tenths_of_a_cpu_of_other_processes() {
+        let at = |total, busy, own| CpuCounters { total, busy, own };
+        let start = at(1000, 100, 50);
+        // 2 CPUs, 200 ticks of machine time: this process used 100, others 0, 20, 60, 100, 200.
+        for (others, tasks) in [
+            (0, 0),
+            (20, 0),
+            (59, 0),
+            (60, 1),
+            (100, 1),
+            (159, 1),
+            (200, 2),
+        ] {
+            let later = at(1200, 200 + others, 150);
+            assert_eq!(later.others_since(&start, 2), Some(tasks), "{others}");
+        }
+        assert_eq!(start.others_since(&start, 2), None);
+    }
 
     fn cpus(usable: u32, physical_cores: u32) -> Cpus {
         Cpus {
