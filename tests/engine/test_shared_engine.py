@@ -29,6 +29,8 @@ requests = st.builds(
     temperature=st.sampled_from([0.0, 0.8]),
     seed=st.integers(0, 3),
     budget=st.integers(4, 24),
+    # Small prompt chunks share decodes with the other sequences' rounds; 512 decodes a prompt in one.
+    n_batch=st.sampled_from([512, 16, 9]),
 )
 
 
@@ -164,3 +166,19 @@ def test_an_adaptive_generator_measuring_its_costs_leaves_the_other_sequences_al
     measuring._native.prefill(solo.tokens[1])
     assert measuring.cost_curve is not None
     assert go_on_alone(going, reply, request.budget) == solo(request)
+
+
+def decoder_threads() -> int:
+    """Threads of this process named after a shared engine's decoder."""
+    names = [path.read_text().strip() for path in Path("/proc/self/task").glob("*/comm")]
+    return names.count("specstate-decod")  # the kernel keeps 15 characters of a thread's name
+
+
+def test_every_engine_decodes_on_one_thread_of_its_own_that_ends_with_it(smollm2: Model) -> None:
+    before = decoder_threads()
+    engines = [SharedEngine(smollm2, n_seq=1, n_ctx=N_CTX, n_threads=1) for _ in range(3)]
+    assert decoder_threads() == before + 3
+    generator = Generator(smollm2, n_ctx=N_CTX, n_threads=1, engine=engines[0])
+    generator.generate(PROMPTS[0], max_tokens=3)
+    del generator, engines
+    assert decoder_threads() == before
