@@ -267,7 +267,11 @@ async def _health(server: Server, request: Request) -> Response:
 async def _metrics(server: Server, request: Request) -> Response:
     if not server.config.metrics_public:
         server.authorize(request)
-    batch = None if server.engine is None else server.engine.stats
+    engine = server.engine
+    batch = None
+    if engine is not None:
+        decodes, rows, sequences = engine.stats
+        batch = {"decodes": decodes, "rows": rows, "sequences": sequences, "prompt_tokens_reused": engine.reused_tokens}
     return PlainTextResponse(server.metrics.text(*server.gauges(), batch=batch))
 
 

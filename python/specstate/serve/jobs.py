@@ -76,8 +76,9 @@ class Metrics:
         with self._lock:
             self.requests[(endpoint, status)] += 1
 
-    def text(self, queued: int, busy: int, parked_bytes: int, batch: tuple[int, int, int] | None = None) -> str:
-        """The Prometheus text; ``batch``: the batched engine's decodes, rows and sequences so far."""
+    def text(self, queued: int, busy: int, parked_bytes: int, batch: Mapping[str, int] | None = None) -> str:
+        """The Prometheus text; ``batch``: the batched engine's counters so far, by name (its decodes, their rows
+        and sequences, the prompt tokens it reused)."""
         lines = ["# TYPE specstate_requests_total counter"]
         with self._lock:
             for (endpoint, status), count in sorted(self.requests.items()):
@@ -87,7 +88,7 @@ class Metrics:
         lines += ["# TYPE specstate_queue_depth gauge", f"specstate_queue_depth {queued}"]
         lines += ["# TYPE specstate_slots_busy gauge", f"specstate_slots_busy {busy}"]
         lines += ["# TYPE specstate_parked_bytes gauge", f"specstate_parked_bytes {parked_bytes}"]
-        for name, value in zip(("decodes", "rows", "sequences"), batch or ()):
+        for name, value in (batch or {}).items():
             lines += [f"# TYPE specstate_batch_{name}_total counter", f"specstate_batch_{name}_total {value}"]
         return "\n".join(lines) + "\n"
 
