@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specstate import Llama
+from specstate._native import EXACT_PROMPT_ROWS
 from test_server import Live, config
 
 PROMPTS = [
@@ -29,8 +30,8 @@ def ask(live: Live, prompt: str, seed: int) -> str:
 
 
 def alone(path: Path, prompt: str, seed: int) -> str:
-    """The same request on a Llama of its own (its own model and contexts)."""
-    llama = Llama(path, mode="ngram", n_ctx=512, n_threads=2)
+    """The same request on a Llama of its own (its own model and contexts), its prompt in the server's exact chunks."""
+    llama = Llama(path, mode="ngram", n_ctx=512, n_threads=2, n_batch=EXACT_PROMPT_ROWS)
     options: dict[str, Any] = {"max_tokens": 24, "temperature": 0.8 if seed % 2 else 0.0, "seed": seed}
     reply = llama.create_chat_completion([{"role": "user", "content": prompt}], **options)
     return str(reply["choices"][0]["message"]["content"])
