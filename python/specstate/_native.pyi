@@ -756,7 +756,14 @@ class SharedEngine:
     reply is token for token the one the generator gives alone (see :class:`specstate.SharedEngine`)."""
 
     def __new__(
-        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 0
+        cls,
+        target: Model,
+        *,
+        n_seq: int = 4,
+        n_ctx: int = 2048,
+        n_batch: int = 512,
+        n_threads: int = 0,
+        prompt_cache_bytes: int = 0,
     ) -> SharedEngine: ...
     @property
     def n_seq(self) -> int:

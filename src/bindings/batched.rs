@@ -240,10 +240,14 @@ impl PySharedEngine {
     /// An engine of `n_seq` sequences of `n_ctx` tokens each (0: the model's
     /// trained length) over `target`, decoding with `n_threads` (0: the CPUs
     /// available); prompts are decoded in chunks of at most `n_batch` rows.
+    /// `prompt_cache_bytes`: the states of given-back sequences kept in memory
+    /// (0: none), so that a prompt that starts like one of them decodes only
+    /// the rest after its sequence was taken by another generation.
     #[new]
     #[pyo3(signature = (target, *, n_seq = WideInt(4), n_ctx = WideInt(DEFAULTS.n_ctx.into()),
-                        n_batch = WideInt(DEFAULTS.n_batch.into()), n_threads = WideInt(0)),
-           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=512, n_threads=0)")]
+                        n_batch = WideInt(DEFAULTS.n_batch.into()), n_threads = WideInt(0),
+                        prompt_cache_bytes = WideInt(0)),
+           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=512, n_threads=0, prompt_cache_bytes=0)")]
     fn new(
         py: Python<'_>,
         target: Py<PyModel>,
@@ -251,10 +255,14 @@ impl PySharedEngine {
         n_ctx: WideInt,
         n_batch: WideInt,
         n_threads: WideInt,
+        prompt_cache_bytes: WideInt,
     ) -> PyResult<Self> {
         let (config, runtime) = shape(n_seq, n_ctx, n_batch, n_threads)?;
+        let cache_bytes: u64 = prompt_cache_bytes.narrow("prompt_cache_bytes")?;
+        let cache_bytes = usize::try_from(cache_bytes).unwrap_or(usize::MAX);
         let model = Arc::clone(&target.get().inner);
         let inner = py.detach(|| SharedEngine::new(model, config, runtime))?;
+        inner.set_prompt_cache_bytes(cache_bytes);
         Ok(Self { inner, target })
     }
 

@@ -56,6 +56,13 @@ struct Kept {
     released: u64,
 }
 
+/// A given-back sequence's exact cells, kept in memory after its place is
+/// taken: its tokens and its state in a lone context's layout.
+struct Saved {
+    tokens: Vec<i32>,
+    state: Vec<u8>,
+}
+
 /// Rows of a sequence waiting for a decode.
 struct Submission {
     seq: i32,
@@ -112,6 +119,9 @@ pub(crate) struct Shared {
     published: Option<Published>,
     last_round: Vec<Option<Instant>>,
     kept: Vec<Kept>,
+    /// States of sequences given back, newest last, up to `saved_limit` bytes.
+    saved: std::collections::VecDeque<Saved>,
+    saved_limit: usize,
     releases: u64,
     /// The engine is being dropped: the decoder thread ends.
     stopping: bool,
@@ -209,6 +219,8 @@ impl SharedEngine {
             published: None,
             last_round: vec![None; n_seq],
             kept: vec![Kept::default(); n_seq],
+            saved: std::collections::VecDeque::new(),
+            saved_limit: 0,
             releases: 0,
             stopping: false,
             stats: SharedStats::default(),
@@ -246,6 +258,16 @@ impl SharedEngine {
     /// The threads the target decodes with.
     pub fn n_threads(&self) -> i32 {
         self.lock().target.n_threads()
+    }
+
+    /// Keep the states of given-back sequences in memory, up to `bytes` in
+    /// all (0: none; the least recently used go first), so that a prompt
+    /// that starts like one of them decodes only the rest even after its
+    /// sequence was taken by another generation.
+    pub fn set_prompt_cache_bytes(&self, bytes: usize) {
+        let mut shared = self.lock();
+        shared.saved_limit = bytes;
+        shared.evict_saved();
     }
 
     /// The counters so far.
@@ -409,20 +431,59 @@ impl Shared {
         }
     }
 
+    /// Keep sequence `seq`'s state (its cells: `tokens`) in memory, when
+    /// there is room for it; entries it extends are dropped.
+    fn save(&mut self, seq: i32, tokens: &[i32]) {
+        if self.saved_limit == 0 {
+            return;
+        }
+        let Ok(state) = self
+            .target
+            .seq_state(seq)
+            .and_then(|state| restream_seq_state(&state, 1, 0))
+        else {
+            return;
+        };
+        if state.len() > self.saved_limit {
+            return;
+        }
+        self.saved
+            .retain(|saved| !tokens.starts_with(&saved.tokens));
+        self.saved.push_back(Saved {
+            tokens: tokens.to_vec(),
+            state,
+        });
+        self.evict_saved();
+    }
+
+    /// Drop the least recently used states until they fit the limit.
+    fn evict_saved(&mut self) {
+        let mut total: usize = self.saved.iter().map(|saved| saved.state.len()).sum();
+        while total > self.saved_limit {
+            let Some(oldest) = self.saved.pop_front() else {
+                break;
+            };
+            total -= oldest.state.len();
+        }
+    }
+
+    /// The saved state sharing the longest prefix with `prompt` (at most all
+    /// but its last token): its index and that prefix's length.
+    fn longest_saved(&self, prompt: &[i32]) -> Option<(usize, usize)> {
+        let most = prompt.len().saturating_sub(1);
+        self.saved
+            .iter()
+            .enumerate()
+            .map(|(index, saved)| (index, common_prefix(&saved.tokens, prompt).min(most)))
+            .max_by_key(|&(index, n)| (n, index))
+    }
+
     /// The sequence, `seq` or a free one, whose kept tokens share the longest
     /// prefix with `prompt`, and that prefix's length (at most all but the
     /// prompt's last token).
     fn longest_kept(&self, seq: usize, prompt: &[i32]) -> (usize, usize) {
         let most = prompt.len().saturating_sub(1);
-        let shared = |kept: &Kept| {
-            let n = kept
-                .tokens
-                .iter()
-                .zip(prompt)
-                .take_while(|(a, b)| a == b)
-                .count();
-            n.min(most)
-        };
+        let shared = |kept: &Kept| common_prefix(&kept.tokens, prompt).min(most);
         (0..self.kept.len())
             .filter(|&s| s == seq || !self.taken[s])
             .map(|s| (s, shared(&self.kept[s])))
@@ -528,6 +589,11 @@ impl Shared {
     }
 }
 
+/// The length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(a, b)| a == b).count()
+}
+
 /// A generator's sequence of a [`SharedEngine`]; dropping it frees the sequence.
 pub(crate) struct Attached {
     engine: Arc<SharedEngine>,
@@ -566,6 +632,9 @@ impl Attached {
         let mut shared = self.engine.idle();
         let own = usize::try_from(self.seq).unwrap_or(0);
         let (best, n) = shared.longest_kept(own, prompt);
+        if let Some((index, saved_n)) = shared.longest_saved(prompt).filter(|&(_, m)| m > n) {
+            return self.restore_saved(&mut shared, index, saved_n);
+        }
         if best != own {
             // A free sequence's cells are its kept tokens, or none.
             if shared.kept[own].tokens.is_empty() {
@@ -577,6 +646,27 @@ impl Attached {
             self.seq = crate::engine::position(best)?;
         }
         shared.kept[best].tokens.clear();
+        shared
+            .target
+            .seq_rm(self.seq, crate::engine::position(n)?, -1);
+        shared.stats.reused += n as u64;
+        Ok(n)
+    }
+
+    /// [`Attached::reuse`] from the saved state at `index`: placed on this
+    /// sequence (its own kept cells given up), cut to its first `n` tokens.
+    fn restore_saved(&self, shared: &mut Shared, index: usize, n: usize) -> Result<usize> {
+        let own = usize::try_from(self.seq).unwrap_or(0);
+        shared.kept[own].tokens.clear();
+        let Some(saved) = shared.saved.remove(index) else {
+            return Ok(0);
+        };
+        let n_seq = self.engine.config.n_seq;
+        let placed = place_state(&mut shared.target, n_seq, self.seq, Some(&saved.state));
+        shared.saved.push_back(saved);
+        if placed.is_err() {
+            return Ok(0); // the sequence is empty again: the whole prompt is decoded
+        }
         shared
             .target
             .seq_rm(self.seq, crate::engine::position(n)?, -1);
@@ -633,6 +723,7 @@ impl Drop for Attached {
         let kept = crate::engine::position(tokens.len())
             .is_ok_and(|n| tokens.is_empty() || shared.target.seq_rm(self.seq, n, -1));
         if kept && !tokens.is_empty() {
+            shared.save(self.seq, &tokens);
             shared.releases += 1;
             shared.kept[seq] = Kept {
                 tokens,

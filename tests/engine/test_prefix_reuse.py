@@ -117,3 +117,24 @@ def test_a_refused_prompt_after_a_kept_prefix_leaves_the_sequence_clean(smollm2:
     assert second._native.take(REPLY) == alone._native.take(REPLY)
     with pytest.raises(GenerationError, match="gave its sequence back"):
         first.checkpoint()
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 10, 32 << 20])
+def test_a_prompt_cache_keeps_given_back_states_after_their_sequence_is_taken(smollm2: Model, cache_bytes: int) -> None:
+    """One sequence, prompts that alternate: only the states kept in memory (``prompt_cache_bytes``, the least
+    recently used dropped first; a state larger than the cache is not kept) let each prompt find its earlier cells;
+    every reply is its lone reply either way."""
+    engine = SharedEngine(
+        smollm2, n_seq=1, n_ctx=N_CTX, n_batch=EXACT_PROMPT_ROWS, n_threads=N_THREADS, prompt_cache_bytes=cache_bytes
+    )
+    prompts = [encode_prompt(smollm2, STEMS[stem] + ENDINGS[1]) for stem in (0, 1, 0, 1)]
+    for prompt in prompts:
+        generator = Generator(smollm2, n_ctx=N_CTX, n_batch=EXACT_PROMPT_ROWS, engine=engine, mode="ngram")
+        generator.set_logprobs(3)
+        generator._native.prefill(prompt)
+        assert recorded(generator, generator._native.take(REPLY)) == lone_reply(
+            smollm2, prompt, EXACT_PROMPT_ROWS, settings={"mode": "ngram"}
+        )
+        generator._native.release_sequence()
+    expected = sum(len(prompt) - 1 for prompt in prompts[2:]) if cache_bytes >= 1 << 20 else 0
+    assert engine.reused_tokens == expected

@@ -193,6 +193,11 @@ def load(config: ServerConfig, engine: SharedEngine | None = None) -> Llama:
     )
 
 
+#: The batched engine's memory for the states of given-back sequences (prompts that start like an earlier one,
+#: once that one's sequence has been taken): about 23 KiB a token of SmolLM2, some 1,400 tokens.
+PROMPT_CACHE_BYTES = 32 << 20
+
+
 def shared_engine(config: ServerConfig) -> SharedEngine | None:
     """The engine the slots share when their generations are batched: one sequence a slot (a slot's Llama gives
     its earlier generation's sequence back before it starts the next one), the threads sized to the machine."""
@@ -204,4 +209,5 @@ def shared_engine(config: ServerConfig) -> SharedEngine | None:
         n_ctx=config.n_ctx,
         n_batch=max(EXACT_PROMPT_ROWS, config.n_draft + 1),  # exact prompts: a prefix serves the next one
         n_threads=config.engine_threads(),
+        prompt_cache_bytes=PROMPT_CACHE_BYTES,
     )
