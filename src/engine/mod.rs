@@ -215,6 +215,14 @@ fn record(log: Option<&mut LogprobLog>, rows: &[&[f32]], tokens: &[i32]) {
     }
 }
 
+/// The refusal of a prefill whose `kept` tokens leave nothing of a prompt of
+/// `len` tokens to decode (its last token's row gives the first token).
+pub fn nothing_to_decode(kept: usize, len: usize) -> Error {
+    Error::Usage(format!(
+        "{kept} kept tokens leave nothing of a {len}-token prompt to decode"
+    ))
+}
+
 /// One generation's target side and drafter, borrowed for a call.
 pub struct Engine<'a> {
     /// The target context.
@@ -249,10 +257,7 @@ impl Engine<'_> {
     pub fn prefill_after(&mut self, prompt: &[i32], kept: usize) -> Result<i32> {
         self.check_prompt(prompt)?;
         if kept >= prompt.len() {
-            return Err(Error::Usage(format!(
-                "{kept} kept tokens leave nothing of a {}-token prompt to decode",
-                prompt.len()
-            )));
+            return Err(nothing_to_decode(kept, prompt.len()));
         }
         self.decode_prompt(&prompt[kept..], kept)?;
         self.begin_after_prompt(prompt, -1)

@@ -525,10 +525,7 @@ fn prefill_shared(
     let rest = prompt.get(kept..).unwrap_or_default();
     let chunks: Vec<&[i32]> = rest.chunks(member.config.n_batch as usize).collect();
     let Some((last, before)) = chunks.split_last() else {
-        return Err(Error::Usage(format!(
-            "{kept} kept tokens leave nothing of a {}-token prompt to decode",
-            prompt.len()
-        )));
+        return Err(crate::engine::nothing_to_decode(kept, prompt.len()));
     };
     let mut start = kept;
     for piece in before {

@@ -345,30 +345,42 @@ impl SharedEngine {
         let Some(plan) = plan else {
             return Ok(Round::default());
         };
-        shared.submit(seq, Rows::Round(plan.clone()));
+        let (mut shared, (first_row, micros, failed)) =
+            self.decoded(shared, seq, Rows::Round(plan.clone()));
+        let outcome = match failed {
+            None => history_engine(&mut shared.target, member, batch, seq, |engine, at| {
+                engine.finish_round(&at, plan, first_row, micros)
+            }),
+            Some(message) => Err(undo_failed_decode(
+                &mut shared.target,
+                seq,
+                plan.n_past,
+                &message,
+            )),
+        };
+        self.core.read(&mut shared, seq);
+        outcome
+    }
+
+    /// Submit `rows` of sequence `seq` to the decoder and wait until they are
+    /// decoded: the lock, held while they are published, and their first
+    /// row, the decode's time and its failure ([`Shared::published_for`]).
+    fn decoded<'a>(
+        &self,
+        mut shared: MutexGuard<'a, Shared>,
+        seq: i32,
+        rows: Rows,
+    ) -> (MutexGuard<'a, Shared>, (i32, u64, Option<String>)) {
+        shared.submit(seq, rows);
         self.core.work.notify_one();
         loop {
-            if let Some((first_row, micros, failed)) = shared.published_for(seq) {
-                let outcome = match failed {
-                    None => history_engine(&mut shared.target, member, batch, seq, |engine, at| {
-                        engine.finish_round(&at, plan, first_row, micros)
-                    }),
-                    Some(message) => Err(undo_failed_decode(
-                        &mut shared.target,
-                        seq,
-                        plan.n_past,
-                        &message,
-                    )),
-                };
-                self.core.read(&mut shared, seq);
-                return outcome;
+            if let Some(published) = shared.published_for(seq) {
+                return (shared, published);
             }
             shared = self.wait(shared);
         }
     }
-}
 
-impl SharedEngine {
     /// Decode `tokens`, a chunk of sequence `seq`'s prompt at positions
     /// `start..`, on the decoder (beside other sequences' rows when all fit
     /// in exact rows: each row's bits are its single decode's either way).
@@ -381,25 +393,18 @@ impl SharedEngine {
         tokens: &[i32],
         start: usize,
     ) -> Result<(MutexGuard<'_, Shared>, i32)> {
-        let mut shared = self.lock();
         let rows = Rows::Prompt {
             tokens: tokens.to_vec(),
             start,
         };
-        shared.submit(seq, rows);
-        self.core.work.notify_one();
-        loop {
-            if let Some((first_row, _, failed)) = shared.published_for(seq) {
-                let Some(message) = failed else {
-                    let last_row = first_row + tokens.len() as i32 - 1;
-                    return Ok((shared, last_row));
-                };
-                let error = undo_failed_decode(&mut shared.target, seq, start, &message);
-                self.done_reading(&mut shared, seq);
-                return Err(error);
-            }
-            shared = self.wait(shared);
-        }
+        let (mut shared, (first_row, _, failed)) = self.decoded(self.lock(), seq, rows);
+        let Some(message) = failed else {
+            let last_row = first_row + tokens.len() as i32 - 1;
+            return Ok((shared, last_row));
+        };
+        let error = undo_failed_decode(&mut shared.target, seq, start, &message);
+        self.done_reading(&mut shared, seq);
+        Err(error)
     }
 
     /// `seq` has read its rows of the published decode.
@@ -720,9 +725,10 @@ impl Drop for Attached {
             return;
         };
         let tokens = self.keep.take().unwrap_or_default();
-        let kept = crate::engine::position(tokens.len())
-            .is_ok_and(|n| tokens.is_empty() || shared.target.seq_rm(self.seq, n, -1));
-        if kept && !tokens.is_empty() {
+        let kept = !tokens.is_empty()
+            && crate::engine::position(tokens.len())
+                .is_ok_and(|n| shared.target.seq_rm(self.seq, n, -1));
+        if kept {
             shared.save(self.seq, &tokens);
             shared.releases += 1;
             shared.kept[seq] = Kept {

@@ -207,11 +207,7 @@ impl CpuCounters {
             .try_fold(0_u64, |a, &b| a.checked_add(b))?;
         let total = busy.checked_add(idle)?.checked_add(iowait)?;
         // utime and stime: fields 14 and 15, the 12th and 13th after the name's closing parenthesis.
-        let mut after_name = own_stat
-            .rsplit_once(')')?
-            .1
-            .split_ascii_whitespace()
-            .skip(11);
+        let mut after_name = fields_after_name(own_stat)?.skip(11);
         let utime: u64 = after_name.next()?.parse().ok()?;
         let stime: u64 = after_name.next()?.parse().ok()?;
         Some(Self {
@@ -251,9 +247,15 @@ fn own_runnable_threads() -> Option<u32> {
     Some(runnable.max(1))
 }
 
-/// The state letter of a `/proc/<pid>/task/<tid>/stat` text (after the name's closing parenthesis).
+/// The state letter of a `/proc/<pid>/task/<tid>/stat` text.
 pub(crate) fn task_state(stat: &str) -> Option<char> {
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+    fields_after_name(stat)?.next()?.chars().next()
+}
+
+/// The fields of a `/proc/<pid>/stat` text after the name (which may hold
+/// spaces and parentheses: it ends at the last closing one), the state first.
+fn fields_after_name(stat: &str) -> Option<std::str::SplitAsciiWhitespace<'_>> {
+    Some(stat.rsplit_once(')')?.1.split_ascii_whitespace())
 }
 
 /// The threads of `configured` that `online` CPUs give beside a smoothed `load` of other tasks (a task counts
