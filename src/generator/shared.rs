@@ -548,7 +548,12 @@ impl Shared {
         let Some(range) = decode_groups(rows).into_iter().next() else {
             return;
         };
-        let group: Vec<Submission> = self.pending.drain(range).collect();
+        let mut group: Vec<Submission> = self.pending.drain(range).collect();
+        // In the order of their sequences: llama.cpp computes a batch over
+        // several KV streams in one pass only where its sequences are
+        // consecutive ids in increasing order (`split_equal`), and otherwise
+        // in one pass per run of them.
+        group.sort_by_key(|submission| submission.seq);
         if self.pending.is_empty() {
             self.window_end = None;
         }

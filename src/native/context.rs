@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use llama_cpp_sys_4 as sys;
 
+use super::pool::GraphPool;
 use super::seq_state::{check_recurrent_cells, Memories};
 use super::threads::{resolved, threads_now, InFlight};
 use super::{Batch, Model, NativeError, NativeResult};
@@ -147,6 +148,8 @@ pub(crate) struct ContextHandle {
     _model: Arc<Model>,
     /// The context this one is linked to (`ctx_other`), freed after it.
     other: Option<Arc<ContextHandle>>,
+    /// The threads its graphs run on, freed after it.
+    _pool: Option<GraphPool>,
 }
 
 // SAFETY: the handle dereferences `raw` only when it frees it, once, in
@@ -257,11 +260,17 @@ impl Context {
                 model.path().display()
             ))
         })?;
+        let pool = GraphPool::new(threads);
+        if let Some(pool) = &pool {
+            // SAFETY: the context is live; the handle below frees it before the pool (a field).
+            unsafe { pool.attach(raw) };
+        }
         let handle = Arc::new(ContextHandle {
             raw,
             busy: Mutex::new(()),
             _model: Arc::clone(&model),
             other: other.map(|context| Arc::clone(&context.handle)),
+            _pool: pool,
         });
         Ok(Self {
             raw,

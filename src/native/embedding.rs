@@ -15,6 +15,7 @@ use std::sync::Arc;
 use llama_cpp_sys_4 as sys;
 
 use super::context::fit_threads;
+use super::pool::GraphPool;
 use super::threads::resolved;
 use super::{Batch, Model, NativeError, NativeResult, OutOfVocabulary};
 use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS};
@@ -171,6 +172,8 @@ pub struct Embedder {
     encoder: bool,
     /// The threads its graphs may use (resolved, never 0), as many of them as the machine gives ([`threads_now`]).
     n_threads: i32,
+    /// The threads its graphs run on, freed after the context (a field; `Drop` frees the context).
+    _pool: Option<GraphPool>,
 }
 
 // SAFETY: a llama.cpp context has no thread affinity; what it forbids is
@@ -249,6 +252,11 @@ impl Embedder {
                 model.path().display()
             ))
         })?;
+        let pool = GraphPool::new(threads);
+        if let Some(pool) = &pool {
+            // SAFETY: the context is live; `Drop` frees it before the pool (a field).
+            unsafe { pool.attach(raw) };
+        }
         let mut embedder = Self {
             raw,
             model,
@@ -258,6 +266,7 @@ impl Embedder {
             pooling: Pooling::None,
             encoder,
             n_threads: threads,
+            _pool: pool,
         };
         // SAFETY: the context is live; a plain getter.
         let resolved = unsafe { sys::llama_pooling_type(embedder.raw.as_ptr()) };

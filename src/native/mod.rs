@@ -16,6 +16,7 @@ mod embedding;
 mod grammar;
 pub mod info;
 mod model;
+mod pool;
 mod seq_state;
 mod session;
 pub mod threads;

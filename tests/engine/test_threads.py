@@ -180,3 +180,25 @@ def test_fixed_threads_keep_the_configured_count() -> None:
     env = {**os.environ, "SPECSTATE_FIXED_THREADS": "1"}
     fixed = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True)
     assert fixed.stdout.strip() == "7"
+
+
+def _threads_of_this_process() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process's threads from Linux's /proc")
+def test_a_context_keeps_its_graph_threads_between_decodes(llama_model: Model) -> None:
+    """ggml's workers are created with the context, sleep between its graphs and go with it (src/native/pool.rs),
+    rather than created and joined for every decode."""
+    before = _threads_of_this_process()
+    context = Context(llama_model, n_ctx=64, n_threads=3)
+    workers = _threads_of_this_process() - before
+    assert len(workers) == 2  # the caller is the third
+    for position in range(8):
+        context.decode([1 + position], position)
+        assert _threads_of_this_process() - before == workers  # the same threads, none new, none gone
+    single = Context(llama_model, n_ctx=64, n_threads=1)
+    single.decode([1], 0)
+    assert _threads_of_this_process() - before == workers  # one thread needs no worker
+    del context, single
+    assert _threads_of_this_process() - before == set()

@@ -1,0 +1,56 @@
+//! A context's graph threads, kept between its graphs (`ggml_threadpool_new`).
+//!
+//! Without one, ggml's CPU backend creates its worker threads for every graph and joins them after it
+//! (a "disposable" pool): one `pthread_create` and one join per worker per decode, and a fresh thread the
+//! kernel has to place each time. `perf sched` of four generations on a shared engine counted one new,
+//! short-lived thread per decode (724 tasks for 300 decodes). A kept pool's workers sleep between graphs
+//! (`poll` 0: ggml's polling level counts in units of 131,072 `pause`s, milliseconds of a spinning core that
+//! the threads handing out tokens need between decodes) and are woken by the next graph. Which thread runs
+//! which rows does not change, so neither does a bit of any result.
+
+use std::ptr::NonNull;
+
+use llama_cpp_sys_4 as sys;
+
+/// The worker threads of one context's graphs, freed after the context (its owner drops it last).
+pub(crate) struct GraphPool(NonNull<sys::ggml_threadpool>);
+
+// SAFETY: the pool is used only by the graphs of the one context it is
+// attached to, which runs one graph at a time; ggml's pool has no thread
+// affinity (its workers wait on its own mutex and condition variable).
+unsafe impl Send for GraphPool {}
+// SAFETY: as for `Send`: a shared reference gives no access to the pool.
+unsafe impl Sync for GraphPool {}
+
+impl GraphPool {
+    /// A pool of `threads` (the caller among them; `threads - 1` workers), or `None` for one thread, which
+    /// needs no worker.
+    pub(crate) fn new(threads: i32) -> Option<Self> {
+        if threads <= 1 {
+            return None;
+        }
+        // SAFETY: returns a plain struct of defaults.
+        let mut params = unsafe { sys::ggml_threadpool_params_default(threads) };
+        params.poll = 0;
+        // SAFETY: `params` is a valid, initialised parameter struct whose
+        // thread count is bounded by the caller (`check_threads`).
+        NonNull::new(unsafe { sys::ggml_threadpool_new(&mut params) }).map(Self)
+    }
+
+    /// Let `context`'s graphs run on this pool.
+    ///
+    /// # Safety
+    /// `context` is live and freed before this pool.
+    pub(crate) unsafe fn attach(&self, context: NonNull<sys::llama_context>) {
+        // SAFETY: both live; the caller frees the context before the pool.
+        unsafe { sys::llama_attach_threadpool(context.as_ptr(), self.0.as_ptr(), self.0.as_ptr()) };
+    }
+}
+
+impl Drop for GraphPool {
+    fn drop(&mut self) {
+        // SAFETY: created by `ggml_threadpool_new`, freed once; the context
+        // that ran graphs on it is gone (the owner's promise, `attach`).
+        unsafe { sys::ggml_threadpool_free(self.0.as_ptr()) };
+    }
+}
