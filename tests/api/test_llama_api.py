@@ -379,7 +379,11 @@ def test_constructor_arguments(tiny_chat: Path) -> None:
         Llama(str(tiny_chat), chat_format="alpaca")  # llama-cpp-python names llama.cpp has no template for
     with pytest.raises(ValueError, match="mode"):
         Llama(str(tiny_chat), mode="fast")  # type: ignore[arg-type]
-    wrong: list[tuple[str, Any]] = [("seed", True), ("n_ctx", "64"), ("n_threads", True), ("n_draft", 2.0)]
+    with pytest.raises(ValueError, match="draft_policy"):
+        Llama(str(tiny_chat), draft_policy="greedy")  # type: ignore[arg-type]
+    wrong: list[tuple[str, Any]] = [
+        *(("seed", True), ("n_ctx", "64"), ("n_threads", True), ("n_draft", 2.0), ("cost_curve", [1, 2.5]))
+    ]
     for name, value in wrong:
         with pytest.raises(TypeError, match=name):
             Llama(str(tiny_chat), **{name: value})
@@ -389,6 +393,22 @@ def test_constructor_arguments(tiny_chat: Path) -> None:
     assert "<|im_start|>" in llm.model.detokenize(llm.chat_generator.prompt_tokens, special=True)  # type: ignore[union-attr]
     llm.reset()
     assert llm.chat_generator is None and reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_adaptive_llama_pins_one_cost_curve_for_all_its_generations(tiny_chat: Path) -> None:
+    assert tiny_llama(tiny_chat, mode="ngram").pin_cost_curve() is None  # the fixed policy has none
+    llm = tiny_llama(tiny_chat, mode="ngram", n_draft=3, draft_policy="adaptive")
+    curve = llm.pin_cost_curve()
+    assert curve is not None and len(curve) == 4 and all(cost > 0 for cost in curve)  # 1..n_draft + 1 rows
+    assert llm.pin_cost_curve() == curve  # measured once
+    greedy = text_of(llm.create_completion(PROMPT, max_tokens=12, temperature=0))
+    assert llm._last is not None and llm._last.cost_curve == curve  # the generations draft from it
+    assert greedy == text_of(tiny_llama(tiny_chat).create_completion(PROMPT, max_tokens=12, temperature=0))
+    # Two objects pinned alike draft alike, so a sampled reply is the same from either.
+    again = tiny_llama(tiny_chat, mode="ngram", n_draft=3, draft_policy="adaptive", cost_curve=curve)
+    assert again.pin_cost_curve() == curve
+    sampled = [x.create_completion(PROMPT, max_tokens=12, temperature=0.9, seed=7) for x in (llm, again)]
+    assert text_of(sampled[0]) == text_of(sampled[1])
 
 
 # --- a real model --------------------------------------------------------------------------------

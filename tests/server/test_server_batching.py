@@ -10,6 +10,7 @@ from typing import Any
 
 from specstate import Llama
 from specstate._native import EXACT_PROMPT_ROWS
+from specstate._typing import DraftPolicy
 from test_server import Live, config
 
 PROMPTS = [
@@ -29,9 +30,19 @@ def ask(live: Live, prompt: str, seed: int) -> str:
     return reply.choices[0].message.content or ""
 
 
-def alone(path: Path, prompt: str, seed: int) -> str:
-    """The same request on a Llama of its own (its own model and contexts), its prompt in the server's exact chunks."""
-    llama = Llama(path, mode="ngram", n_ctx=512, n_threads=2, n_batch=EXACT_PROMPT_ROWS)
+def alone(path: Path, prompt: str, seed: int, cost_curve: list[int] | None = None) -> str:
+    """The same request on a Llama of its own (its own model and contexts), its prompt in the server's exact chunks,
+    its drafts chosen from the server's cost curve (adaptive; None: the fixed policy)."""
+    policy: DraftPolicy = "fixed" if cost_curve is None else "adaptive"
+    llama = Llama(
+        path,
+        mode="ngram",
+        n_ctx=512,
+        n_threads=2,
+        n_batch=EXACT_PROMPT_ROWS,
+        draft_policy=policy,
+        cost_curve=cost_curve,
+    )
     options: dict[str, Any] = {"max_tokens": 24, "temperature": 0.8 if seed % 2 else 0.0, "seed": seed}
     reply = llama.create_chat_completion([{"role": "user", "content": prompt}], **options)
     return str(reply["choices"][0]["message"]["content"])
@@ -50,7 +61,11 @@ def test_concurrent_chats_on_batched_slots_get_their_lone_replies(smollm2_file: 
             thread.start()
         for thread in threads:
             thread.join(timeout=300)
-        assert [replies[i] for i in range(len(PROMPTS))] == [alone(smollm2_file, p, i) for i, p in enumerate(PROMPTS)]
+        curve = live.state.slots[0].cost_curve
+        assert curve is not None and len(curve) == 9  # n_draft + 1 entries, measured once:
+        assert all(slot.cost_curve == curve for slot in live.state.slots)  # every slot drafts from it
+        expected = [alone(smollm2_file, p, i, curve) for i, p in enumerate(PROMPTS)]
+        assert [replies[i] for i in range(len(PROMPTS))] == expected
         metrics = live.get("/metrics")[1]
         counted = {name: int(value) for name, value in re.findall(r"specstate_batch_(\w+)_total (\d+)", metrics)}
         assert counted["decodes"] > 0 and counted["rows"] >= counted["sequences"] >= counted["decodes"]
@@ -62,6 +77,6 @@ def test_separate_slots_keep_a_model_each(smollm2_file: Path) -> None:
     live = Live(config(smollm2_file, slots=2, n_threads=1, n_ctx=512, separate_slots=True))
     try:
         assert live.state.engine is None
-        assert ask(live, PROMPTS[0], 0) == alone(smollm2_file, PROMPTS[0], 0)
+        assert ask(live, PROMPTS[1], 1) == alone(smollm2_file, PROMPTS[1], 1, live.state.slots[0].cost_curve)
     finally:
         live.stop()

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from specstate._typing import Mode
+from specstate._typing import DraftPolicy, Mode
 from specstate.cli._args import N_CTX, Range, UsageError, chat_template
 from specstate.serve.config import Option, ServerConfig
 from specstate.serve.request import RequestLimits
@@ -42,6 +42,10 @@ RANGES = (
 )
 
 
+#: The fields whose values are one of a few names, by their type's name.
+CHOICES: dict[str, Any] = {"Mode": Mode, "DraftPolicy": DraftPolicy}
+
+
 def add_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the server extra)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -57,8 +61,8 @@ def _add_option(parser: argparse.ArgumentParser, spec: dataclasses.Field[Any], o
         parser.add_argument(flag, type=Path, required=True, help=option.help)
     elif spec.type == "bool":
         parser.add_argument(flag, action="store_true", help=option.help)
-    elif spec.type == "Mode":
-        choices = get_args(Mode)
+    elif spec.type in CHOICES:
+        choices = get_args(CHOICES[spec.type])
         parser.add_argument(flag, choices=choices, default=spec.default, help=f"{option.help} (default {spec.default})")
     elif spec.type == "int":
         default = spec.default // option.unit

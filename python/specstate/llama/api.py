@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from specstate._native import Model, SharedEngine
-from specstate._typing import GeneratorSettings, Mode
+from specstate._typing import DraftPolicy, GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template, render_tools, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
 from specstate.errors import ChatTemplateError
@@ -84,6 +84,12 @@ class Llama:
         mode: specstate's speculative mode: ``none`` (default), ``ngram``, ``draft``, ``mtp``, ``eagle3``.
         draft_model_path: the draft model of the ``draft`` and ``eagle3`` modes.
         n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
+        draft_policy: ``fixed`` (default: every round drafts up to ``n_draft``) or ``adaptive`` (each round's
+            length chosen from a cost curve and the recent acceptance; speculative modes), as for a
+            :class:`~specstate.Generator`.
+        cost_curve: the adaptive policy's cost curve, pinned for every generation (microseconds to verify 1, 2,
+            ... ``n_draft + 1`` rows; default None: each generation measures its own before its prompt). One
+            curve for all makes each reply's draft lengths, and so a sampled reply, the same in every generation.
         last_n_tokens_size: tokens of the history the repetition penalties count
             (default :data:`LAST_N_TOKENS_SIZE`; 0: none, -1: the whole history).
         chat_format: None (the model's own template; ChatML, with a warning, for a model without one), or a
@@ -152,6 +158,8 @@ class Llama:
         mode: Mode = "none",
         draft_model_path: str | os.PathLike[str] | None = None,
         n_draft: int = N_DRAFT,
+        draft_policy: DraftPolicy = "fixed",
+        cost_curve: Sequence[int] | None = None,
         last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
         chat_template: str | None = None,
@@ -164,6 +172,9 @@ class Llama:
         check_llama_cpp_options(llama_cpp_options)
         if mode not in get_args(Mode):
             raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, not {mode!r}")
+        if draft_policy not in get_args(DraftPolicy):
+            raise ValueError(f"draft_policy must be one of {', '.join(get_args(DraftPolicy))}, not {draft_policy!r}")
+        curve = None if cost_curve is None else [_integer("cost_curve's entries", cost) for cost in cost_curve]
         threads = 0 if n_threads is None else n_threads
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_draft", n_draft), ("n_threads", threads)):
             _integer(name, value)  # the ranges are the generator's to check
@@ -187,7 +198,10 @@ class Llama:
             "n_ctx": n_ctx if engine is None else engine.n_ctx,
             "n_batch": n_batch if engine is None else min(n_batch, engine.n_batch),
             "n_threads": threads,
+            "draft_policy": draft_policy,
         }
+        if curve is not None:
+            self._settings["cost_curve"] = curve
         #: The shared engine the generations decode on (None: each its own context).
         self.engine = engine
         if engine is not None:
@@ -201,6 +215,26 @@ class Llama:
         self._cache: BaseLlamaCache | None = None
 
     # --- state and cache, llama-cpp-python's way -------------------------------------------------
+
+    def pin_cost_curve(self) -> list[int] | None:
+        """With the adaptive draft policy, measure its cost curve once (a one-token generation on this object's
+        contexts, or a sequence of its engine) and pin it for every later generation; return the pinned curve
+        (None with the fixed policy). ``specstate serve`` does this at its start and gives the curve to every
+        slot: each request then drafts from the same curve, so a sampled reply does not depend on which slot,
+        or which run of the server, gave it."""
+        if self._settings.get("draft_policy") != "adaptive":
+            return None
+        if "cost_curve" not in self._settings:
+            self._let_go()
+            probe = Generator(self.model, **self._settings)
+            probe.generate(self.model.tokenize("Hello", add_special=True), max_tokens=1)
+            curve = probe.cost_curve
+            if self.engine is not None:
+                probe._native.release_sequence()
+            if curve is not None:
+                self._settings["cost_curve"] = curve
+        pinned = self._settings.get("cost_curve")
+        return None if pinned is None else list(pinned)
 
     def save_state(self) -> LlamaState:
         """The state of the last call's generation (a chat's or a completion's), as a picklable

@@ -123,15 +123,17 @@ class Server:
             self.template = _template_source(self.model, self.config.chat_template)
             return
         self.engine = shared_engine(self.config)
+        cost_curve = None  # the adaptive policy's, measured by the first slot and pinned for every slot
         for _ in range(self.config.slots):
             loaded = threading.Event()
-            slot = Slot(self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine)
+            slot = Slot(self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve)
             slot.start()
             loaded.wait()
             if slot.error is not None:
                 self.scheduler.close()
                 raise slot.error
             self.slots.append(slot)
+            cost_curve = slot.cost_curve
         assert self.slots[0].llama is not None
         self.model = self.slots[0].llama.model
         self.template = _template_source(self.model, self.config.chat_template)

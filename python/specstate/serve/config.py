@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from specstate import _defaults
 from specstate._native import MAX_THREADS, default_threads
-from specstate._typing import U32_MAX, Mode
+from specstate._typing import U32_MAX, DraftPolicy, Mode
 from specstate.batching import BATCHED_MODES
 from specstate.serve.request import RequestLimits
 
@@ -50,6 +50,13 @@ class ServerConfig:
     )
     n_draft: int = field(
         default=_defaults.N_DRAFT, metadata=_option("most tokens drafted per round", low=1, high=U32_MAX)
+    )
+    #: How long each round's draft is in speculative modes: ``adaptive`` (the default: chosen each round from the
+    #: cost curve measured once when the server starts and the request's recent acceptance) or ``fixed`` (up to
+    #: ``n_draft`` every round).
+    draft_policy: DraftPolicy = field(
+        default="adaptive",
+        metadata=_option("adaptive: each round's draft length from a cost curve measured at the start; fixed: n_draft"),
     )
     #: Context length of each slot (0: the model's trained length).
     n_ctx: int = field(default=_defaults.N_CTX, metadata=_option("context length of each slot (0: the model's)"))
@@ -136,6 +143,10 @@ class ServerConfig:
     def batched(self) -> bool:
         """Whether the slots' generations decode together on one :class:`~specstate.SharedEngine`."""
         return not self.separate_slots and self.mode in BATCHED_MODES
+
+    def policy(self) -> DraftPolicy:
+        """The draft policy the slots' generations run: ``draft_policy`` when speculating, else ``fixed``."""
+        return "fixed" if self.mode == "none" else self.draft_policy
 
     def engine_threads(self) -> int:
         """Threads of the batched engine: ``n_threads``, or the default thread count (docs/threads.md)."""

@@ -36,16 +36,19 @@ class Slot(threading.Thread):
         cache: ConversationCache,
         loaded: threading.Event,
         engine: SharedEngine | None = None,
+        cost_curve: list[int] | None = None,
     ) -> None:
         super().__init__(daemon=True, name="specstate-slot")
         self.config, self.scheduler, self.metrics, self.cache, self.loaded = config, scheduler, metrics, cache, loaded
         self.engine = engine
+        self.cost_curve = cost_curve
         self.llama: Llama | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.llama = load(self.config, self.engine)
+            self.llama = load(self.config, self.engine, self.cost_curve)
+            self.cost_curve = self.llama.pin_cost_curve()
         except BaseException as error:  # reported by serve() before it listens
             self.error = error
             return
@@ -178,8 +181,10 @@ def _pairs(messages: Sequence[Message]) -> list[tuple[str, str]]:
     return [(message["role"], message["content"]) for message in messages]
 
 
-def load(config: ServerConfig, engine: SharedEngine | None = None) -> Llama:
-    """A slot's :class:`Llama`: its generations on ``engine``'s sequences, or a model and contexts of its own."""
+def load(config: ServerConfig, engine: SharedEngine | None = None, cost_curve: list[int] | None = None) -> Llama:
+    """A slot's :class:`Llama`: its generations on ``engine``'s sequences, or a model and contexts of its own;
+    with the adaptive draft policy, ``cost_curve`` pinned (None: the slot measures it, and the server gives it to
+    the next slots)."""
     return Llama(
         config.model_path,
         engine=engine,
@@ -188,6 +193,8 @@ def load(config: ServerConfig, engine: SharedEngine | None = None) -> Llama:
         mode=config.mode,
         draft_model_path=config.draft_model_path,
         n_draft=config.n_draft,
+        draft_policy=config.policy(),
+        cost_curve=cost_curve,
         chat_template=config.chat_template,
         seed=-1,
     )
