@@ -596,10 +596,12 @@ fn greedy_choice(
 /// row after the i-th verified token). Row `i` follows the history and the
 /// draft tokens before it, so its penalties count them, as plain decoding's
 /// would. Greedy: keep draft tokens while they equal the target's choice.
-/// Sampling: standard speculative rejection sampling, with
-/// `draft_dists[i]` the draft's distribution for token i, or a point mass on
-/// the drafted token when the drafter gives none; the committed tokens then
-/// follow the target's own distribution exactly.
+/// Sampling: standard speculative rejection sampling against
+/// `draft_dists[i]`, the draft's distribution for token i; a drafter that
+/// gives none (a point mass on the drafted token) has each row's token drawn
+/// as plain sampling draws it and compared, which commits the tokens plain
+/// sampling commits with the same seed, whatever the draft. The committed
+/// tokens follow the target's own distribution exactly either way.
 pub fn verify<'a>(
     rows: impl Fn(usize) -> &'a [f32],
     round: Round<'_>,
@@ -648,8 +650,8 @@ pub fn verify<'a>(
 
 /// Judge one drafted `token` against its row: `None` accepts it, `Some(next)`
 /// rejects it with the token committed in its place. Greedy: accept when it
-/// is the target's choice. Sampling: rejection sampling against `q` (a point
-/// mass on the token when the drafter gives no distribution).
+/// is the target's choice. Sampling: rejection sampling against `q`, or
+/// (no distribution) accept when it is the target's draw.
 fn judge_row(
     row: &[f32],
     token: i32,
@@ -664,8 +666,16 @@ fn judge_row(
         return Ok((choice != token).then_some(choice));
     }
     let p = constrained_distribution(row, params, seen, grammar)?;
-    let point = vec![(token, 1.0)];
-    let q: &[(i32, f64)] = q.map_or(&point, |dist| dist);
+    let Some(q) = q else {
+        // A drafted token with no distribution (a point mass): draw the
+        // row's token as plain decoding draws it, with one uniform, and keep
+        // the draft while it matches. Accepted with probability p(token), the
+        // rejection committing a draw of p without that token: what rejection
+        // sampling against a point mass gives, with the RNG drawn exactly as
+        // without a draft, so the text does not depend on the draft lengths.
+        let drawn = sample(&p, rng);
+        return Ok((drawn != token).then_some(drawn));
+    };
     let (pt, qt) = (probability(&p, token), probability(q, token));
     if qt > 0.0 && rng.uniform() < pt / qt {
         return Ok(None);

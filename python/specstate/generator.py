@@ -22,12 +22,14 @@ What each mode guarantees:
   same token decoded alone, at any thread count (on a GPU, batched kernels
   can part at near-ties).
 * Seeded sampling (``temperature > 0``, ``top_k``, ``top_p``, ``seed``):
-  drafts are verified by speculative rejection sampling (the draft model's
-  distribution in ``draft`` mode, a point mass on the drafted token in the
-  other modes), so committed tokens follow the target's sampling
-  distribution exactly. The samples themselves differ from ``none`` mode's
-  (the RNG is consumed differently), but each mode is reproducible from its
-  seed.
+  in ``ngram``, ``mtp`` and ``eagle3`` modes (drafts without a distribution)
+  each verified row's token is drawn as plain sampling draws it and the
+  draft kept while it matches, so a seeded reply is ``none`` mode's, token for
+  token, whatever the drafts. ``draft`` mode verifies by speculative
+  rejection sampling against the draft model's distribution (more drafts
+  accepted): committed tokens follow the target's sampling distribution
+  exactly, but the samples differ from ``none`` mode's (the RNG is consumed
+  differently). Every mode is reproducible from its seed.
 * Every mode: a checkpoint taken between rounds resumes bit for bit -- the
   continuation equals the uninterrupted run token for token, in any process
   that has the same model files, at any thread count. The RNG state is part

@@ -25,8 +25,9 @@
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve in microseconds, the counts in fixed point), and the choice is a
-//! pure function of it. A sampled generation's text depends on its draft
-//! lengths (they decide how the RNG is drawn), so its curve never changes
+//! pure function of it. A sampled `draft`-mode generation's text depends on
+//! its draft lengths (rejection sampling against the draft's distribution
+//! decides how the RNG is drawn), so a sampled generation's curve never changes
 //! after it is measured: a restored generation makes the same choices as the
 //! uninterrupted one, token for token. A greedy generation's text does not
 //! (verification gives each token its single decode's logits, on the CPU), so

@@ -14,6 +14,7 @@ import sys
 import threading
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -194,6 +195,41 @@ def test_seeded_sampling_is_reproducible(tiny_map: dict[str, Path], mode: str) -
     greedy = tiny_generator(mode, tiny_map)
     greedy.generate("seeded", max_tokens=40)
     assert greedy.tokens != runs[0]
+
+
+def _sampled_pair(
+    smollm2: Model, seed: int, temperature: float, n_draft: int, policy: str
+) -> tuple[Generator, Generator]:
+    """The same seeded reply to ``REPEATING`` from plain sampling and from ``ngram`` (its cost curve pinned)."""
+    chain: dict[str, Any] = dict(temperature=temperature, top_k=40, top_p=0.95, seed=seed)
+    plain = Generator(smollm2, n_ctx=512, n_threads=2, **chain)
+    plain.generate(REPEATING, max_tokens=40)
+    curve = [5_000 + 4_000 * rows for rows in range(1, n_draft + 2)]  # pinned: no timing in the test
+    adaptive: dict[str, Any] = {"draft_policy": "adaptive", "cost_curve": curve} if policy == "adaptive" else {}
+    spec = Generator(smollm2, mode="ngram", n_draft=n_draft, n_ctx=512, n_threads=2, **chain, **adaptive)
+    spec.generate(REPEATING, max_tokens=40)
+    return plain, spec
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([0.3, 0.8, 1.5]),
+    n_draft=st.integers(1, 12),
+    policy=st.sampled_from(["fixed", "adaptive"]),
+)
+@settings(max_examples=examples(ci=12, dev=4), deadline=None)
+def test_sampled_prompt_lookup_commits_the_tokens_plain_sampling_commits(
+    smollm2: Model, seed: int, temperature: float, n_draft: int, policy: str
+) -> None:
+    """``ngram`` drafts carry no distribution: each verified row's token is drawn as plain sampling draws it and
+    the draft kept while it matches, so a seeded reply is plain sampling's whatever the drafts' lengths."""
+    plain, spec = _sampled_pair(smollm2, seed, temperature, n_draft, policy)
+    assert spec.tokens == plain.tokens
+
+
+def test_sampled_prompt_lookup_accepts_drafts(smollm2: Model) -> None:
+    plain, spec = _sampled_pair(smollm2, seed=1, temperature=0.3, n_draft=8, policy="fixed")
+    assert spec.tokens == plain.tokens and spec.accepted > 0  # drafts verified and kept, not skipped
 
 
 @pytest.mark.parametrize("mode", MODES)

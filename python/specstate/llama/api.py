@@ -220,8 +220,8 @@ class Llama:
         """With the adaptive draft policy, measure its cost curve once (a one-token generation on this object's
         contexts, or a sequence of its engine) and pin it for every later generation; return the pinned curve
         (None with the fixed policy). ``specstate serve`` does this at its start and gives the curve to every
-        slot: each request then drafts from the same curve, so a sampled reply does not depend on which slot,
-        or which run of the server, gave it."""
+        slot: no request waits for a measurement, and each drafts from the same curve (a sampled ``draft``-mode
+        reply, whose text depends on its draft lengths, is then the same from every slot)."""
         if self._settings.get("draft_policy") != "adaptive":
             return None
         if "cost_curve" not in self._settings:
