@@ -197,7 +197,9 @@ def native_info() -> NativeInfo:
     ``llama-cpp-sys-4``); ``llama_cpp_build`` and ``llama_cpp_commit`` (the
     llama.cpp it vendors); ``backends`` compiled in (``cpu``, ``cuda``,
     ``metal``); ``cpu_baseline`` and the ``simd_features`` ggml's CPU kernels
-    were compiled for; ``system_info``, llama.cpp's own summary; ``devices``,
+    were compiled for; ``exact_sums``, how verification's exact multi-column
+    kernels sum on this CPU (``avx2``, ``avxvnni`` or ``avx512vnni``, chosen at
+    run time, the same bits every way; ``none``); ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (name, description, type, memory in bytes): the
     CPU, then each GPU of a backend compiled in that finds one. A CUDA build on
     a machine without a GPU or NVIDIA driver lists the CPU alone. Asking a GPU

@@ -65,7 +65,9 @@ class NativeInfo(TypedDict):
     ``llama-cpp-sys-4``); ``llama_cpp_build`` and ``llama_cpp_commit`` (the
     llama.cpp it vendors); ``backends`` compiled in (``cpu``, ``cuda``,
     ``metal``); ``cpu_baseline`` and the ``simd_features`` ggml's CPU kernels
-    were compiled for; ``system_info``, llama.cpp's own summary; ``devices``,
+    were compiled for; ``exact_sums``, how verification's exact multi-column
+    kernels sum on this CPU (``avx2``, ``avxvnni`` or ``avx512vnni``, chosen at
+    run time, the same bits every way; ``none``); ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
     """
@@ -77,6 +79,7 @@ class NativeInfo(TypedDict):
     backends: list[str]
     cpu_baseline: str
     simd_features: list[str]
+    exact_sums: str
     system_info: str
     devices: list[DeviceInfo]
 

@@ -87,6 +87,28 @@ pub fn missing_cpu_features() -> Vec<&'static str> {
         .collect()
 }
 
+extern "C" {
+    /// specstate's patch 0005 (`ggml-cpu.c`): how the exact multi-column
+    /// kernels sum their integer products on this CPU (0 AVX2, 1 AVX-VNNI,
+    /// 2 AVX512-VNNI; -1 without such kernels), read once per process.
+    fn ggml_cpu_exact_sums() -> std::os::raw::c_int;
+}
+
+/// How the exact multi-column kernels of verification sum their integer products on this CPU: `avx2`
+/// (maddubs + madd), `avxvnni` or `avx512vnni` (dpbusd: the same sums, fewer instructions), or `none` (no such
+/// kernels in this build). Every way gives the same bits; `GGML_CPU_EXACT_SUMS` in the environment chooses one
+/// this CPU has.
+pub fn exact_sums() -> &'static str {
+    // SAFETY: a parameterless function of the patched ggml-cpu (every build
+    // applies the patches) that reads the CPU once and returns a constant.
+    match unsafe { ggml_cpu_exact_sums() } {
+        0 => "avx2",
+        1 => "avxvnni",
+        2 => "avx512vnni",
+        _ => "none",
+    }
+}
+
 /// The backends compiled into this build.
 pub fn compiled_backends() -> Vec<&'static str> {
     let mut backends = vec!["cpu"];

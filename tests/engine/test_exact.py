@@ -13,6 +13,9 @@ exactly on another thread count (the generation-level tests are the next step of
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from array import array
 from pathlib import Path
 
@@ -82,6 +85,44 @@ def test_verified_rows_equal_single_decodes_bit_for_bit(quantized: dict[str, Mod
             rows = [_bits(context, row) for row in range(n)]
             differing = [row for row in range(n) if rows[row] != reference[row]]
             assert not differing, f"{quant}, {n_threads} threads, batch of {n}: rows {differing} differ"
+
+
+#: The ways of summing the exact multi-column kernels' integer products (patch 0005): AVX2's maddubs + madd, and
+#: VNNI's dpbusd, VEX or EVEX encoded, where the CPU has them (a way it lacks falls back to AVX2).
+EXACT_SUMS = ("avx2", "avxvnni", "avx512vnni")
+SUPPORT = Path(__file__).resolve().parent.parent / "support"
+
+
+def _cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = [line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")] if cpuinfo.exists() else []
+    return set(flags[0].split(":", 1)[1].split()) if flags else set()
+
+
+@pytest.mark.parametrize("quant", ["Q4_1", "Q8_0"])
+def test_every_way_of_summing_gives_the_same_bits(quantized: dict[str, Model], quant: str) -> None:
+    """VNNI's dpbusd gives the integer sums of maddubs + madd (no 16-bit sum can saturate on these operands), so
+    a decode and every verified row have the same bits whichever the CPU runs: each way, in its own process, keeps
+    batch rows equal to single decodes, and all give the same logits."""
+    flags = _cpu_flags()
+    available = {
+        "avx2",
+        *(("avxvnni",) if "avx_vnni" in flags else ()),
+        *(("avx512vnni",) if "avx512_vnni" in flags else ()),
+    }
+    digests = {}
+    for sums in EXACT_SUMS:
+        for n_threads in THREADS:
+            result = subprocess.run(
+                [sys.executable, str(SUPPORT / "exact_sums_worker.py"), str(quantized[quant].path), str(n_threads)],
+                env={**os.environ, "GGML_CPU_EXACT_SUMS": sums},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            ran, digests[sums, n_threads] = result.stdout.split()[-2:]
+            assert ran == (sums if sums in available else "avx2")  # a way the CPU lacks is not taken
+    assert len(set(digests.values())) == 1, digests
 
 
 #: Twenty prompts of different kinds: code, lists, prose, questions, repetition (prompt lookup drafts from these).

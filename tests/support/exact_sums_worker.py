@@ -1,0 +1,43 @@
+"""The logits of a prompt's verified rows, in batches of 2 to 17 and one at a time, under the integer sums that
+``GGML_CPU_EXACT_SUMS`` picks (used by test_exact.py).
+
+Usage: GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni python exact_sums_worker.py MODEL N_THREADS
+Checks that every batch row equals its single decode; prints the way of summing that ran and the SHA-256 of all the
+rows' logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+
+from specstate import Context, Model, native_info
+
+PROMPT = "The committee met on Tuesday to review the budget, the schedule and the open questions. " * 4
+VERIFIED = " and the minutes were approved without a single vote by all of the members who were present there"
+BATCHES = (2, 4, 5, 8, 9, 16, 17)
+
+
+def main() -> None:
+    model, n_threads = Model(sys.argv[1]), int(sys.argv[2])
+    prompt, tokens = model.tokenize(PROMPT), model.tokenize(VERIFIED)[: max(BATCHES)]
+    context = Context(model, n_ctx=512, n_threads=n_threads)
+    context.decode(prompt, 0)
+    state = context.seq_state()
+    singles = []
+    for offset, token in enumerate(tokens):
+        context.decode([token], len(prompt) + offset)
+        singles.append(array("f", context.logits(-1)).tobytes())
+    digest = hashlib.sha256(b"".join(singles))
+    for n in BATCHES:
+        context.set_seq_state(0, state)
+        context.decode(tokens[:n], len(prompt), all_logits=True)
+        rows = [array("f", context.logits(row)).tobytes() for row in range(n)]
+        assert rows == singles[:n], f"batch of {n}: rows differ from single decodes"
+        digest.update(b"".join(rows))
+    print(native_info()["exact_sums"], digest.hexdigest())
+
+
+if __name__ == "__main__":
+    main()
