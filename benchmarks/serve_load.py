@@ -283,9 +283,9 @@ def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | 
     model_mib = smollm2_path().stat().st_size / 2**20
     kv_mib = 30 * 3 * 64 * 2 * 2 * SLOT_CTX / 2**20  # SmolLM2: 30 layers x 3 KV heads x 64, f16 K and V
     bound = model_mib + 4 * kv_mib + 200
-    rss = [r["4"][f"{SPECSTATE} none"]["peak_rss_mib"] for r in rounds if f"{SPECSTATE} none" in r.get("4", {})]
+    rss = [f["peak_rss_mib"] for r in rounds for name, f in r.get("4", {}).items() if name.startswith(SPECSTATE)]
     peak = max(rss) if rss else None
-    rows.append(("peak RSS, 4 slots (MiB)", peak, f"<= {bound:.0f}", None if peak is None else peak <= bound))
+    rows.append(("peak RSS, 4 slots, every specstate mode (MiB)", peak, f"<= {bound:.0f}", None if peak is None else peak <= bound))
     return rows
 
 
