@@ -170,14 +170,9 @@ class Llama:
         **llama_cpp_options: Unpack[LlamaCppOptions],
     ) -> None:
         check_llama_cpp_options(llama_cpp_options)
-        if mode not in get_args(Mode):
-            raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, not {mode!r}")
-        if draft_policy not in get_args(DraftPolicy):
-            raise ValueError(f"draft_policy must be one of {', '.join(get_args(DraftPolicy))}, not {draft_policy!r}")
+        _one_of(mode=(mode, Mode), draft_policy=(draft_policy, DraftPolicy))
+        threads = _counts(n_ctx=n_ctx, n_batch=n_batch, n_draft=n_draft, n_threads=n_threads)
         curve = None if cost_curve is None else [_integer("cost_curve's entries", cost) for cost in cost_curve]
-        threads = 0 if n_threads is None else n_threads
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_draft", n_draft), ("n_threads", threads)):
-            _integer(name, value)  # the ranges are the generator's to check
         self._embedding = _flag("embedding", embedding)
         self._pooling = _pooling(pooling_type)
         self._embedder: Embedder | None = None
@@ -190,22 +185,19 @@ class Llama:
         self.model_path = os.fspath(model_path)
         #: The target model (the engine's, with one).
         self.model = _target(model_path, engine, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
-        draft = None if draft_model_path is None else Model(draft_model_path, n_gpu_layers=n_gpu_layers)
         self._settings: GeneratorSettings = {
             "mode": mode,
-            "draft_model": draft,
+            "draft_model": None if draft_model_path is None else Model(draft_model_path, n_gpu_layers=n_gpu_layers),
             "n_draft": n_draft,
             "n_ctx": n_ctx if engine is None else engine.n_ctx,
             "n_batch": n_batch if engine is None else min(n_batch, engine.n_batch),
             "n_threads": threads,
             "draft_policy": draft_policy,
+            **({} if curve is None else {"cost_curve": curve}),
+            **({} if engine is None else {"engine": engine}),
         }
-        if curve is not None:
-            self._settings["cost_curve"] = curve
         #: The shared engine the generations decode on (None: each its own context).
         self.engine = engine
-        if engine is not None:
-            self._settings["engine"] = engine
         self._conversation: _Conversation | None = None
         #: A completion's generation a later completion can extend (restored by load_state, or found in the cache).
         self._extendable: _Conversation | None = None
@@ -649,6 +641,21 @@ class LlamaTokenizer:
 
 
 # What help() and inspect show: every keyword argument by name, with its default (the types stay the TypedDicts').
+def _counts(n_threads: int | None, **counts: int) -> int:
+    """Check that the counts are ints (their ranges are the generator's to check); the thread count, 0 for None."""
+    threads = 0 if n_threads is None else n_threads
+    for name, value in (*counts.items(), ("n_threads", threads)):
+        _integer(name, value)
+    return threads
+
+
+def _one_of(**arguments: tuple[object, Any]) -> None:
+    """Each argument's value must be one of its ``Literal`` type's values (``name=(value, type)``)."""
+    for name, (value, names) in arguments.items():
+        if value not in get_args(names):
+            raise ValueError(f"{name} must be one of {', '.join(get_args(names))}, not {value!r}")
+
+
 def _target(path: str | os.PathLike[str], engine: SharedEngine | None, **load: Any) -> Model:
     """The model at ``path``, loaded, or the engine's (which must have been loaded from the same file)."""
     if engine is None:
