@@ -149,7 +149,7 @@ pub(crate) struct ContextHandle {
     /// The context this one is linked to (`ctx_other`), freed after it.
     other: Option<Arc<ContextHandle>>,
     /// The threads its graphs run on, freed after it.
-    _pool: Option<GraphPool>,
+    pool: Mutex<Option<GraphPool>>,
 }
 
 // SAFETY: the handle dereferences `raw` only when it frees it, once, in
@@ -270,7 +270,7 @@ impl Context {
             busy: Mutex::new(()),
             _model: Arc::clone(&model),
             other: other.map(|context| Arc::clone(&context.handle)),
-            _pool: pool,
+            pool: Mutex::new(pool),
         });
         Ok(Self {
             raw,
@@ -371,6 +371,14 @@ impl Context {
     /// Let the next graphs run with the threads the machine can give now of the context's own ([`threads_now`]);
     /// hold the guard while they run, so that other graphs of the process count them.
     pub(crate) fn fit_threads(&mut self) -> InFlight {
+        let mut pool = self
+            .handle
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: the context is live and exclusively borrowed; the pool is its own.
+        unsafe { GraphPool::renew_after_fork(&mut pool, self.raw) };
+        drop(pool);
         // SAFETY: the context is live and exclusively borrowed.
         unsafe { fit_threads(self.raw, self.n_threads) }
     }

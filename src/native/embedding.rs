@@ -173,7 +173,7 @@ pub struct Embedder {
     /// The threads its graphs may use (resolved, never 0), as many of them as the machine gives ([`threads_now`]).
     n_threads: i32,
     /// The threads its graphs run on, freed after the context (a field; `Drop` frees the context).
-    _pool: Option<GraphPool>,
+    pool: Option<GraphPool>,
 }
 
 // SAFETY: a llama.cpp context has no thread affinity; what it forbids is
@@ -266,7 +266,7 @@ impl Embedder {
             pooling: Pooling::None,
             encoder,
             n_threads: threads,
-            _pool: pool,
+            pool,
         };
         // SAFETY: the context is live; a plain getter.
         let resolved = unsafe { sys::llama_pooling_type(embedder.raw.as_ptr()) };
@@ -375,6 +375,8 @@ impl Embedder {
     fn embed_checked(&mut self, tokens: &[i32]) -> NativeResult<Embedding> {
         self.clear_memory();
         self.batch.fill(tokens, 0, 0, true)?;
+        // SAFETY: the context is live and exclusively borrowed; the pool is its own.
+        unsafe { GraphPool::renew_after_fork(&mut self.pool, self.raw) };
         // SAFETY: the context is live and exclusively borrowed.
         let _graph = unsafe { fit_threads(self.raw, self.n_threads) };
         let status = if self.encoder {

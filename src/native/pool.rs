@@ -7,13 +7,24 @@
 //! (`poll` 0: ggml's polling level counts in units of 131,072 `pause`s, milliseconds of a spinning core that
 //! the threads handing out tokens need between decodes) and are woken by the next graph. Which thread runs
 //! which rows does not change, so neither does a bit of any result.
+//!
+//! A process forked after a pool was made has none of its workers (a fork copies the calling thread only): a
+//! graph would wait for them forever. So every graph first checks that the pool is this process's
+//! ([`GraphPool::renew_after_fork`]) and, in a child, detaches the parent's (never freed there: freeing joins its
+//! threads) and attaches a new one.
 
 use std::ptr::NonNull;
 
 use llama_cpp_sys_4 as sys;
 
 /// The worker threads of one context's graphs, freed after the context (its owner drops it last).
-pub(crate) struct GraphPool(NonNull<sys::ggml_threadpool>);
+pub(crate) struct GraphPool {
+    raw: NonNull<sys::ggml_threadpool>,
+    /// Its threads, the caller's included.
+    threads: i32,
+    /// The process whose threads they are.
+    pid: u32,
+}
 
 // SAFETY: the pool is used only by the graphs of the one context it is
 // attached to, which runs one graph at a time; ggml's pool has no thread
@@ -34,7 +45,12 @@ impl GraphPool {
         params.poll = 0;
         // SAFETY: `params` is a valid, initialised parameter struct whose
         // thread count is bounded by the caller (`check_threads`).
-        NonNull::new(unsafe { sys::ggml_threadpool_new(&mut params) }).map(Self)
+        let raw = NonNull::new(unsafe { sys::ggml_threadpool_new(&mut params) })?;
+        Some(Self {
+            raw,
+            threads,
+            pid: std::process::id(),
+        })
     }
 
     /// Let `context`'s graphs run on this pool.
@@ -43,7 +59,38 @@ impl GraphPool {
     /// `context` is live and freed before this pool.
     pub(crate) unsafe fn attach(&self, context: NonNull<sys::llama_context>) {
         // SAFETY: both live; the caller frees the context before the pool.
-        unsafe { sys::llama_attach_threadpool(context.as_ptr(), self.0.as_ptr(), self.0.as_ptr()) };
+        unsafe {
+            sys::llama_attach_threadpool(context.as_ptr(), self.raw.as_ptr(), self.raw.as_ptr())
+        };
+    }
+
+    /// Before a graph of `context`: if `pool` was made by another process (this one is its fork), detach it
+    /// and attach a new one of the same size.
+    ///
+    /// # Safety
+    /// `context` is live, `pool` is attached to it, and nothing else uses the context during the call.
+    pub(crate) unsafe fn renew_after_fork(
+        pool: &mut Option<Self>,
+        context: NonNull<sys::llama_context>,
+    ) {
+        let Some(threads) = pool
+            .as_ref()
+            .filter(|current| current.pid != std::process::id())
+            .map(|stale| stale.threads)
+        else {
+            return;
+        };
+        // SAFETY: live and not in use (the caller's promise); detaching only
+        // forgets the pool, which the context then no longer reads.
+        unsafe { sys::llama_detach_threadpool(context.as_ptr()) };
+        // The parent's workers are not in this process: freeing the pool
+        // would wait for them to end. Its memory stays, as the fork left it.
+        std::mem::forget(pool.take());
+        *pool = Self::new(threads);
+        if let Some(fresh) = pool.as_ref() {
+            // SAFETY: live; the caller frees the context before the pool.
+            unsafe { fresh.attach(context) };
+        }
     }
 }
 
@@ -51,6 +98,6 @@ impl Drop for GraphPool {
     fn drop(&mut self) {
         // SAFETY: created by `ggml_threadpool_new`, freed once; the context
         // that ran graphs on it is gone (the owner's promise, `attach`).
-        unsafe { sys::ggml_threadpool_free(self.0.as_ptr()) };
+        unsafe { sys::ggml_threadpool_free(self.raw.as_ptr()) };
     }
 }

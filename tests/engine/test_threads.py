@@ -202,3 +202,30 @@ def test_a_context_keeps_its_graph_threads_between_decodes(llama_model: Model) -
     assert _threads_of_this_process() - before == workers  # one thread needs no worker
     del context, single
     assert _threads_of_this_process() - before == set()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the process")
+def test_a_context_decodes_in_a_process_forked_after_its_threads_were_made(llama_model: Model) -> None:
+    """A fork copies only the calling thread: the child replaces the context's graph threads (the parent's are not
+    there to wait for) and decodes the same logits as the parent."""
+    context = Context(llama_model, n_ctx=64, n_threads=2)
+    context.decode([1, 2, 3], 0)
+    state = context.seq_state()
+    context.decode([4], 3)
+    expected = list(context.logits(-1))
+    context.set_seq_state(0, state)
+    child = os.fork()
+    if child == 0:  # the child: exit 0 when it decodes the parent's logits
+        try:
+            context.decode([4], 3)
+            os._exit(0 if list(context.logits(-1)) == expected else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while (waited := os.waitpid(child, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited == (0, 0):
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child's decode did not end (it waited for the parent's graph threads)")
+    assert os.waitstatus_to_exitcode(waited[1]) == 0

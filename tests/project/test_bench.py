@@ -245,7 +245,10 @@ def test_serve_goals_and_tables_from_a_runs_figures() -> None:
     assert rows[f"4 clients: specstate ngram / {PEER} throughput"] == (3.0, True)
     assert rows[f"8 clients: specstate ngram / {LLAMA_SERVER} throughput"] == (120 * 8**0.5 / 400, False)
     assert rows["specstate replies identical to solo, lowest share"] == (1.0, True)
-    assert rows["peak RSS, 4 slots (MiB)"][1] is True
+    assert rows["peak RSS, 4 slots, every specstate mode (MiB)"] == (300.0, True)
+    heavier = {**by_clients, "4": {**by_clients["4"], "specstate ngram": figures(120.0 * 2, rss=900.0)}}
+    rows = {measure: (value, met) for measure, value, _, met in goals({**results, "rounds": [by_clients, heavier]})}
+    assert rows["peak RSS, 4 slots, every specstate mode (MiB)"] == (900.0, False)  # the ngram server counts too
     text = tables(results)
     assert f"| {LLAMA_SERVER} none | 8 | 400.0 | 50 | 90 | 300 | 75% |" in text
     assert text.count("| specstate ngram |") == 3 and len(SERVERS) == 4
