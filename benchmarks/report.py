@@ -23,6 +23,7 @@ from string import Template
 from typing import Any
 
 from busy import busy_fields
+from serve_load import serve_fields
 from speculation import ADAPTIVE, LLAMA_CPP, LLAMA_CPP_SIZES, LOOKUP, NONE, contenders_table, exactness
 from speculation import targets as speculation_targets
 from speculation import targets_table as speculation_targets_table
@@ -33,7 +34,7 @@ RESULTS = BENCHMARKS / "results"
 TEMPLATE = BENCHMARKS / "benchmarks.md.template"
 PAGE = BENCHMARKS.parent / "docs" / "benchmarks.md"
 #: The results files the page reads, by the name its fields use.
-PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json", "runs", "busy")
+PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json", "runs", "busy", "serve")
 #: How many `make bench` runs runs.json keeps, and how many the page shows side by side.
 RUNS_KEPT, RUNS_SHOWN = 10, 3
 
@@ -531,6 +532,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **_chain_fields(results["chain"], results["chain-json"]),
         **_runs_fields(results["runs"]),
         **busy_fields(results["busy"]),
+        **serve_fields(results["serve"]),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
 

@@ -315,6 +315,16 @@ def tables(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serve_fields(results: dict[str, Any]) -> dict[str, str]:
+    """The fields of docs/benchmarks.md's section (``report.py`` fills the template with them)."""
+    verdicts = [met for _, _, _, met in goals(results)]
+    return {
+        "serve_setup": f"{len(results['rounds'])} interleaved rounds, {results['date']}",
+        "serve_tables": tables(results).rstrip("\n"),
+        "serve_verdict": f"{verdicts.count(True)} of {len(verdicts)} goals met",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
