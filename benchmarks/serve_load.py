@@ -2,7 +2,8 @@
 concurrent chat load, side by side (issue 34).
 
 For 1, 4 and 8 concurrent clients, each server is started with as many slots as clients and 2 threads in all:
-specstate (``--slots C --threads 2``: one batched engine, modes ``none`` and ``ngram``), ``llama-server`` built from
+specstate (``--slots C --threads 2``: one batched engine, modes ``none`` and ``ngram``; at 1 client also
+``--separate-slots``, a slot with a model and context of its own as before batching), ``llama-server`` built from
 llama.cpp's source (``--parallel C -t 2 -c 2048*C``: continuous batching over one context, ``llama_server()`` in
 ``llama_cpp_spec.py``) and llama-cpp-python's server (``--n_threads 2``, one request at a time, as it serves). Each is
 given the same requests (a seeded mix of prompts, 24 to 96 tokens, half greedy, half sampled with a seed): first
@@ -135,11 +136,12 @@ def _server(command: list[str], port: int) -> Iterator[tuple[openai.OpenAI, subp
 # --- the servers --------------------------------------------------------------------------------------------------
 
 
-def specstate_command(mode: str) -> Callable[[Path, int, int], list[str]]:
+def specstate_command(mode: str, *options: str) -> Callable[[Path, int, int], list[str]]:
     def command(model: Path, port: int, slots: int) -> list[str]:
         return [
             *(sys.executable, "-m", "specstate", "serve", "--model", str(model), "--port", str(port)),
             *("--slots", str(slots), "--threads", str(THREADS), "--n-ctx", str(SLOT_CTX), "--mode", mode),
+            *options,
         ]
 
     return command
@@ -162,8 +164,12 @@ def peer_command(model: Path, port: int, slots: int) -> list[str]:
     ]
 
 
+#: A slot with a model and context of its own, as before batching: the lone request's speed batching must keep.
+ALONE = f"{SPECSTATE} none, separate slots"
+
 SERVERS: dict[str, Callable[[Path, int, int], list[str]]] = {
     f"{SPECSTATE} none": specstate_command("none"),
+    ALONE: specstate_command("none", "--separate-slots"),
     f"{SPECSTATE} ngram": specstate_command("ngram"),
     f"{LLAMA_SERVER} none": llama_server_command,
     f"{PEER} none": peer_command,
@@ -269,6 +275,10 @@ def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | 
         value = None if entry is None else entry["median"]
         met = None if value is None else value >= target
         rows.append((f"{clients} clients: specstate ngram / {peer} throughput", value, f">= {target:g}", met))
+    entry = ratio(rounds, 1, f"{SPECSTATE} none", ALONE)
+    value = None if entry is None else entry["median"]
+    met = None if value is None else value >= 0.97
+    rows.append(("1 client: specstate none, batched engine / a slot of its own", value, ">= 0.97", met))
     shares = [
         figures["identical"]
         for r in rounds
@@ -340,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {index + 1}/{args.rounds}", flush=True)
         shift = index % len(args.servers)
         order = args.servers[shift:] + args.servers[:shift]
-        rounds.append({str(c): {name: measure(name, model, c, load, solo) for name in order} for c in args.clients})
+        rounds.append(
+            {
+                str(c): {name: measure(name, model, c, load, solo) for name in order if name != ALONE or c == 1}
+                for c in args.clients
+            }
+        )
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "clients": args.clients, "rounds": rounds}
     text = tables(results)
     print(text)

@@ -230,7 +230,7 @@ def test_busy_tables_and_goals(tmp_path: Path, tiny_map: dict[str, Path]) -> Non
 
 def test_serve_goals_and_tables_from_a_runs_figures() -> None:
     """benchmarks/serve_load.py (make bench-serve): issue 34's goals and the tables from a run's figures."""
-    from serve_load import LLAMA_SERVER, PEER, SERVERS, goals, requests, tables
+    from serve_load import ALONE, LLAMA_SERVER, PEER, SERVERS, goals, requests, tables
 
     def figures(speed: float, identical: float = 1.0, rss: float = 300.0) -> dict[str, float]:
         return {"tokens_per_second": speed, "ttft_p50_ms": 50.0, "ttft_p95_ms": 90.0, "peak_rss_mib": rss,
@@ -239,19 +239,21 @@ def test_serve_goals_and_tables_from_a_runs_figures() -> None:
     speeds = {"specstate none": 100.0, "specstate ngram": 120.0, f"{LLAMA_SERVER} none": 110.0, f"{PEER} none": 40.0}
     by_clients = {str(c): {name: figures(speed * c**0.5) for name, speed in speeds.items()} for c in (1, 4, 8)}
     by_clients["8"][f"{LLAMA_SERVER} none"] = figures(400.0, identical=0.75)
+    by_clients["1"][ALONE] = figures(102.0)  # measured at one client only
     results = {"date": "today", "clients": [1, 4, 8], "rounds": [by_clients, by_clients]}
     rows = {measure: (value, met) for measure, value, _, met in goals(results)}
     assert rows[f"4 clients: specstate ngram / {LLAMA_SERVER} throughput"] == (120 / 110, True)
     assert rows[f"4 clients: specstate ngram / {PEER} throughput"] == (3.0, True)
     assert rows[f"8 clients: specstate ngram / {LLAMA_SERVER} throughput"] == (120 * 8**0.5 / 400, False)
     assert rows["specstate replies identical to solo, lowest share"] == (1.0, True)
+    assert rows["1 client: specstate none, batched engine / a slot of its own"] == (100 / 102, True)
     assert rows["peak RSS, 4 slots, every specstate mode (MiB)"] == (300.0, True)
     heavier = {**by_clients, "4": {**by_clients["4"], "specstate ngram": figures(120.0 * 2, rss=900.0)}}
     rows = {measure: (value, met) for measure, value, _, met in goals({**results, "rounds": [by_clients, heavier]})}
     assert rows["peak RSS, 4 slots, every specstate mode (MiB)"] == (900.0, False)  # the ngram server counts too
     text = tables(results)
     assert f"| {LLAMA_SERVER} none | 8 | 400.0 | 50 | 90 | 300 | 75% |" in text
-    assert text.count("| specstate ngram |") == 3 and len(SERVERS) == 4
+    assert text.count("| specstate ngram |") == 3 and len(SERVERS) == 5
     load = requests(16)
     assert len(load) == 16 and {r.temperature for r in load} == {0.0, 0.8} and len({r.seed for r in load}) == 16
     assert all(24 <= r.max_tokens <= 96 for r in load) and requests(16) == load  # seeded
