@@ -123,12 +123,20 @@ fn check_params(
 }
 
 /// Let `raw`'s next graphs run with the threads the machine can give now of
-/// its `configured` ones ([`threads_now`]); hold the guard while they run,
-/// so that other graphs of the process count them.
+/// its `configured` ones ([`threads_now`]), on its `pool` (made again in a
+/// forked process, [`GraphPool::renew_after_fork`]); hold the guard while
+/// they run, so that other graphs of the process count them.
 ///
 /// # Safety
-/// `raw` is a live context that nothing else uses during the call.
-pub(super) unsafe fn fit_threads(raw: NonNull<sys::llama_context>, configured: i32) -> InFlight {
+/// `raw` is a live context that nothing else uses during the call, and
+/// `pool` the one attached to it.
+pub(super) unsafe fn fit_threads(
+    raw: NonNull<sys::llama_context>,
+    configured: i32,
+    pool: &mut Option<GraphPool>,
+) -> InFlight {
+    // SAFETY: live, not used elsewhere, its own pool (the caller's promise).
+    unsafe { GraphPool::renew_after_fork(pool, raw) };
     let threads = threads_now(configured);
     // SAFETY: live and not used elsewhere during the call (the caller's promise).
     unsafe { sys::llama_set_n_threads(raw.as_ptr(), threads, threads) };
@@ -260,11 +268,8 @@ impl Context {
                 model.path().display()
             ))
         })?;
-        let pool = GraphPool::new(threads);
-        if let Some(pool) = &pool {
-            // SAFETY: the context is live; the handle below frees it before the pool (a field).
-            unsafe { pool.attach(raw) };
-        }
+        // SAFETY: the context is live; the handle below frees it before the pool (a field).
+        let pool = unsafe { GraphPool::attached(threads, raw) };
         let handle = Arc::new(ContextHandle {
             raw,
             busy: Mutex::new(()),
@@ -377,10 +382,7 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         // SAFETY: the context is live and exclusively borrowed; the pool is its own.
-        unsafe { GraphPool::renew_after_fork(&mut pool, self.raw) };
-        drop(pool);
-        // SAFETY: the context is live and exclusively borrowed.
-        unsafe { fit_threads(self.raw, self.n_threads) }
+        unsafe { fit_threads(self.raw, self.n_threads, &mut pool) }
     }
 
     /// Decode a batch. Runs llama.cpp's compute; call without the GIL.

@@ -252,11 +252,8 @@ impl Embedder {
                 model.path().display()
             ))
         })?;
-        let pool = GraphPool::new(threads);
-        if let Some(pool) = &pool {
-            // SAFETY: the context is live; `Drop` frees it before the pool (a field).
-            unsafe { pool.attach(raw) };
-        }
+        // SAFETY: the context is live; `Drop` frees it before the pool (a field).
+        let pool = unsafe { GraphPool::attached(threads, raw) };
         let mut embedder = Self {
             raw,
             model,
@@ -376,9 +373,7 @@ impl Embedder {
         self.clear_memory();
         self.batch.fill(tokens, 0, 0, true)?;
         // SAFETY: the context is live and exclusively borrowed; the pool is its own.
-        unsafe { GraphPool::renew_after_fork(&mut self.pool, self.raw) };
-        // SAFETY: the context is live and exclusively borrowed.
-        let _graph = unsafe { fit_threads(self.raw, self.n_threads) };
+        let _graph = unsafe { fit_threads(self.raw, self.n_threads, &mut self.pool) };
         let status = if self.encoder {
             // SAFETY: the context is live and exclusively borrowed; the batch
             // holds `tokens.len()` valid rows (<= n_batch = n_ubatch), each

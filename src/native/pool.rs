@@ -10,8 +10,8 @@
 //!
 //! A process forked after a pool was made has none of its workers (a fork copies the calling thread only): a
 //! graph would wait for them forever. So every graph first checks that the pool is this process's
-//! ([`GraphPool::renew_after_fork`]) and, in a child, detaches the parent's (never freed there: freeing joins its
-//! threads) and attaches a new one.
+//! ([`GraphPool::renew_after_fork`], in `fit_threads`, which every graph of a context or embedder goes through)
+//! and, in a child, detaches the parent's (never freed there: freeing joins its threads) and attaches a new one.
 
 use std::ptr::NonNull;
 
@@ -34,9 +34,23 @@ unsafe impl Send for GraphPool {}
 unsafe impl Sync for GraphPool {}
 
 impl GraphPool {
+    /// A pool of `threads` for `context`'s graphs, attached to it ([`GraphPool::new`]).
+    ///
+    /// # Safety
+    /// `context` is live and freed before the pool.
+    pub(crate) unsafe fn attached(
+        threads: i32,
+        context: NonNull<sys::llama_context>,
+    ) -> Option<Self> {
+        let pool = Self::new(threads)?;
+        // SAFETY: live; freed before the pool (the caller's promise).
+        unsafe { pool.attach(context) };
+        Some(pool)
+    }
+
     /// A pool of `threads` (the caller among them; `threads - 1` workers), or `None` for one thread, which
     /// needs no worker.
-    pub(crate) fn new(threads: i32) -> Option<Self> {
+    fn new(threads: i32) -> Option<Self> {
         if threads <= 1 {
             return None;
         }
@@ -57,7 +71,7 @@ impl GraphPool {
     ///
     /// # Safety
     /// `context` is live and freed before this pool.
-    pub(crate) unsafe fn attach(&self, context: NonNull<sys::llama_context>) {
+    unsafe fn attach(&self, context: NonNull<sys::llama_context>) {
         // SAFETY: both live; the caller frees the context before the pool.
         unsafe {
             sys::llama_attach_threadpool(context.as_ptr(), self.raw.as_ptr(), self.raw.as_ptr())
@@ -86,11 +100,8 @@ impl GraphPool {
         // The parent's workers are not in this process: freeing the pool
         // would wait for them to end. Its memory stays, as the fork left it.
         std::mem::forget(pool.take());
-        *pool = Self::new(threads);
-        if let Some(fresh) = pool.as_ref() {
-            // SAFETY: live; the caller frees the context before the pool.
-            unsafe { fresh.attach(context) };
-        }
+        // SAFETY: live; the caller frees the context before the pool.
+        *pool = unsafe { Self::attached(threads, context) };
     }
 }
 

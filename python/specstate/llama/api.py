@@ -640,7 +640,6 @@ class LlamaTokenizer:
         return self.detokenize(tokens).decode("utf-8", errors="ignore")
 
 
-# What help() and inspect show: every keyword argument by name, with its default (the types stay the TypedDicts').
 def _counts(n_threads: int | None, **counts: int) -> int:
     """Check that the counts are ints (their ranges are the generator's to check); the thread count, 0 for None."""
     threads = 0 if n_threads is None else n_threads
@@ -665,6 +664,7 @@ def _target(path: str | os.PathLike[str], engine: SharedEngine | None, **load: A
     return engine.target
 
 
+# What help() and inspect show: every keyword argument by name, with its default (the types stay the TypedDicts').
 Llama.__init__.__signature__ = keyword_signature(Llama.__init__, LlamaCppOptions, LLAMA_CPP_DEFAULTS)  # type: ignore[attr-defined]
 for _method, _options, _chat in (
     (Llama.create_completion, CompletionOptions, False),
