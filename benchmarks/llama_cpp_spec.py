@@ -15,6 +15,7 @@ tool runs n-gram speculation. The driver is written against the public
 with the same x86-64-v3 kernel flags as the other peers in ``run.py``.
 
 Usage: python benchmarks/llama_cpp_spec.py [--threads 2] [--n-draft 8] [--spec-type ngram-simple]
+       [--kernels x86-64-v3|native]
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER_SOURCE = ROOT / "benchmarks" / "llama_spec"
-BUILD_DIR = Path.home() / ".cache" / "specstate-bench" / "llama-spec-build"
-# The kernel flags of every peer built here (llama-bench, llama-cpp-python, this driver): x86-64-v3.
+BENCH_CACHE = Path.home() / ".cache" / "specstate-bench"
+# The kernel flags of every peer built here (llama-bench, llama-cpp-python, this driver): x86-64-v3, specstate's own.
 KERNEL_FLAGS = [
     "-DGGML_NATIVE=OFF",
     "-DGGML_AVX=ON",
@@ -42,6 +43,9 @@ KERNEL_FLAGS = [
     "-DGGML_F16C=ON",
     "-DGGML_BMI2=ON",
 ]
+#: The kernel builds llama-bench and the n-gram driver are measured at: specstate's x86-64-v3 flags, and the peer at
+#: its best on this CPU (``GGML_NATIVE``: ``-march=native``, so AVX-VNNI or AVX-512 wherever the CPU has them).
+KERNEL_BUILDS = {"x86-64-v3": KERNEL_FLAGS, "native": ["-DGGML_NATIVE=ON"]}
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-cache")
 
 
@@ -67,7 +71,13 @@ def build_tool(name: str) -> str:
     return found
 
 
-def configure_command(source: Path, build: Path) -> list[str]:
+def build_dir(tool: str, kernels: str) -> Path:
+    """Where `tool` is built for the kernel build `kernels` (a key of KERNEL_BUILDS)."""
+    suffix = "" if kernels == "x86-64-v3" else f"-{kernels}"
+    return BENCH_CACHE / f"{tool}-build{suffix}"
+
+
+def configure_command(source: Path, build: Path, kernels: str = "x86-64-v3") -> list[str]:
     """The cmake configure command of the driver, against the llama.cpp at `source`."""
     return [
         build_tool("cmake"),
@@ -80,13 +90,13 @@ def configure_command(source: Path, build: Path) -> list[str]:
         f"-DCMAKE_MAKE_PROGRAM={build_tool('ninja')}",
         "-DCMAKE_BUILD_TYPE=Release",
         f"-DLLAMA_SRC={source}",
-        *KERNEL_FLAGS,
+        *KERNEL_BUILDS[kernels],
     ]
 
 
-def llama_bench() -> Path:
-    """llama.cpp's llama-bench, built with cmake from the pinned crate's source (once)."""
-    build = Path.home() / ".cache" / "specstate-bench" / "llama-bench-build"
+def llama_bench(kernels: str = "x86-64-v3") -> Path:
+    """llama.cpp's llama-bench, built with cmake from the pinned crate's source (once per kernel build)."""
+    build = build_dir("llama-bench", kernels)
     binary = build / "bin" / "llama-bench"
     if binary.exists():
         return binary
@@ -101,7 +111,7 @@ def llama_bench() -> Path:
             "-G",
             "Ninja",
             "-DCMAKE_BUILD_TYPE=Release",
-            *KERNEL_FLAGS,
+            *KERNEL_BUILDS[kernels],
             "-DLLAMA_CURL=OFF",
             "-DLLAMA_OPENSSL=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
@@ -133,7 +143,7 @@ def peer_llama_cpp_source() -> Path:
     import tarfile
     import urllib.request
 
-    cache = Path.home() / ".cache" / "specstate-bench" / "peer-llama-cpp"
+    cache = BENCH_CACHE / "peer-llama-cpp"
     source = cache / "llama.cpp"
     if (source / "tools" / "server" / "server.cpp").exists():
         return source
@@ -158,7 +168,7 @@ def peer_llama_cpp_source() -> Path:
 def llama_server() -> Path:
     """llama.cpp's llama-server (continuous batching, ``--parallel``), built with cmake from the peer's llama.cpp
     source with the same kernel flags as every peer, without its web UI (once)."""
-    build = Path.home() / ".cache" / "specstate-bench" / "llama-server-build"
+    build = build_dir("llama-server", "x86-64-v3")
     binary = build / "bin" / "llama-server"
     if binary.exists():
         return binary
@@ -173,11 +183,13 @@ def llama_server() -> Path:
     return binary
 
 
-def build_llama_spec(build: Path = BUILD_DIR, jobs: int = 2) -> Path:
-    """The driver binary, configured once and (re)built with ninja when its sources changed."""
+def build_llama_spec(kernels: str = "x86-64-v3", jobs: int = 2) -> Path:
+    """The driver binary for the kernel build `kernels`, configured once and (re)built with ninja when its sources
+    changed."""
+    build = build_dir("llama-spec", kernels)
     if not (build / "build.ninja").exists():
-        print("[bench] building llama-spec with cmake (10+ minutes on 2 cores)", file=sys.stderr, flush=True)
-        subprocess.run(configure_command(llama_cpp_source(), build), check=True)
+        print(f"[bench] building llama-spec ({kernels}) with cmake (10+ minutes)", file=sys.stderr, flush=True)
+        subprocess.run(configure_command(llama_cpp_source(), build, kernels), check=True)
     subprocess.run(
         [build_tool("cmake"), "--build", str(build), "--target", "llama-spec", "-j", str(jobs)],
         check=True,
@@ -224,8 +236,9 @@ def main() -> None:
     parser.add_argument("--n-draft", type=int, default=8)
     parser.add_argument("--n-tokens", type=int, default=160)
     parser.add_argument("--spec-type", choices=SPEC_TYPES, default="ngram-simple")
+    parser.add_argument("--kernels", choices=tuple(KERNEL_BUILDS), default="x86-64-v3")
     args = parser.parse_args()
-    binary = build_llama_spec()
+    binary = build_llama_spec(args.kernels)
     prompts = {"story": STORY_PROMPT, "code": CODE_PROMPT, "quotes": QUOTE_PROMPT}
     for name, prompt in prompts.items():
         figures = llama_cpp_ngram(

@@ -24,7 +24,7 @@ from typing import Any
 
 from busy import busy_fields
 from serve_load import serve_fields
-from speculation import ADAPTIVE, LLAMA_CPP, LLAMA_CPP_SIZES, LOOKUP, NONE, contenders_table, exactness
+from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, exactness
 from speculation import targets as speculation_targets
 from speculation import targets_table as speculation_targets_table
 from verify_cost import table as verify_cost_table
@@ -66,6 +66,7 @@ def _decode_rows(ratios: dict[str, Any]) -> list[Row]:
         ("native_loop", "decode: specstate / native Rust loop", 0.97),
         ("llama_cpp_python", "decode: specstate / llama-cpp-python", 1.05),
         ("llama_bench", "decode: specstate / llama-bench tg128", None),
+        ("llama_bench_native", "decode: specstate / llama-bench tg128, native build", None),
     ):
         entry = ratios.get(peer)
         shown = "n/a" if entry is None else f"{entry['median']:.2f} ({entry['low']:.2f}-{entry['high']:.2f})"
@@ -274,7 +275,7 @@ def _exactness_note(prompts: dict[str, Any]) -> str:
     parted = []
     for name, prompt in prompts.items():
         total = prompt[NONE]["tokens_equal_to_none"]
-        equal = [row["tokens_equal_to_none"] for c, row in prompt.items() if c not in (LOOKUP, LLAMA_CPP)]
+        equal = [row["tokens_equal_to_none"] for c, row in prompt.items() if c not in PEERS]
         if min(equal) != total:
             parted.append(f"{min(equal)} of {total} on the {name} prompt")
     if not parted:
@@ -290,6 +291,10 @@ def _row_costs(curve_us: list[int]) -> tuple[str, str]:
     """(the cost of each further row, min to max; the cost of one row) of a measured cost curve, in ms."""
     steps = [later - earlier for earlier, later in zip(curve_us, curve_us[1:])]
     return f"{min(steps) / 1e3:.1f} to {max(steps) / 1e3:.1f} ms", f"{curve_us[0] / 1e3:.1f} ms"
+
+
+#: The template's name for each peer configuration of speculation.PEERS, in order.
+PEER_FIELDS = ("lookup", "llama_cpp", "llama_cpp_native")
 
 
 def _speculation_fields(spec: dict[str, Any]) -> dict[str, Any]:
@@ -323,9 +328,9 @@ def _speculation_fields(spec: dict[str, Any]) -> dict[str, Any]:
         "plain_cost": plain_cost,
         "quotes_vs_bound": _x(quotes[ADAPTIVE].get("x_bound")),
         **{
-            f"{name}_vs_{peer}": _x(prompts[name][ADAPTIVE].get(f"x_{label}"))
-            for name in ("story", "code", "quotes")
-            for peer, label in (("lookup", LOOKUP), ("llama_cpp", LLAMA_CPP))
+            f"{name}_vs_{field}": _x(prompts[name][ADAPTIVE].get(f"x_{peer}"))
+            for name in prompts
+            for field, peer in zip(PEER_FIELDS, PEERS)
         },
     }
 
@@ -468,16 +473,15 @@ def run_summary(latest: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]
     """A `make bench` run's headline ratios (medians; None where not measured): what runs.json keeps of it."""
     speculation = latest["speculation"]
     q4_1 = next(iter(latest["verify_cost"]["models"].values()))["x_one_row"]
-    code = speculation["code"][ADAPTIVE]
     figures = {
         "decode: specstate / llama-cpp-python": _median(latest["decode_ratios"].get("llama_cpp_python")),
         "decode: specstate / llama-bench": _median(latest["decode_ratios"].get("llama_bench")),
+        "decode: specstate / llama-bench, native build": _median(latest["decode_ratios"].get("llama_bench_native")),
         **{
-            f"`ngram` adaptive / `none`, {name}": _median(speculation[name][ADAPTIVE]["x_none"])
-            for name in ("story", "code", "quotes")
+            f"`ngram` adaptive / {against}, {name}": _median(prompt[ADAPTIVE].get(f"x_{against}"))
+            for name, prompt in speculation.items()
+            for against in (NONE, *PEERS)
         },
-        "`ngram` adaptive / best fixed, code": _median(code.get("x_best_fixed")),
-        "`ngram` adaptive / llama.cpp ngram-simple, code": _median(code.get(f"x_{LLAMA_CPP}")),
         "verify 8 rows / 1 row, Q4_1": _median(q4_1.get("8")),
         "verify 16 rows / 1 row, Q4_1": _median(q4_1.get("16")),
         "sampling, code: `none` / llama-cpp-python": _median(chain.get("specstate none / llama-cpp-python")),

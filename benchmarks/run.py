@@ -4,7 +4,8 @@ Peers, built here from their registries: llama-cpp-python (PyPI, compiled from
 its sdist into the benchmark's own virtual environment with the same
 x86-64-v3 kernel flags as specstate) and llama.cpp's own ``llama-bench``
 (built with cmake from the llama.cpp source inside the pinned
-llama-cpp-sys-4 crate), llama.cpp's own n-gram speculation (our driver of its
+llama-cpp-sys-4 crate, with the same flags and again with ``GGML_NATIVE``, the
+peer at its best on this CPU), llama.cpp's own n-gram speculation (our driver of its
 ``common_speculative``, ``benchmarks/llama_spec``), plus specstate's native
 Rust loop with no Python in it (``benchmarks/native_decode.rs``). Model:
 SmolLM2-135M-Instruct Q4_1; 2 threads; the cost of verifying batches of 1 to
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llama_cpp_spec import llama_bench
+from llama_cpp_spec import KERNEL_BUILDS, llama_bench
 from peer_venv import peer_python
 from specstate import Model, native_info
 from specstate.bench import (
@@ -92,10 +93,11 @@ def native_loop(model: Path, threads: int, runs: int) -> float:
     return float(json.loads(out.strip().splitlines()[-1])["decode_tokens_per_s"])
 
 
-def llama_bench_decode(model: Path, threads: int, runs: int) -> float:
+def llama_bench_decode(model: Path, threads: int, runs: int, kernels: str = "x86-64-v3") -> float:
+    """llama-bench's tg128 tokens/s, built with the kernel flags `kernels` (a key of KERNEL_BUILDS)."""
     out = subprocess.run(
         [
-            str(llama_bench()),
+            str(llama_bench(kernels)),
             "-m",
             str(model),
             "-t",
@@ -145,6 +147,7 @@ def decode_figures(model: Model, path: Path, threads: int, runs: int, peers: dic
     }
     if peers:
         contenders["llama_bench"] = lambda: llama_bench_decode(path, threads, 1)
+        contenders["llama_bench_native"] = lambda: llama_bench_decode(path, threads, 1, "native")
         contenders["llama_cpp_python"] = lambda: float(
             peers["llama_cpp_python"].measure("plain", STORY_PROMPT, 128)["tokens_per_s"]
         )
@@ -186,7 +189,8 @@ def speed_figures(model: Model, path: Path, args: argparse.Namespace) -> dict[st
     build_native_loop()
     peers = build_peers(argparse.Namespace(skip_peers=args.skip_peers, threads=args.threads), path)
     if peers:
-        llama_bench()
+        for kernels in KERNEL_BUILDS:
+            llama_bench(kernels)
     try:
         log("plain decoding, interleaved")
         decode = decode_figures(model, path, args.threads, args.runs, peers)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CODE_PROMPT",
+    "EDIT_PROMPT",
     "QUOTE_PROMPT",
     "STORY_PROMPT",
     "CheckpointFigures",
@@ -94,6 +95,14 @@ QUOTE_PROMPT = (
     "within one working day. Late fees are waived for the days the library is closed.\n\n"
     "Quote, word for word, every sentence of the notice that mentions a day of the week.<|im_end|>\n"
     "<|im_start|>assistant\n"
+)
+
+#: Speculation that pays (3), the agentic kind: edit a given file, the answer mostly the file copied with small changes.
+EDIT_PROMPT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nHere is the file circle.py:\n```python\n" + _CODE + "```\n"
+    "Rename the function describe to summary everywhere. Output the whole edited file.<|im_end|>\n"
+    "<|im_start|>assistant\n```python\n"
 )
 
 

@@ -142,16 +142,16 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     rows = targets(results)
     measures = [measure for measure, *_ in rows]
     assert "decode: specstate / native Rust loop" in measures
-    assert "quotes: ngram adaptive / its bound" in measures
+    assert "edit: ngram adaptive / none" in measures
     assert {verdict for *_, verdict in rows} <= {"met", "**missed**", "not measured", ""}
     # Without peers their rows are there, and say so.
-    peer_rows = [row for row in rows if "prompt lookup" in row[0] or "llama.cpp ngram" in row[0]]
-    assert len(peer_rows) == 6 and all(verdict == "not measured" for *_, verdict in peer_rows)
+    peer_rows = [row for row in rows if "fastest peer" in row[0]]
+    assert len(peer_rows) == len(PROMPTS) and all(verdict == "not measured" for *_, verdict in peer_rows)
     text = markdown(results)
     assert "| decode: specstate / native Rust loop | 0.99 (0.95-1.02) | >= 0.97 | met |" in text
     assert "| quotes | ngram adaptive |" in text
     # On the tiny model too, every specstate mode's tokens equal plain greedy's.
-    assert ("specstate runs: every token equal to none", "15 of 15", "all", "met") in rows
+    assert ("specstate runs: every token equal to none", "20 of 20", "all", "met") in rows
     assert "| 12/12 |" in text
     assert "| Q4_1 | 96.6 MB | 3.90 ms | 10.00 ms | 39% | x1.70 (1.60-1.80) |" in text
     write_report(results, tmp_path)
@@ -178,7 +178,7 @@ def check_run_history(latest: dict[str, Any], directory: Path) -> None:
     assert "| decode: specstate / llama-cpp-python | 1.14 | n/a |" in table
     assert "| sampling, code: `ngram` / llama-cpp-python | 1.25 | n/a |" in table
     assert "| sampling, code: `none` / llama-cpp-python | n/a | n/a |" in table
-    assert "| specstate runs with every token equal to `none` | 15 of 15 | |" in table
+    assert "| specstate runs with every token equal to `none` | 20 of 20 | |" in table
 
 
 def test_the_benchmarks_page_is_what_the_results_give() -> None:
