@@ -43,9 +43,17 @@ KERNEL_FLAGS = [
     "-DGGML_F16C=ON",
     "-DGGML_BMI2=ON",
 ]
+#: AMX off in the native build: with it, ggml's AMX buffer type (repacked Q4_1 weights) crashes on any batch of
+#: more than one row on the machines measured here (llama-bench pp64 and the n-gram driver's prompt: SIGSEGV in
+#: ``ggml_backend_amx_mul_mat``), so no generation can run on it; its single-row decode is recorded in
+#: ``llama-cpp-sys-4/README.md``.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 #: The kernel builds llama-bench and the n-gram driver are measured at: specstate's x86-64-v3 flags, and the peer at
-#: its best on this CPU (``GGML_NATIVE``: ``-march=native``, so AVX-VNNI or AVX-512 wherever the CPU has them).
-KERNEL_BUILDS = {"x86-64-v3": KERNEL_FLAGS, "native": ["-DGGML_NATIVE=ON"]}
+#: its best on this CPU (``GGML_NATIVE``: ``-march=native``, so AVX-VNNI and AVX-512 wherever the CPU has them).
+KERNEL_BUILDS = {
+    "x86-64-v3": KERNEL_FLAGS,
+    "native": ["-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
+}
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-cache")
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "Embedder",
     "Generator",
     "GreedyGeneration",
+    "LookupCorpus",
     "Model",
     "SharedEngine",
     "ToolRender",
@@ -797,6 +798,33 @@ class SharedEngine:
         """The target model."""
 
 @final
+class LookupCorpus:
+    """Earlier texts (token ids) that ``ngram`` mode's prompt lookup may copy besides a generation's own history:
+    in a server, the prompts and replies of earlier requests. Kept up to ``max_tokens`` tokens in all, the oldest
+    texts dropped first; shared by any number of generators and threads.
+
+    A corpus changes what ``ngram`` mode proposes, never what it generates: verification commits what plain
+    decoding would, so the text is the same with or without one, and checkpoints do not carry it.
+    """
+
+    def __new__(cls, max_tokens: int = 65536) -> LookupCorpus: ...
+    def add(self, tokens: Sequence[int]) -> None:
+        """Add a text (its last ``max_tokens`` tokens when longer), dropping the oldest texts beyond the budget.
+        Negative ids raise ``ValueError`` and add nothing; a draft copied from the corpus stops before an id
+        outside the target's vocabulary."""
+    def clear(self) -> None:
+        """Forget every text."""
+    @property
+    def max_tokens(self) -> int:
+        """The token budget."""
+    @property
+    def n_tokens(self) -> int:
+        """Tokens held, in all."""
+    @property
+    def n_documents(self) -> int:
+        """Texts held."""
+
+@final
 class Generator:
     """The native five-mode generator behind :class:`specstate.Generator`.
 
@@ -887,6 +915,9 @@ class Generator:
     @property
     def history(self) -> list[int]:
         """Prompt and committed tokens."""
+    def set_lookup_corpus(self, corpus: LookupCorpus | None) -> None:
+        """Let ``ngram`` mode's prompt lookup copy from ``corpus`` besides the history (None: the history alone).
+        Other modes raise ``ValueError``. Proposals only: the generated text is the same either way."""
     def set_logprobs(self, top_n: int | None) -> None:
         """Record the log-probability of every token committed from now on with its ``top_n`` (0 to 20) most
         likely alternatives (None: stop recording; the same ``top_n`` again keeps the records)."""

@@ -485,6 +485,12 @@ class Generator:
         """
         self._native.set_sampling(**params)
 
+    def set_lookup_corpus(self, corpus: _native.LookupCorpus | None) -> None:
+        """Let ``ngram`` mode's prompt lookup copy from ``corpus`` (earlier texts, e.g. other requests' prompts
+        and replies) besides this generation's history; None: the history alone. Other modes raise ValueError.
+        Only proposals change: the generated text is the same with or without a corpus."""
+        self._native.set_lookup_corpus(corpus)
+
     def set_logprobs(self, top_n: int | None) -> None:
         """Record the log-probability of every token generated from now on, with its ``top_n`` most likely
         alternatives (0 to 20; None: stop). :attr:`logprobs` reads them; checkpoints carry the records of

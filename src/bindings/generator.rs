@@ -10,6 +10,7 @@ use pyo3::types::{PyBytes, PyDict};
 use super::arguments::{TokenIds, WideInt};
 use super::batched::PySharedEngine;
 use super::chat::{messages as chat_messages, pairs, Pairs};
+use super::corpus::PyLookupCorpus;
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use super::model::PyModel;
@@ -583,6 +584,19 @@ impl PyGenerator {
     #[getter]
     fn history(&self, py: Python<'_>) -> Vec<i32> {
         self.inner.lock_waiting(py).state().history.clone()
+    }
+
+    /// Let ``ngram`` mode's prompt lookup copy from ``corpus`` besides the
+    /// history (``None``: the history alone). Other modes raise
+    /// ``ValueError``. Proposals only: the generated text is the same either way.
+    #[pyo3(signature = (corpus))]
+    fn set_lookup_corpus(
+        &self,
+        py: Python<'_>,
+        corpus: Option<PyRef<'_, PyLookupCorpus>>,
+    ) -> PyResult<()> {
+        let corpus = corpus.map(|corpus| Arc::clone(&corpus.inner));
+        Ok(self.run(py, |generator| generator.set_lookup_corpus(corpus))??)
     }
 
     /// Record the log-probability of every token committed from now on with

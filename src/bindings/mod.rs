@@ -4,6 +4,7 @@ mod arguments;
 mod batched;
 mod chat;
 mod context;
+mod corpus;
 mod embedding;
 mod errors;
 mod generator;
@@ -64,6 +65,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<session::PySession>()?;
     module.add_class::<session::PyGreedyGeneration>()?;
     module.add_class::<generator::PyGenerator>()?;
+    module.add_class::<corpus::PyLookupCorpus>()?;
     module.add_class::<batched::PyBatchEngine>()?;
     module.add_class::<batched::PySharedEngine>()?;
     embedding::register(module)?;

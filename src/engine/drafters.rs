@@ -1,6 +1,9 @@
 //! One [`Drafter`] per way of drafting: none, prompt lookup, a draft model,
 //! and an MTP or EAGLE-3 session over contexts it borrows.
 
+use std::sync::Arc;
+
+use super::corpus::LookupCorpus;
 use super::{ngram, position, Draft, DraftRequest, Drafter, Result};
 use crate::native::{Batch, Context};
 use crate::sampling::{self, Sampler};
@@ -25,12 +28,14 @@ impl Drafter for NoDrafter {
     }
 }
 
-/// Prompt lookup over the history.
+/// Prompt lookup over the history, and the texts of a corpus if given one.
 pub struct NgramDrafter {
     /// The n-gram sizes looked up.
     pub config: NgramConfig,
     /// Most tokens per draft.
     pub n_draft: usize,
+    /// Earlier texts to copy from besides the history.
+    pub corpus: Option<Arc<LookupCorpus>>,
 }
 
 impl Drafter for NgramDrafter {
@@ -44,12 +49,20 @@ impl Drafter for NgramDrafter {
 
     fn propose(
         &mut self,
-        _target: &Context,
+        target: &Context,
         request: DraftRequest<'_>,
         _sampler: &mut Sampler,
     ) -> Result<Draft> {
+        let texts = self.corpus.as_ref().map(|corpus| corpus.newest_first());
+        let texts = texts.as_deref().unwrap_or_default();
+        let mut tokens = ngram::propose_from(request.history, texts, self.config, request.n_draft);
+        // A corpus holds any ids: a draft stops before one the target does not know.
+        let n_vocab = target.model().n_vocab();
+        if let Some(unknown) = tokens.iter().position(|&token| token as usize >= n_vocab) {
+            tokens.truncate(unknown);
+        }
         Ok(Draft {
-            tokens: ngram::propose(request.history, self.config, request.n_draft),
+            tokens,
             distributions: None,
         })
     }

@@ -10,6 +10,8 @@
 //! `make bench`'s edit prompt the longest context is accepted on 76% of its
 //! drafted tokens against 71% for the most recent occurrence.
 
+use std::sync::Arc;
+
 use crate::settings::NgramConfig;
 
 /// Tokens of agreement (the n-gram included) past which occurrences are equal.
@@ -19,34 +21,77 @@ pub const MAX_CONTEXT: usize = 64;
 /// matching suffix of `history` (lengths `n_max` down to `n_min`) with the
 /// longest agreeing context, the most recent among equals.
 pub fn propose(history: &[i32], config: NgramConfig, n_draft: usize) -> Vec<i32> {
+    propose_from(history, &[], config, n_draft)
+}
+
+/// [`propose`] over `history` and then `texts` (a [`LookupCorpus`]'s, newest
+/// first): an occurrence in a text wins over the history's only with a longer
+/// agreeing context.
+///
+/// [`LookupCorpus`]: super::corpus::LookupCorpus
+pub fn propose_from(
+    history: &[i32],
+    texts: &[Arc<[i32]>],
+    config: NgramConfig,
+    n_draft: usize,
+) -> Vec<i32> {
     if n_draft == 0 {
         return Vec::new();
     }
     for n in (config.n_min.max(1)..=config.n_max).rev() {
-        if let Some(from) = best_occurrence(history, n) {
-            let to = (from + n_draft).min(history.len());
-            return history[from..to].to_vec();
+        if history.len() < n {
+            continue;
+        }
+        let sources = std::iter::once(history).chain(texts.iter().map(|text| &text[..]));
+        let best = sources
+            .filter_map(|source| best_occurrence(source, history, n))
+            .reduce(|best, found| {
+                if found.context > best.context {
+                    found
+                } else {
+                    best
+                }
+            });
+        if let Some(found) = best {
+            let to = (found.from + n_draft).min(found.source.len());
+            return found.source[found.from..to].to_vec();
         }
     }
     Vec::new()
 }
 
-/// Where the continuation of the best earlier occurrence of the history's
-/// last `n` tokens starts, if there is one (ending before the suffix itself).
-fn best_occurrence(history: &[i32], n: usize) -> Option<usize> {
-    let len = history.len();
-    if len <= n {
-        return None;
-    }
-    let pattern = &history[len - n..];
-    let (mut best, mut best_context) = (None, 0);
-    for start in (0..len - n).rev() {
-        if &history[start..start + n] != pattern {
+/// An occurrence of the history's last n tokens: where its continuation starts
+/// in `source`, and how many tokens agree with the history's up to there.
+struct Occurrence<'a> {
+    source: &'a [i32],
+    from: usize,
+    context: usize,
+}
+
+/// The best occurrence in `source` of the last `n` tokens of `history` that
+/// has a continuation (in the history itself: one that ends before the
+/// suffix), the most recent among equals.
+fn best_occurrence<'a>(source: &'a [i32], history: &[i32], n: usize) -> Option<Occurrence<'a>> {
+    let suffix_at = history.len() - n;
+    let pattern = &history[suffix_at..];
+    let mut best: Option<Occurrence<'a>> = None;
+    for start in (0..source.len().saturating_sub(n)).rev() {
+        if &source[start..start + n] != pattern {
             continue;
         }
-        let context = n + agreement_before(history, start, len - n, MAX_CONTEXT.saturating_sub(n));
-        if context > best_context {
-            (best, best_context) = (Some(start + n), context);
+        let context = n + agreement_before(
+            source,
+            start,
+            history,
+            suffix_at,
+            MAX_CONTEXT.saturating_sub(n),
+        );
+        if best.as_ref().is_none_or(|best| context > best.context) {
+            best = Some(Occurrence {
+                source,
+                from: start + n,
+                context,
+            });
             if context >= MAX_CONTEXT {
                 break;
             }
@@ -55,10 +100,10 @@ fn best_occurrence(history: &[i32], n: usize) -> Option<usize> {
     best
 }
 
-/// How many tokens before positions `a` and `b` of `history` agree, at most `limit`.
-fn agreement_before(history: &[i32], a: usize, b: usize, limit: usize) -> usize {
-    (1..=limit.min(a).min(b))
-        .take_while(|&back| history[a - back] == history[b - back])
+/// How many tokens before `a[..at_a]` and `b[..at_b]` agree, at most `limit`.
+fn agreement_before(a: &[i32], at_a: usize, b: &[i32], at_b: usize, limit: usize) -> usize {
+    (1..=limit.min(at_a).min(at_b))
+        .take_while(|&back| a[at_a - back] == b[at_b - back])
         .count()
 }
 
@@ -88,9 +133,36 @@ mod tests {
     #[test]
     fn agreement_stops_at_the_limit_and_the_history_start() {
         let history = [4, 4, 4, 4, 4, 4];
-        assert_eq!(agreement_before(&history, 2, 5, 10), 2);
-        assert_eq!(agreement_before(&history, 4, 5, 3), 3);
-        assert_eq!(agreement_before(&history, 0, 5, 3), 0);
+        assert_eq!(agreement_before(&history, 2, &history, 5, 10), 2);
+        assert_eq!(agreement_before(&history, 4, &history, 5, 3), 3);
+        assert_eq!(agreement_before(&history, 0, &history, 5, 3), 0);
+    }
+
+    #[test]
+    fn earlier_texts_are_copied_where_their_context_agrees_longer() {
+        let config = NgramConfig { n_max: 2, n_min: 1 };
+        let text: Arc<[i32]> = Arc::from([7, 8, 1, 2, 3, 4]);
+        // Nothing to copy in the history: the text's continuation.
+        assert_eq!(
+            propose_from(&[9, 1, 2], &[Arc::clone(&text)], config, 3),
+            vec![3, 4]
+        );
+        // A history as long as the n-gram finds it in a text.
+        assert_eq!(
+            propose_from(&[1, 2], &[Arc::clone(&text)], config, 1),
+            vec![3]
+        );
+        // The history's own occurrence, as long in context, wins ties.
+        assert_eq!(
+            propose_from(&[1, 2, 5, 0, 1, 2], &[Arc::clone(&text)], config, 1),
+            vec![5]
+        );
+        // A longer agreeing context in the text wins.
+        assert_eq!(
+            propose_from(&[1, 2, 5, 8, 1, 2], &[Arc::clone(&text)], config, 1),
+            vec![3]
+        );
+        assert!(propose_from(&[6], &[text], config, 2).is_empty());
     }
 
     #[test]

@@ -121,7 +121,8 @@ pub(crate) fn history_engine<T>(
     seq_id: i32,
     call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
 ) -> Result<T> {
-    let mut drafter = history_drafter(member.config.mode, member.config.n_draft as usize)?;
+    let corpus = member.corpus.clone();
+    let mut drafter = history_drafter(member.config.mode, member.config.n_draft as usize, corpus)?;
     member_engine(target, batch, drafter.as_mut(), member, seq_id, call)
 }
 

@@ -3,7 +3,10 @@
 //! A [`super::Generator`] holds one over a target context of its own; a
 //! [`crate::batched::Batched`] engine holds one per sequence of a shared target.
 
+use std::sync::Arc;
+
 use crate::chat::Conversation;
+use crate::engine::corpus::LookupCorpus;
 use crate::engine::{
     policy::measure_cost_curve, AdaptiveState, Drafter, LogprobLog, NgramDrafter, NoDrafter, Round,
 };
@@ -27,6 +30,8 @@ pub(crate) struct Member {
     pub conversation: Option<Conversation>,
     /// Log-probability records, while asked for.
     pub logprobs: Option<LogprobLog>,
+    /// Earlier texts prompt lookup may copy (`ngram` mode), if given.
+    pub corpus: Option<Arc<LookupCorpus>>,
 }
 
 impl Member {
@@ -38,6 +43,7 @@ impl Member {
             sampler,
             conversation: None,
             logprobs: None,
+            corpus: None,
         }
     }
 
@@ -128,10 +134,18 @@ impl Member {
 
 /// The drafter of a mode that drafts from the history alone (`none`, `ngram`);
 /// the other modes need draft parts beside the target.
-pub(crate) fn history_drafter(mode: Mode, n_draft: usize) -> Result<Box<dyn Drafter>> {
+pub(crate) fn history_drafter(
+    mode: Mode,
+    n_draft: usize,
+    corpus: Option<Arc<LookupCorpus>>,
+) -> Result<Box<dyn Drafter>> {
     match mode {
         Mode::None => Ok(Box::new(NoDrafter)),
-        Mode::Ngram(config) => Ok(Box::new(NgramDrafter { config, n_draft })),
+        Mode::Ngram(config) => Ok(Box::new(NgramDrafter {
+            config,
+            n_draft,
+            corpus,
+        })),
         mode => Err(Error::Usage(format!(
             "this generator lacks the draft parts of mode '{}'",
             mode.name()

@@ -27,6 +27,7 @@ pub use restore::{Boundary, Positions, RestoreError};
 pub(crate) use target::Target;
 
 use crate::chat::Conversation;
+use crate::engine::corpus::LookupCorpus;
 pub use crate::engine::LogprobLog;
 use crate::engine::{
     AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, Round, SessionDrafter,
@@ -223,6 +224,24 @@ impl Generator {
         self.member.sampler.params = params.clone();
         self.member.sampler.grammar = grammar;
         self.member.config.sampling = params;
+    }
+
+    /// Let prompt lookup copy from `corpus` besides the history (`None`: the
+    /// history alone). Only `ngram` mode looks up; other modes refuse one.
+    pub fn set_lookup_corpus(&mut self, corpus: Option<Arc<LookupCorpus>>) -> Result<()> {
+        if corpus.is_some() && !matches!(self.member.config.mode, Mode::Ngram(_)) {
+            return Err(Error::Invalid(format!(
+                "a lookup corpus drafts for mode 'ngram', not '{}'",
+                self.member.config.mode.name()
+            )));
+        }
+        self.member.corpus = corpus;
+        Ok(())
+    }
+
+    /// The corpus prompt lookup copies from besides the history, if any.
+    pub fn lookup_corpus(&self) -> Option<&Arc<LookupCorpus>> {
+        self.member.corpus.as_ref()
     }
 
     /// Record the log-probability of every token committed from now on, with
@@ -562,6 +581,7 @@ fn own_engine<T>(
         state,
         sampler,
         logprobs,
+        corpus,
         ..
     } = member;
     let n_draft = config.n_draft as usize;
@@ -582,7 +602,7 @@ fn own_engine<T>(
                 seq_id: 0,
             })
         }
-        (mode, _) => history_drafter(mode, n_draft)?,
+        (mode, _) => history_drafter(mode, n_draft, corpus.clone())?,
     };
     let mut engine = Engine {
         target,

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
-from specstate._native import Model, SharedEngine
+from specstate._native import LookupCorpus, Model, SharedEngine
 from specstate._typing import DraftPolicy, GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template, render_tools, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
@@ -167,20 +167,20 @@ class Llama:
         pooling_type: int = LLAMA_POOLING_TYPE_UNSPECIFIED,
         verbose: bool = False,
         engine: SharedEngine | None = None,
+        lookup_corpus: LookupCorpus | None = None,
         **llama_cpp_options: Unpack[LlamaCppOptions],
     ) -> None:
         check_llama_cpp_options(llama_cpp_options)
         _one_of(mode=(mode, Mode), draft_policy=(draft_policy, DraftPolicy))
         threads = _counts(n_ctx=n_ctx, n_batch=n_batch, n_draft=n_draft, n_threads=n_threads)
         curve = None if cost_curve is None else [_integer("cost_curve's entries", cost) for cost in cost_curve]
-        self._embedding = _flag("embedding", embedding)
-        self._pooling = _pooling(pooling_type)
+        #: Earlier texts ``ngram`` mode's prompt lookup copies; every finished generation adds its prompt and reply.
+        self.lookup_corpus = _corpus(lookup_corpus, mode)
+        self._embedding, self._pooling = _flag("embedding", embedding), _pooling(pooling_type)
         self._embedder: Embedder | None = None
-        self._seed = _seed(seed)
-        self._last_n = _integer("last_n_tokens_size", last_n_tokens_size)
+        self._seed, self._last_n = _seed(seed), _integer("last_n_tokens_size", last_n_tokens_size)
         self._template = _template_source(chat_format, chat_template)
-        #: Accepted for compatibility; nothing reads it.
-        self.verbose = verbose
+        self.verbose = verbose  #: Accepted for compatibility; nothing reads it.
         #: The path the model was loaded from.
         self.model_path = os.fspath(model_path)
         #: The target model (the engine's, with one).
@@ -378,7 +378,7 @@ class Llama:
         if self.engine is not None:
             self._let_go()
             generator.attach(self.engine)
-        return self._held_on_engine(generator)
+        return self._adopted(generator)
 
     def _let_go(self) -> None:
         """On a shared engine, a new generation takes a sequence: the earlier ones give theirs back first, at once,
@@ -504,7 +504,8 @@ class Llama:
         self._last = generator
         scanner = _StopScanner(text, call.stops)
         model = call.model or self.model_path
-        run = _Run(generator, self._watch(iter(scanner)), model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
+        pieces = self._watch(iter(scanner), generator)
+        run = _Run(generator, pieces, model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
         run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
         return ChatStream(self, run) if streaming else _chat_completion(run)
 
@@ -550,7 +551,7 @@ class Llama:
         generator = self.restore_chat(parked.checkpoint)
         text = generator.continue_reply(max_tokens=parked.remaining)
         scanner = _StopScanner(text, parked.stops, parked.held)
-        run = _Run(generator, self._watch(iter(scanner)), parked.model, parked.id, scanner, parked.created)
+        run = _Run(generator, self._watch(iter(scanner), generator), parked.model, parked.id, scanner, parked.created)
         run.limit = parked.remaining + len(generator.tokens)
         if parked.reported is not None:
             run.logprobs = _LogprobTracker(self.model, generator, reported=parked.reported[0], sent=parked.reported[1])
@@ -585,6 +586,7 @@ class Llama:
         """``pieces``; once they are all read, the generation is the last call's (and cached, with a cache)."""
         yield from pieces
         self._last = generator
+        self._learned(generator)
         if self._cache is not None:
             tokens = (*generator.prompt_tokens, *generator.tokens)
             self._cache[tokens] = LlamaState(tokens, generator.checkpoint(), generator.config["seed"])
@@ -602,21 +604,30 @@ class Llama:
         """A new generator with this object's settings and ``sampling``."""
         settings: GeneratorSettings = {**self._settings, **sampling.settings()}
         self._let_go()
-        return self._held_on_engine(Generator(self.model, **settings))
+        return self._adopted(Generator(self.model, **settings))
 
-    def _held_on_engine(self, generator: Generator) -> Generator:
-        """``generator``, recorded as holding a sequence of the engine (with one)."""
+    def _adopted(self, generator: Generator) -> Generator:
+        """``generator``, recorded as holding a sequence of the engine (with one), drafting from the lookup corpus
+        too (with one)."""
         if self.engine is not None:
             self._on_engine.append(generator)
+        if self.lookup_corpus is not None:
+            generator.set_lookup_corpus(self.lookup_corpus)
         return generator
 
-    def _watch(self, pieces: Iterator[str]) -> Iterator[str]:
-        """``pieces``, forgetting the held conversation if generating them fails."""
+    def _learned(self, generator: Generator) -> None:
+        """A finished generation's prompt and reply, added to the lookup corpus (with one)."""
+        if self.lookup_corpus is not None:
+            self.lookup_corpus.add([*generator.prompt_tokens, *generator.tokens])
+
+    def _watch(self, pieces: Iterator[str], generator: Generator) -> Iterator[str]:
+        """``pieces``, forgetting the held conversation if generating them fails, learning from it if not."""
         try:
             yield from pieces
         except Exception:
             self._conversation = None
             raise
+        self._learned(generator)
 
 
 class LlamaTokenizer:
@@ -638,6 +649,15 @@ class LlamaTokenizer:
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+def _corpus(corpus: LookupCorpus | None, mode: str) -> LookupCorpus | None:
+    """``lookup_corpus``, checked: a corpus or None, and only for ``ngram`` mode."""
+    if corpus is not None and not isinstance(corpus, LookupCorpus):
+        raise TypeError(f"lookup_corpus must be a LookupCorpus or None, not {type(corpus).__name__}")
+    if corpus is not None and mode != "ngram":
+        raise ValueError(f"lookup_corpus drafts for mode 'ngram', not {mode!r}")
+    return corpus
 
 
 def _counts(n_threads: int | None, **counts: int) -> int:

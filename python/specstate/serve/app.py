@@ -55,7 +55,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specstate import Model, SharedEngine
+from specstate import LookupCorpus, Model, SharedEngine
 from specstate.chat import chat_template
 from specstate.serve.cache import ConversationCache
 from specstate.serve.config import ServerConfig
@@ -95,6 +95,9 @@ class Server:
         #: The target model, once loaded.
         self.model: Model | None = None
         self.embeddings = Embeddings(config.embedding_pooling, config.n_ctx, config.threads_per_slot())
+        #: Every slot's finished prompts and replies, which ``ngram`` mode's prompt lookup copies from (None in
+        #: the other modes): a request drafts from the text of earlier ones.
+        self.corpus = LookupCorpus() if config.mode == "ngram" else None
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
@@ -126,7 +129,9 @@ class Server:
         cost_curve = None  # the adaptive policy's, measured by the first slot and pinned for every slot
         for _ in range(self.config.slots):
             loaded = threading.Event()
-            slot = Slot(self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve)
+            slot = Slot(
+                self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve, self.corpus
+            )
             slot.start()
             loaded.wait()
             if slot.error is not None:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from specstate._native import EXACT_PROMPT_ROWS, Model, SharedEngine
+from specstate._native import EXACT_PROMPT_ROWS, LookupCorpus, Model, SharedEngine
 from specstate._typing import Message
 from specstate.llama import (
     ChatStream,
@@ -37,17 +37,19 @@ class Slot(threading.Thread):
         loaded: threading.Event,
         engine: SharedEngine | None = None,
         cost_curve: list[int] | None = None,
+        corpus: LookupCorpus | None = None,
     ) -> None:
         super().__init__(daemon=True, name="specstate-slot")
         self.config, self.scheduler, self.metrics, self.cache, self.loaded = config, scheduler, metrics, cache, loaded
         self.engine = engine
         self.cost_curve = cost_curve
+        self.corpus = corpus
         self.llama: Llama | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.llama = load(self.config, self.engine, self.cost_curve)
+            self.llama = load(self.config, self.engine, self.cost_curve, self.corpus)
             self.cost_curve = self.llama.pin_cost_curve()
         except BaseException as error:  # reported by serve() before it listens
             self.error = error
@@ -181,10 +183,16 @@ def _pairs(messages: Sequence[Message]) -> list[tuple[str, str]]:
     return [(message["role"], message["content"]) for message in messages]
 
 
-def load(config: ServerConfig, engine: SharedEngine | None = None, cost_curve: list[int] | None = None) -> Llama:
+def load(
+    config: ServerConfig,
+    engine: SharedEngine | None = None,
+    cost_curve: list[int] | None = None,
+    corpus: LookupCorpus | None = None,
+) -> Llama:
     """A slot's :class:`Llama`: its generations on ``engine``'s sequences, or a model and contexts of its own;
     with the adaptive draft policy, ``cost_curve`` pinned (None: the slot measures it, and the server gives it to
-    the next slots)."""
+    the next slots); in ``ngram`` mode, drafting from ``corpus`` too, the server's one, which every slot's finished
+    requests add to."""
     return Llama(
         config.model_path,
         engine=engine,
@@ -195,6 +203,7 @@ def load(config: ServerConfig, engine: SharedEngine | None = None, cost_curve: l
         n_draft=config.n_draft,
         draft_policy=config.policy(),
         cost_curve=cost_curve,
+        lookup_corpus=corpus,
         chat_template=config.chat_template,
         seed=-1,
     )
