@@ -288,9 +288,12 @@ def _exactness_note(prompts: dict[str, Any]) -> str:
 
 
 def _row_costs(curve_us: list[int]) -> tuple[str, str]:
-    """(the cost of each further row, min to max; the cost of one row) of a measured cost curve, in ms."""
-    steps = [later - earlier for earlier, later in zip(curve_us, curve_us[1:])]
-    return f"{min(steps) / 1e3:.1f} to {max(steps) / 1e3:.1f} ms", f"{curve_us[0] / 1e3:.1f} ms"
+    """(the cost of each further row, on average and its steps' range; the cost of one row) of a measured cost
+    curve, in ms. Steps are uneven: the exact kernels take columns in groups of 8, 4, 2 and 1."""
+    steps = [max(0, later - earlier) for earlier, later in zip(curve_us, curve_us[1:])]
+    average = (curve_us[-1] - curve_us[0]) / (len(curve_us) - 1)
+    spread = f"steps of {min(steps) / 1e3:.1f} to {max(steps) / 1e3:.1f} ms"
+    return f"{average / 1e3:.1f} ms on average ({spread})", f"{curve_us[0] / 1e3:.1f} ms"
 
 
 #: The template's name for each peer configuration of speculation.PEERS, in order.
@@ -317,21 +320,28 @@ def _speculation_fields(spec: dict[str, Any]) -> dict[str, Any]:
         "spec_contenders": "\n".join(contenders_table(prompts)),
         "story_fixed": f"x{max(story_fixed):.2f} to x{min(story_fixed):.2f}",
         "story_adaptive": _x(story[ADAPTIVE]["x_none"]),
-        "code_vs_best": _x(code[ADAPTIVE]["x_best_fixed"]),
-        "code_best": code[ADAPTIVE]["best_fixed"],
         "longest": longest,
         "code_longest": _x(_fixed(code)[longest]["x_none"]),
-        "quotes_vs_best": _x(quotes[ADAPTIVE]["x_best_fixed"]),
-        "quotes_best": best,
         "quotes_best_acceptance": f"{_fixed(quotes)[best]['acceptance']:.0%}",
         "row_costs": row_costs,
         "plain_cost": plain_cost,
         "quotes_vs_bound": _x(quotes[ADAPTIVE].get("x_bound")),
-        **{
-            f"{name}_vs_{field}": _x(prompts[name][ADAPTIVE].get(f"x_{peer}"))
-            for name in prompts
-            for field, peer in zip(PEER_FIELDS, PEERS)
-        },
+        **{key: value for name, rows in prompts.items() for key, value in _prompt_fields(name, rows[ADAPTIVE]).items()},
+    }
+
+
+def _prompt_fields(name: str, adaptive: dict[str, Any]) -> dict[str, Any]:
+    """The adaptive policy's ratios on prompt `name` as template fields: ``{name}_x_none``, ``{name}_vs_best`` (and
+    ``{name}_best``, the best fixed length), ``{name}_vs_fastest`` (and ``{name}_fastest``, that peer), and
+    ``{name}_vs_{peer}`` for each peer configuration."""
+    return {
+        f"{name}_x_none": _x(adaptive["x_none"]),
+        f"{name}_acceptance": "n/a" if adaptive.get("acceptance") is None else f"{adaptive['acceptance']:.0%}",
+        f"{name}_vs_best": _x(adaptive["x_best_fixed"]),
+        f"{name}_best": adaptive["best_fixed"],
+        f"{name}_vs_fastest": _x(adaptive.get("x_fastest_peer")),
+        f"{name}_fastest": adaptive.get("fastest_peer", "no peer measured"),
+        **{f"{name}_vs_{field}": _x(adaptive.get(f"x_{peer}")) for field, peer in zip(PEER_FIELDS, PEERS)},
     }
 
 
@@ -345,6 +355,8 @@ def _latest_fields(latest: dict[str, Any], spec: dict[str, Any], verify: dict[st
         "latest_table": markdown(latest).rstrip("\n"),
         "code_vs_none": _x(speculation["code"][ADAPTIVE]["x_none"]),
         "quotes_vs_none": _x(speculation["quotes"][ADAPTIVE]["x_none"]),
+        "edit_vs_none": _x(speculation.get("edit", {}).get(ADAPTIVE, {}).get("x_none")),
+        "prompt_names": ", ".join(speculation),
         "q4_1_8_rows": _x(q4_1.get("8")),
         "q4_1_16_rows": _x(q4_1.get("16")),
         "draft_acceptance": _listing(f"{prompt['draft']['acceptance']:.0%}" for prompt in speculation.values()),
