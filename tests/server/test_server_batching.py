@@ -1,5 +1,6 @@
 """``specstate serve --slots N`` decodes the slots' generations together on one engine (issue 34): concurrent
-chats get, token for token, the replies the same requests get alone, and ``/metrics`` counts the shared decodes."""
+chats get, token for token, the replies the same requests get alone (drafting from the server's corpus of earlier
+requests changes none of them), and ``/metrics`` counts the shared decodes."""
 
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ def test_concurrent_chats_on_batched_slots_get_their_lone_replies(smollm2_file: 
         assert all(slot.cost_curve == curve for slot in live.state.slots)  # every slot drafts from it
         expected = [alone(smollm2_file, p, i, curve) for i, p in enumerate(PROMPTS)]
         assert [replies[i] for i in range(len(PROMPTS))] == expected
+        # Every slot drafted from the server's one corpus, which holds each finished request (the replies above
+        # are the lone ones all the same: a corpus changes proposals only).
+        corpus = live.state.corpus
+        assert corpus is not None and corpus.n_documents == len(PROMPTS)
+        assert all(slot.llama is not None and slot.llama.lookup_corpus is corpus for slot in live.state.slots)
         metrics = live.get("/metrics")[1]
         counted = {name: int(value) for name, value in re.findall(r"specstate_batch_(\w+)_total (\d+)", metrics)}
         assert counted["decodes"] > 0 and counted["rows"] >= counted["sequences"] >= counted["decodes"]
