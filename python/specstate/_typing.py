@@ -67,7 +67,10 @@ class NativeInfo(TypedDict):
     ``metal``); ``cpu_baseline`` and the ``simd_features`` ggml's CPU kernels
     were compiled for; ``exact_sums``, how verification's exact multi-column
     kernels sum on this CPU (``avx2``, ``avxvnni`` or ``avx512vnni``, chosen at
-    run time, the same bits every way; ``none``); ``system_info``, llama.cpp's own summary; ``devices``,
+    run time, the same bits every way; ``none``); ``exact_attention``, how
+    decodes and verified rows attend (``shared``: the queries reading one
+    K/V head convert each cell once for all of them; ``rows``: each query
+    alone; the same bits either way); ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
     """
@@ -80,6 +83,7 @@ class NativeInfo(TypedDict):
     cpu_baseline: str
     simd_features: list[str]
     exact_sums: str
+    exact_attention: str
     system_info: str
     devices: list[DeviceInfo]
 

@@ -92,6 +92,10 @@ extern "C" {
     /// kernels sum their integer products on this CPU (0 AVX2, 1 AVX-VNNI,
     /// 2 AVX512-VNNI; -1 without such kernels), read once per process.
     fn ggml_cpu_exact_sums() -> std::os::raw::c_int;
+    /// specstate's patch 0006 (`ops.cpp`): 1 when the exact attention takes
+    /// the queries reading one K/V head together, converting each cell once
+    /// for all of them; 0 when each query walks the cells alone.
+    fn ggml_cpu_exact_attention() -> std::os::raw::c_int;
 }
 
 /// How the exact multi-column kernels of verification sum their integer products on this CPU: `avx2`
@@ -106,6 +110,18 @@ pub fn exact_sums() -> &'static str {
         1 => "avxvnni",
         2 => "avx512vnni",
         _ => "none",
+    }
+}
+
+/// How the exact attention of decodes and verified rows runs: `shared` (the queries reading one K/V head, a
+/// token's heads and a batch's rows, take each cell's conversion once for all of them) or `rows` (each query alone:
+/// `GGML_CPU_EXACT_ATTN=rows` in the environment, or a build without the AVX2 kernel). Both give the same bits.
+pub fn exact_attention() -> &'static str {
+    // SAFETY: a parameterless function of the patched ggml-cpu (every build
+    // applies the patches) that reads the environment once and returns a constant.
+    match unsafe { ggml_cpu_exact_attention() } {
+        1 => "shared",
+        _ => "rows",
     }
 }
 

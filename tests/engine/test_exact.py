@@ -120,8 +120,31 @@ def test_every_way_of_summing_gives_the_same_bits(quantized: dict[str, Model], q
                 text=True,
                 check=True,
             )
-            ran, digests[sums, n_threads] = result.stdout.split()[-2:]
+            ran, _, _, digests[sums, n_threads] = result.stdout.split()[-4:]
             assert ran == (sums if sums in available else "avx2")  # a way the CPU lacks is not taken
+    assert len(set(digests.values())) == 1, digests
+
+
+@pytest.mark.parametrize("quant", ["Q4_1", "Q8_0"])
+def test_attention_sharing_each_cell_gives_the_same_bits(quantized: dict[str, Model], quant: str) -> None:
+    """Patch 0006: the queries that read one K/V head (a token's heads, a verified batch's rows) take each cell's
+    conversion once for all of them, each query keeping its own operations in its own order. Each way, in its own
+    process and after a prompt spanning two chunks of cells, keeps batch rows equal to single decodes, and both give
+    the logits of each query walking the cells alone."""
+    digests = {}
+    for attention in ("shared", "rows"):
+        for n_threads in THREADS:
+            env = {key: value for key, value in os.environ.items() if key != "GGML_CPU_EXACT_ATTN"}
+            result = subprocess.run(
+                [sys.executable, str(SUPPORT / "exact_sums_worker.py"), str(quantized[quant].path), str(n_threads)],
+                env={**env, **({"GGML_CPU_EXACT_ATTN": "rows"} if attention == "rows" else {})},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            _, ran, prompt_tokens, digests[attention, n_threads] = result.stdout.split()[-4:]
+            assert ran == attention
+            assert int(prompt_tokens) > 256  # a single decode's heads span two chunks
     assert len(set(digests.values())) == 1, digests
 
 

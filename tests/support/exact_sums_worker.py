@@ -1,9 +1,11 @@
 """The logits of a prompt's verified rows, in batches of 2 to 17 and one at a time, under the integer sums that
-``GGML_CPU_EXACT_SUMS`` picks (used by test_exact.py).
+``GGML_CPU_EXACT_SUMS`` picks and the attention that ``GGML_CPU_EXACT_ATTN`` picks (used by test_exact.py).
 
-Usage: GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni python exact_sums_worker.py MODEL N_THREADS
-Checks that every batch row equals its single decode; prints the way of summing that ran and the SHA-256 of all the
-rows' logits.
+Usage: [GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni] [GGML_CPU_EXACT_ATTN=rows] \
+    python exact_sums_worker.py MODEL N_THREADS
+Checks that every batch row equals its single decode; prints the way of summing and of attending that ran and the
+SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's chunks of 256 cells, so a
+single decode spreads its heads' chunks over the threads while a batch's rows walk theirs whole.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from array import array
 
 from specstate import Context, Model, native_info
 
-PROMPT = "The committee met on Tuesday to review the budget, the schedule and the open questions. " * 4
+PROMPT = "The committee met on Tuesday to review the budget, the schedule and the open questions. " * 18
 VERIFIED = " and the minutes were approved without a single vote by all of the members who were present there"
 BATCHES = (2, 4, 5, 8, 9, 16, 17)
 
@@ -36,7 +38,8 @@ def main() -> None:
         rows = [array("f", context.logits(row)).tobytes() for row in range(n)]
         assert rows == singles[:n], f"batch of {n}: rows differ from single decodes"
         digest.update(b"".join(rows))
-    print(native_info()["exact_sums"], digest.hexdigest())
+    info = native_info()
+    print(info["exact_sums"], info["exact_attention"], len(prompt), digest.hexdigest())
 
 
 if __name__ == "__main__":
