@@ -131,6 +131,21 @@ def test_a_llama_learns_each_finished_completion_and_drafts_from_it(smollm2_file
     assert corpus.n_documents == 2
 
 
+def test_a_llama_learns_each_finished_tool_chat(smollm2_file: Path) -> None:
+    from specstate.llama import Llama
+
+    corpus = LookupCorpus()
+    llm = Llama(str(smollm2_file), mode="ngram", n_ctx=512, n_threads=2, lookup_corpus=corpus)
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    messages = [{"role": "user", "content": "What time is it?"}]
+    reply = llm.create_chat_completion(messages, tools=[tool], max_tokens=8, temperature=0.0)
+    assert reply["choices"][0]["message"]["role"] == "assistant" and corpus.n_documents == 1
+    stream = llm.create_chat_completion(messages, tools=[tool], max_tokens=8, temperature=0.0, stream=True)
+    assert list(stream) and corpus.n_documents == 2  # a streamed one once its last chunk is read
+    assert llm._last is not None
+    assert corpus.n_tokens == 2 * (len(llm._last.prompt_tokens) + len(llm._last.tokens))
+
+
 def test_a_llama_refuses_a_corpus_outside_ngram_mode(smollm2_file: Path) -> None:
     from specstate.llama import Llama
 

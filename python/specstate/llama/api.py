@@ -537,7 +537,8 @@ class Llama:
             sampling = replace(sampling, grammar=grammar)
         generator = self._generator(sampling)
         limit = call.max_tokens or generator.context_length
-        pieces = generator.stream(prompt.tokens(), max_tokens=limit, stop=[*call.stops, *prompt.additional_stops])
+        stops = [*call.stops, *prompt.additional_stops]
+        pieces = self._learning(generator.stream(prompt.tokens(), max_tokens=limit, stop=stops), generator)
         self._last = generator
         run = _Run(generator, pieces, call.model or self.model_path, f"chatcmpl-{uuid.uuid4()}", limit=limit)
         if streaming:
@@ -620,14 +621,18 @@ class Llama:
         if self.lookup_corpus is not None:
             self.lookup_corpus.add([*generator.prompt_tokens, *generator.tokens])
 
+    def _learning(self, pieces: Iterator[str], generator: Generator) -> Iterator[str]:
+        """``pieces``; once they are all read, the generation is learned (:meth:`_learned`)."""
+        yield from pieces
+        self._learned(generator)
+
     def _watch(self, pieces: Iterator[str], generator: Generator) -> Iterator[str]:
         """``pieces``, forgetting the held conversation if generating them fails, learning from it if not."""
         try:
-            yield from pieces
+            yield from self._learning(pieces, generator)
         except Exception:
             self._conversation = None
             raise
-        self._learned(generator)
 
 
 class LlamaTokenizer:
