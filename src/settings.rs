@@ -242,7 +242,9 @@ impl SamplingParams {
 /// Longest and shortest n-gram looked up by prompt-lookup drafting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NgramConfig {
-    /// Longest suffix matched (tried first).
+    /// Longest suffix matched. Kept in checkpoints and settings; prompt
+    /// lookup copies the occurrence whose context agrees longest (up to
+    /// [`crate::engine::ngram::MAX_CONTEXT`] tokens), which does not depend on it.
     pub n_max: usize,
     /// Shortest suffix matched.
     pub n_min: usize,

@@ -91,7 +91,8 @@ class NativeInfo(TypedDict):
 class _NgramLengths(TypedDict, total=False):
     """The n-gram lengths of ``ngram`` mode."""
 
-    #: Longest n-gram looked up (default 4).
+    #: Longest n-gram looked up (default 4). Kept for checkpoints and llama.cpp's habits: the occurrence copied is
+    #: the one whose context agrees longest (up to 64 tokens), so proposals do not depend on it.
     ngram_max: int
     #: Shortest n-gram looked up (default 3: a match of at least 3 tokens, which measured best on SmolLM2).
     ngram_min: int

@@ -53,9 +53,8 @@ impl Drafter for NgramDrafter {
         request: DraftRequest<'_>,
         _sampler: &mut Sampler,
     ) -> Result<Draft> {
-        let texts = self.corpus.as_ref().map(|corpus| corpus.newest_first());
-        let texts = texts.as_deref().unwrap_or_default();
-        let mut tokens = ngram::propose_from(request.history, texts, self.config, request.n_draft);
+        let corpus = self.corpus.as_deref();
+        let mut tokens = ngram::propose_from(request.history, corpus, self.config, request.n_draft);
         // A corpus holds any ids: a draft stops before one the target does not know.
         let n_vocab = target.model().n_vocab();
         if let Some(unknown) = tokens.iter().position(|&token| token as usize >= n_vocab) {

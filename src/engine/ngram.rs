@@ -11,88 +11,65 @@
 //! 4) the longest context's drafted tokens are accepted 76% of the time, the
 //! most recent occurrence's 71%.
 
-use std::sync::Arc;
-
+use super::corpus::LookupCorpus;
 use crate::settings::NgramConfig;
 
 /// Tokens of agreement (the n-gram included) past which occurrences are equal.
 pub const MAX_CONTEXT: usize = 64;
 
-/// Up to `n_draft` tokens that followed the earlier occurrence of the longest
-/// matching suffix of `history` (lengths `n_max` down to `n_min`) with the
-/// longest agreeing context, the most recent among equals.
+/// Up to `n_draft` tokens that followed the earlier occurrence of the
+/// history's end with the longest agreeing context (at least `n_min` tokens,
+/// at most [`MAX_CONTEXT`]), the most recent among equals.
+///
+/// This is what looking up the longest matching suffix of `n_max` down to
+/// `n_min` tokens and then taking its occurrence with the longest agreeing
+/// context gives, in one pass: the longest suffix found is the longest
+/// context's, whatever `n_max`.
 pub fn propose(history: &[i32], config: NgramConfig, n_draft: usize) -> Vec<i32> {
-    propose_from(history, &[], config, n_draft)
+    propose_from(history, None, config, n_draft)
 }
 
-/// [`propose`] over `history` and then `texts` (a [`LookupCorpus`]'s, newest
-/// first): an occurrence in a text wins over the history's only with a longer
-/// agreeing context.
-///
-/// [`LookupCorpus`]: super::corpus::LookupCorpus
+/// [`propose`] over `history` and then a corpus's earlier texts
+/// ([`LookupCorpus::lookup`]): an occurrence in the corpus wins over the
+/// history's only with a longer agreeing context.
 pub fn propose_from(
     history: &[i32],
-    texts: &[Arc<[i32]>],
+    corpus: Option<&LookupCorpus>,
     config: NgramConfig,
     n_draft: usize,
 ) -> Vec<i32> {
     if n_draft == 0 {
         return Vec::new();
     }
-    for n in (config.n_min.max(1)..=config.n_max).rev() {
-        if history.len() < n {
-            continue;
+    let own = best_occurrence(history);
+    let own_context = own.map_or(0, |(_, context)| context);
+    let earlier = corpus
+        .filter(|_| own_context < MAX_CONTEXT)
+        .and_then(|corpus| corpus.lookup(history, n_draft))
+        .filter(|&(context, _)| context > own_context);
+    match (earlier, own) {
+        (Some((context, tokens)), _) if context >= config.n_min => tokens,
+        (None, Some((from, context))) if context >= config.n_min => {
+            history[from..(from + n_draft).min(history.len())].to_vec()
         }
-        let sources = std::iter::once(history).chain(texts.iter().map(|text| &text[..]));
-        let best = sources
-            .filter_map(|source| best_occurrence(source, history, n))
-            .reduce(|best, found| {
-                if found.context > best.context {
-                    found
-                } else {
-                    best
-                }
-            });
-        if let Some(found) = best {
-            let to = (found.from + n_draft).min(found.source.len());
-            return found.source[found.from..to].to_vec();
-        }
+        _ => Vec::new(),
     }
-    Vec::new()
 }
 
-/// An occurrence of the history's last n tokens: where its continuation starts
-/// in `source`, and how many tokens agree with the history's up to there.
-struct Occurrence<'a> {
-    source: &'a [i32],
-    from: usize,
-    context: usize,
-}
-
-/// The best occurrence in `source` of the last `n` tokens of `history` that
-/// has a continuation (in the history itself: one that ends before the
-/// suffix), the most recent among equals.
-fn best_occurrence<'a>(source: &'a [i32], history: &[i32], n: usize) -> Option<Occurrence<'a>> {
-    let suffix_at = history.len() - n;
-    let pattern = &history[suffix_at..];
-    let mut best: Option<Occurrence<'a>> = None;
-    for start in (0..source.len().saturating_sub(n)).rev() {
-        if &source[start..start + n] != pattern {
+/// The earlier occurrence in `history` of its own end with the longest
+/// agreeing context, the most recent among equals: where its continuation
+/// starts (before the history's last token, so that there is one) and how many
+/// tokens agree.
+fn best_occurrence(history: &[i32]) -> Option<(usize, usize)> {
+    let &last = history.last()?;
+    let mut best: Option<(usize, usize)> = None;
+    for from in (1..history.len()).rev() {
+        if history[from - 1] != last {
             continue;
         }
-        let context = n + agreement_before(
-            source,
-            start,
-            history,
-            suffix_at,
-            MAX_CONTEXT.saturating_sub(n),
-        );
-        if best.as_ref().is_none_or(|best| context > best.context) {
-            best = Some(Occurrence {
-                source,
-                from: start + n,
-                context,
-            });
+        let context = agreement_before(history, from, history, history.len(), MAX_CONTEXT);
+        if best.is_none_or(|(_, longest)| context > longest) {
+            best = Some((from, context));
             if context >= MAX_CONTEXT {
                 break;
             }
@@ -111,6 +88,7 @@ fn agreement_before(a: &[i32], at_a: usize, b: &[i32], at_b: usize, limit: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::corpus::MAX_CANDIDATES;
 
     #[test]
     fn proposes_the_continuation_of_the_latest_repeat() {
@@ -139,31 +117,138 @@ mod tests {
         assert_eq!(agreement_before(&history, 0, &history, 5, 3), 0);
     }
 
+    fn corpus_of(texts: &[&[i32]]) -> LookupCorpus {
+        let corpus = LookupCorpus::new(1 << 16).unwrap();
+        for text in texts {
+            corpus.add(text).unwrap();
+        }
+        corpus
+    }
+
     #[test]
     fn earlier_texts_are_copied_where_their_context_agrees_longer() {
         let config = NgramConfig { n_max: 2, n_min: 1 };
-        let text: Arc<[i32]> = Arc::from([7, 8, 1, 2, 3, 4]);
+        let corpus = corpus_of(&[&[7, 8, 1, 2, 3, 4]]);
+        let from = |history: &[i32], n_draft| propose_from(history, Some(&corpus), config, n_draft);
         // Nothing to copy in the history: the text's continuation.
-        assert_eq!(
-            propose_from(&[9, 1, 2], &[Arc::clone(&text)], config, 3),
-            vec![3, 4]
-        );
-        // A history as long as the n-gram finds it in a text.
-        assert_eq!(
-            propose_from(&[1, 2], &[Arc::clone(&text)], config, 1),
-            vec![3]
-        );
+        assert_eq!(from(&[9, 1, 2], 3), vec![3, 4]);
+        // A history as long as the two tokens finds them in a text.
+        assert_eq!(from(&[1, 2], 1), vec![3]);
         // The history's own occurrence, as long in context, wins ties.
-        assert_eq!(
-            propose_from(&[1, 2, 5, 0, 1, 2], &[Arc::clone(&text)], config, 1),
-            vec![5]
-        );
+        assert_eq!(from(&[1, 2, 5, 0, 1, 2], 1), vec![5]);
         // A longer agreeing context in the text wins.
-        assert_eq!(
-            propose_from(&[1, 2, 5, 8, 1, 2], &[Arc::clone(&text)], config, 1),
-            vec![3]
-        );
-        assert!(propose_from(&[6], &[text], config, 2).is_empty());
+        assert_eq!(from(&[1, 2, 5, 8, 1, 2], 1), vec![3]);
+        // The corpus offers occurrences of the last two tokens, not of one.
+        assert!(from(&[6], 2).is_empty());
+        assert!(from(&[9, 4], 2).is_empty());
+    }
+
+    #[test]
+    fn corpus_occurrences_stay_within_their_text_and_the_budget() {
+        let config = NgramConfig { n_max: 4, n_min: 2 };
+        // The context stops at a text's start, the continuation at its end.
+        let corpus = corpus_of(&[&[1, 2, 3], &[4, 1, 2, 5, 6], &[1, 2, 7]]);
+        assert_eq!(corpus.lookup(&[4, 1, 2], 8), Some((3, vec![5, 6])));
+        assert_eq!(corpus.lookup(&[0, 1, 2], 8), Some((2, vec![7])));
+        assert_eq!(propose_from(&[9, 1, 2], Some(&corpus), config, 8), vec![7]);
+        // Dropped texts are never proposed, and their keys go with them.
+        let small = LookupCorpus::new(5).unwrap();
+        small.add(&[1, 2, 3, 4]).unwrap();
+        small.add(&[5, 1, 2, 9]).unwrap();
+        assert_eq!(small.lookup(&[1, 2], 4), Some((2, vec![9])));
+        small.add(&[8, 8]).unwrap();
+        assert_eq!(small.lookup(&[1, 2], 4), None);
+        assert_eq!((small.n_documents(), small.n_tokens()), (1, 2));
+    }
+
+    #[test]
+    fn a_lookup_walks_at_most_the_most_recent_candidates() {
+        // Many occurrences of `1 2`; the one with the longest context is older than the candidates walked.
+        let mut texts: Vec<Vec<i32>> = vec![vec![5, 6, 1, 2, 42]];
+        texts.extend((0..MAX_CANDIDATES + 10).map(|i| vec![0, 1, 2, i as i32 % 7 + 100]));
+        let corpus = LookupCorpus::new(1 << 16).unwrap();
+        for text in &texts {
+            corpus.add(text).unwrap();
+        }
+        let (context, tokens) = corpus.lookup(&[6, 1, 2], 1).unwrap();
+        assert_eq!(context, 2); // `5 6 1 2` is out of reach: the most recent `1 2` wins
+        assert_eq!(tokens, vec![(MAX_CANDIDATES + 9) as i32 % 7 + 100]);
+    }
+
+    /// The lookup as it was written before one pass: for each n from `n_max`
+    /// down, the occurrence of the last n tokens with the longest agreeing
+    /// context in the history, then in each text (a text winning only with a
+    /// longer one).
+    fn propose_by_suffixes(
+        history: &[i32],
+        texts: &[&[i32]],
+        config: NgramConfig,
+        n_draft: usize,
+    ) -> Vec<i32> {
+        for n in (config.n_min.max(1)..=config.n_max).rev() {
+            if history.len() < n {
+                continue;
+            }
+            let suffix_at = history.len() - n;
+            let mut best: Option<(&[i32], usize, usize)> = None;
+            for source in std::iter::once(history).chain(texts.iter().copied()) {
+                for start in (0..source.len().saturating_sub(n)).rev() {
+                    if source[start..start + n] != history[suffix_at..] {
+                        continue;
+                    }
+                    let context = n + agreement_before(
+                        source,
+                        start,
+                        history,
+                        suffix_at,
+                        MAX_CONTEXT.saturating_sub(n),
+                    );
+                    if best.is_none_or(|(_, _, longest)| context > longest) {
+                        best = Some((source, start + n, context));
+                    }
+                }
+            }
+            if let Some((source, from, _)) = best {
+                return source[from..(from + n_draft).min(source.len())].to_vec();
+            }
+        }
+        Vec::new()
+    }
+
+    #[test]
+    fn one_pass_proposes_what_the_suffix_by_suffix_lookup_did() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % bound) as i32
+        };
+        for case in 0..3000 {
+            let alphabet = 2 + (case % 5) as u64;
+            let history: Vec<i32> = (0..next(80) + 1).map(|_| next(alphabet)).collect();
+            let texts: Vec<Vec<i32>> = (0..next(3))
+                .map(|_| (0..next(40)).map(|_| next(alphabet)).collect())
+                .collect();
+            let n_min = 2 + next(3) as usize;
+            let config = NgramConfig {
+                n_max: n_min + next(4) as usize,
+                n_min,
+            };
+            let n_draft = 1 + next(8) as usize;
+            let slices: Vec<&[i32]> = texts.iter().map(Vec::as_slice).collect();
+            let corpus = corpus_of(&slices);
+            let newest_first: Vec<&[i32]> = slices.iter().rev().copied().collect();
+            assert_eq!(
+                propose_from(&history, Some(&corpus), config, n_draft),
+                propose_by_suffixes(&history, &newest_first, config, n_draft),
+                "case {case}: {history:?} {texts:?} {config:?}"
+            );
+            assert_eq!(
+                propose(&history, config, n_draft),
+                propose_by_suffixes(&history, &[], config, n_draft)
+            );
+        }
     }
 
     #[test]
