@@ -815,6 +815,10 @@ class LookupCorpus:
         """Add a text (its last ``max_tokens`` tokens when longer), dropping the oldest texts beyond the budget.
         Negative ids raise ``ValueError`` and add nothing; a draft copied from the corpus stops before an id
         outside the target's vocabulary."""
+    @staticmethod
+    def check_mode(mode: str) -> None:
+        """Raise ``ValueError`` unless generators of ``mode`` draft from a corpus (only ``ngram`` mode's prompt
+        lookup does)."""
     def clear(self) -> None:
         """Forget every text."""
     @property

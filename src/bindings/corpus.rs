@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::arguments::{TokenIds, WideInt};
-use crate::engine::corpus::{LookupCorpus, DEFAULT_CORPUS_TOKENS};
+use crate::engine::corpus::{check_mode, LookupCorpus, DEFAULT_CORPUS_TOKENS};
 
 /// Earlier texts (token ids) that prompt lookup may copy besides a
 /// generation's own history: in a server, the prompts and replies of earlier
@@ -41,6 +41,13 @@ impl PyLookupCorpus {
     fn add(&self, py: Python<'_>, tokens: TokenIds) -> PyResult<()> {
         py.detach(|| self.inner.add(&tokens.0))
             .map_err(PyValueError::new_err)
+    }
+
+    /// Raise ``ValueError`` unless generators of ``mode`` draft from a corpus
+    /// (only ``ngram`` mode's prompt lookup does).
+    #[staticmethod]
+    fn check_mode(mode: &str) -> PyResult<()> {
+        check_mode(mode).map_err(PyValueError::new_err)
     }
 
     /// Forget every text.

@@ -29,6 +29,16 @@ pub const DEFAULT_CORPUS_TOKENS: usize = 1 << 16;
 /// corpus.
 pub const MAX_CANDIDATES: usize = 256;
 
+/// The one rule for a lookup corpus: only `ngram` mode's prompt lookup drafts from one.
+pub fn check_mode(mode: &str) -> Result<(), String> {
+    if mode == "ngram" {
+        return Ok(());
+    }
+    Err(format!(
+        "a lookup corpus drafts for mode 'ngram', not '{mode}'"
+    ))
+}
+
 /// Earlier texts, each a token sequence, within `max_tokens` in all, indexed
 /// by the two tokens before each position.
 #[derive(Debug)]

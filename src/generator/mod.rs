@@ -229,11 +229,9 @@ impl Generator {
     /// Let prompt lookup copy from `corpus` besides the history (`None`: the
     /// history alone). Only `ngram` mode looks up; other modes refuse one.
     pub fn set_lookup_corpus(&mut self, corpus: Option<Arc<LookupCorpus>>) -> Result<()> {
-        if corpus.is_some() && !matches!(self.member.config.mode, Mode::Ngram(_)) {
-            return Err(Error::Invalid(format!(
-                "a lookup corpus drafts for mode 'ngram', not '{}'",
-                self.member.config.mode.name()
-            )));
+        if corpus.is_some() {
+            crate::engine::corpus::check_mode(self.member.config.mode.name())
+                .map_err(Error::Invalid)?;
         }
         self.member.corpus = corpus;
         Ok(())

@@ -94,6 +94,9 @@ def test_bad_texts_and_modes_are_refused_and_change_nothing(smollm2: Model) -> N
     with pytest.raises(ValueError, match="mode 'ngram', not 'none'"):
         plain.set_lookup_corpus(corpus)
     plain.set_lookup_corpus(None)
+    LookupCorpus.check_mode("ngram")  # the rule both refusals apply
+    with pytest.raises(ValueError, match="mode 'ngram', not 'draft'"):
+        LookupCorpus.check_mode("draft")
 
 
 def test_one_corpus_serves_generators_on_several_threads(smollm2: Model) -> None:

@@ -660,8 +660,8 @@ def _corpus(corpus: LookupCorpus | None, mode: str) -> LookupCorpus | None:
     """``lookup_corpus``, checked: a corpus or None, and only for ``ngram`` mode."""
     if corpus is not None and not isinstance(corpus, LookupCorpus):
         raise TypeError(f"lookup_corpus must be a LookupCorpus or None, not {type(corpus).__name__}")
-    if corpus is not None and mode != "ngram":
-        raise ValueError(f"lookup_corpus drafts for mode 'ngram', not {mode!r}")
+    if corpus is not None:
+        corpus.check_mode(mode)
     return corpus
 
 
