@@ -585,9 +585,8 @@ class Llama:
 
     def _remembered(self, pieces: Iterator[str], generator: Generator) -> Iterator[str]:
         """``pieces``; once they are all read, the generation is the last call's (and cached, with a cache)."""
-        yield from pieces
+        yield from self._learning(pieces, generator)
         self._last = generator
-        self._learned(generator)
         if self._cache is not None:
             tokens = (*generator.prompt_tokens, *generator.tokens)
             self._cache[tokens] = LlamaState(tokens, generator.checkpoint(), generator.config["seed"])
@@ -658,10 +657,11 @@ class LlamaTokenizer:
 
 def _corpus(corpus: LookupCorpus | None, mode: str) -> LookupCorpus | None:
     """``lookup_corpus``, checked: a corpus or None, and only for ``ngram`` mode."""
-    if corpus is not None and not isinstance(corpus, LookupCorpus):
+    if corpus is None:
+        return None
+    if not isinstance(corpus, LookupCorpus):
         raise TypeError(f"lookup_corpus must be a LookupCorpus or None, not {type(corpus).__name__}")
-    if corpus is not None:
-        corpus.check_mode(mode)
+    corpus.check_mode(mode)
     return corpus
 
 
