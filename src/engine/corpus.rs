@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
-use super::ngram::MAX_CONTEXT;
+use super::ngram::{agreement_before, MAX_CONTEXT};
 
 /// The largest token budget a corpus may have (16 MiB of tokens).
 pub const MAX_CORPUS_TOKENS: usize = 1 << 22;
@@ -209,9 +209,13 @@ impl Store {
     /// history's last ones (at most [`MAX_CONTEXT`]).
     fn agreement(&self, at: u64, history: &[i32]) -> usize {
         let within = (at - self.text_of(at).0) as usize;
-        (1..=MAX_CONTEXT.min(within).min(history.len()))
-            .take_while(|&back| self.tokens[self.index(at) - back] == history[history.len() - back])
-            .count()
+        agreement_before(
+            &self.tokens,
+            self.index(at),
+            history,
+            history.len(),
+            MAX_CONTEXT.min(within),
+        )
     }
 }
 

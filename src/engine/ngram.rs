@@ -11,6 +11,8 @@
 //! 4) the longest context's drafted tokens are accepted 76% of the time, the
 //! most recent occurrence's 71%.
 
+use std::ops::Index;
+
 use super::corpus::LookupCorpus;
 use crate::settings::NgramConfig;
 
@@ -78,8 +80,13 @@ fn best_occurrence(history: &[i32]) -> Option<(usize, usize)> {
     best
 }
 
-/// How many tokens before `a[..at_a]` and `b[..at_b]` agree, at most `limit`.
-fn agreement_before(a: &[i32], at_a: usize, b: &[i32], at_b: usize, limit: usize) -> usize {
+/// How many tokens before `a[..at_a]` and `b[..at_b]` agree, at most `limit`
+/// (slices, or the corpus's ring of held tokens).
+pub(crate) fn agreement_before<A, B>(a: &A, at_a: usize, b: &B, at_b: usize, limit: usize) -> usize
+where
+    A: Index<usize, Output = i32> + ?Sized,
+    B: Index<usize, Output = i32> + ?Sized,
+{
     (1..=limit.min(at_a).min(at_b))
         .take_while(|&back| a[at_a - back] == b[at_b - back])
         .count()
