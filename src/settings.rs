@@ -246,7 +246,8 @@ pub struct NgramConfig {
     /// lookup copies the occurrence whose context agrees longest (up to
     /// [`crate::engine::ngram::MAX_CONTEXT`] tokens), which does not depend on it.
     pub n_max: usize,
-    /// Shortest suffix matched.
+    /// Shortest suffix matched (and the least context before a token the
+    /// history replaced, with [`crate::engine::ngram::RESYNC_CONTEXT`]).
     pub n_min: usize,
 }
 
