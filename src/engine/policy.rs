@@ -256,17 +256,28 @@ fn timed_rows(max_rows: usize) -> Vec<usize> {
     rows
 }
 
+/// The most context the cost curve is timed after. Verification attends to
+/// the prompt and the text so far: timed on an empty context, the curve
+/// priced long batches too low (SmolLM2 Q4_1, 2 threads, after the edit
+/// prompt's 300 tokens: 13 rows at 3.7 times one row by the curve, 5.4 in the
+/// rounds), and the policy drafted 10 to 15 tokens where 4 paid best.
+pub const MAX_TIMED_CONTEXT: usize = 512;
+
 /// Measure the cost curve on sequence `seq_id` of `target`, which must be
-/// empty (before a prompt): decode batches of `token` at positions `0..r`,
-/// each timed [`REPETITIONS`] times after a warm-up, and empty the sequence
-/// after each (only it: the other sequences of a shared target keep theirs).
-/// Returns `max_rows` costs in microseconds (rows `1..=max_rows`).
+/// empty (before a prompt): after `context` cells of `token` (at most
+/// [`MAX_TIMED_CONTEXT`], none for a recurrent or hybrid model, whose memory
+/// cannot drop its last positions), decode batches of `token` at the next
+/// `r` positions, each timed [`REPETITIONS`] times after a warm-up and
+/// removed after, then empty the sequence (only it: the other sequences of a
+/// shared target keep theirs). Returns `max_rows` costs in microseconds (rows
+/// `1..=max_rows`).
 pub fn measure_cost_curve(
     target: &mut Context,
     batch: &mut Batch,
     seq_id: i32,
     token: i32,
     max_rows: usize,
+    context: usize,
 ) -> Result<Vec<u32>> {
     if max_rows == 0 || max_rows > batch.capacity() {
         return Err(Error::Invalid(format!(
@@ -274,29 +285,77 @@ pub fn measure_cost_curve(
             batch.capacity()
         )));
     }
-    let mut time_rows = |rows: usize| -> Result<u32> {
-        let tokens = vec![token; rows];
-        batch.fill(&tokens, position(0)?, seq_id, true)?;
+    let model = target.model();
+    let context = if model.is_recurrent() || model.is_hybrid() {
+        0
+    } else {
+        let room = (target.n_ctx_seq() as usize).saturating_sub(max_rows);
+        context.min(MAX_TIMED_CONTEXT).min(room)
+    };
+    let timer = BatchTimer {
+        seq_id,
+        token,
+        context,
+    };
+    let curve = timer
+        .fill_context(target, batch)
+        .and_then(|()| timer.curve(target, batch, max_rows));
+    target.seq_rm(seq_id, -1, -1);
+    curve
+}
+
+/// Times batches of one token after `context` cells of it on one sequence.
+struct BatchTimer {
+    seq_id: i32,
+    token: i32,
+    context: usize,
+}
+
+impl BatchTimer {
+    /// Decode the context in batch-sized chunks.
+    fn fill_context(&self, target: &mut Context, batch: &mut Batch) -> Result<()> {
+        let tokens = vec![self.token; self.context];
+        for (index, piece) in tokens.chunks(batch.capacity()).enumerate() {
+            batch.fill(
+                piece,
+                position(index * batch.capacity())?,
+                self.seq_id,
+                false,
+            )?;
+            target.decode(batch)?;
+        }
+        Ok(())
+    }
+
+    /// The curve: every size warmed up, the sizes of [`timed_rows`] timed, the rest interpolated.
+    fn curve(&self, target: &mut Context, batch: &mut Batch, max_rows: usize) -> Result<Vec<u32>> {
+        self.time(target, batch, max_rows)?;
+        self.time(target, batch, 1)?;
+        let mut points = Vec::new();
+        for rows in timed_rows(max_rows) {
+            let mut best = u32::MAX;
+            for _ in 0..REPETITIONS {
+                best = best.min(self.time(target, batch, rows)?);
+            }
+            points.push((rows, best));
+        }
+        Ok(interpolate(&points, max_rows))
+    }
+
+    /// Microseconds to decode `rows` rows after the context, which they leave as it was.
+    fn time(&self, target: &mut Context, batch: &mut Batch, rows: usize) -> Result<u32> {
+        let tokens = vec![self.token; rows];
+        let first = position(self.context)?;
+        batch.fill(&tokens, first, self.seq_id, true)?;
         let start = Instant::now();
         let decoded = target.decode(batch);
         let micros = start.elapsed().as_micros();
-        target.seq_rm(seq_id, -1, -1);
+        target.seq_rm(self.seq_id, first, -1);
         decoded?;
         Ok(u32::try_from(micros)
             .unwrap_or(u32::MAX)
             .clamp(1, MAX_COST_MICROS))
-    };
-    time_rows(max_rows)?;
-    time_rows(1)?;
-    let mut points = Vec::new();
-    for rows in timed_rows(max_rows) {
-        let mut best = u32::MAX;
-        for _ in 0..REPETITIONS {
-            best = best.min(time_rows(rows)?);
-        }
-        points.push((rows, best));
     }
-    Ok(interpolate(&points, max_rows))
 }
 
 /// Costs for rows `1..=max_rows`, linear between the timed points (sorted by rows, the first at 1).

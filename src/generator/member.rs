@@ -67,7 +67,8 @@ impl Member {
     }
 
     /// An adaptive generation without a pinned cost curve measures it on
-    /// sequence `seq_id` of `target`, still empty, before its prompt.
+    /// sequence `seq_id` of `target`, still empty, before its prompt (after
+    /// as many cells as the prompt has, up to [`crate::engine::policy::MAX_TIMED_CONTEXT`]).
     pub fn measure_cost_curve(
         &mut self,
         target: &mut Context,
@@ -83,7 +84,7 @@ impl Member {
             .ok_or_else(|| Error::Invalid("the prompt is empty".into()))?;
         target.model().check_tokens(&[token])?;
         let rows = self.config.n_draft as usize + 1;
-        let curve = measure_cost_curve(target, batch, seq_id, token, rows)?;
+        let curve = measure_cost_curve(target, batch, seq_id, token, rows, prompt.len())?;
         self.state.adaptive = Some(AdaptiveState::measured(curve));
         Ok(())
     }

@@ -56,6 +56,8 @@ from specstate.tool_calls import tool_call_grammar
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+#: Tokens of the prompt :meth:`Llama.pin_cost_curve` times the curve after: a request's usual context, not none.
+PROBE_TOKENS = 256
 #: llama-cpp-python's ``LLAMA_POOLING_TYPE_UNSPECIFIED``: the model's own pooling.
 LLAMA_POOLING_TYPE_UNSPECIFIED = -1
 
@@ -219,7 +221,7 @@ class Llama:
         if "cost_curve" not in self._settings:
             self._let_go()
             probe = Generator(self.model, **self._settings)
-            probe.generate(self.model.tokenize("Hello", add_special=True), max_tokens=1)
+            probe.generate(self._probe_prompt(probe.context_length), max_tokens=1)
             curve = probe.cost_curve
             if self.engine is not None:
                 probe._native.release_sequence()
@@ -227,6 +229,13 @@ class Llama:
                 self._settings["cost_curve"] = curve
         pinned = self._settings.get("cost_curve")
         return None if pinned is None else list(pinned)
+
+    def _probe_prompt(self, context_length: int) -> list[int]:
+        """The prompt :meth:`pin_cost_curve` measures after: `PROBE_TOKENS` tokens (at most half the context),
+        since the curve is timed after as many cells as the prompt has, and requests come with context."""
+        length = max(1, min(PROBE_TOKENS, context_length // 2))
+        words = self.model.tokenize("Hello" + " Hello" * length, add_special=True)
+        return words[:length]
 
     def save_state(self) -> LlamaState:
         """The state of the last call's generation (a chat's or a completion's), as a picklable
