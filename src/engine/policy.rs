@@ -258,9 +258,10 @@ fn timed_rows(max_rows: usize) -> Vec<usize> {
 
 /// The most context the cost curve is timed after. Verification attends to
 /// the prompt and the text so far: timed on an empty context, the curve
-/// priced long batches too low (SmolLM2 Q4_1, 2 threads, after the edit
-/// prompt's 300 tokens: 13 rows at 3.7 times one row by the curve, 5.4 in the
-/// rounds), and the policy drafted 10 to 15 tokens where 4 paid best.
+/// priced long batches too low (SmolLM2 Q4_1, 2 threads, during the edit
+/// prompt's reply, 200 to 360 tokens of context: 13 rows at 3.7 times one row
+/// by the curve, 5.4 in the rounds), and the policy drafted 10 to 15 tokens
+/// where 4 paid best.
 pub const MAX_TIMED_CONTEXT: usize = 512;
 
 /// Measure the cost curve on sequence `seq_id` of `target`, which must be
