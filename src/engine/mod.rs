@@ -301,14 +301,15 @@ impl Engine<'_> {
 
     /// Decode `rows` at positions `start..` in batch-sized chunks, the drafter observing each.
     fn decode_prompt(&mut self, rows: &[i32], start: usize) -> Result<()> {
-        let chunk = self.batch.capacity();
-        for (index, piece) in rows.chunks(chunk).enumerate() {
-            self.batch
-                .fill(piece, position(start + index * chunk)?, self.seq_id, false)?;
-            self.target.decode(self.batch)?;
-            self.drafter.observe(self.target, self.batch)?;
-        }
-        Ok(())
+        let drafter = &mut *self.drafter;
+        decode_in_chunks(
+            self.target,
+            self.batch,
+            rows,
+            start,
+            self.seq_id,
+            |target, batch| drafter.observe(target, batch),
+        )
     }
 
     /// Refuse a prompt the target cannot hold: empty, not shorter than a
@@ -541,6 +542,25 @@ impl Engine<'_> {
 }
 
 /// A history index as a llama.cpp position.
+/// Decode `rows` of sequence `seq_id` at positions `start..` in batch-sized
+/// chunks (no logits asked for), calling `each` after every chunk's decode.
+pub(crate) fn decode_in_chunks(
+    target: &mut Context,
+    batch: &mut Batch,
+    rows: &[i32],
+    start: usize,
+    seq_id: i32,
+    mut each: impl FnMut(&Context, &Batch) -> Result<()>,
+) -> Result<()> {
+    let chunk = batch.capacity();
+    for (index, piece) in rows.chunks(chunk).enumerate() {
+        batch.fill(piece, position(start + index * chunk)?, seq_id, false)?;
+        target.decode(batch)?;
+        each(target, batch)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn position(index: usize) -> Result<i32> {
     i32::try_from(index).map_err(|_| Error::Invalid(format!("position {index} overflows i32")))
 }

@@ -40,7 +40,7 @@
 
 use std::time::Instant;
 
-use super::{position, Error, Result, Round};
+use super::{decode_in_chunks, position, Error, Result, Round};
 use crate::native::{Batch, Context};
 
 /// Fixed-point scale of the acceptance counts.
@@ -298,8 +298,8 @@ pub fn measure_cost_curve(
         token,
         context,
     };
-    let curve = timer
-        .fill_context(target, batch)
+    let filled = vec![token; context];
+    let curve = decode_in_chunks(target, batch, &filled, 0, seq_id, |_, _| Ok(()))
         .and_then(|()| timer.curve(target, batch, max_rows));
     target.seq_rm(seq_id, -1, -1);
     curve
@@ -313,21 +313,6 @@ struct BatchTimer {
 }
 
 impl BatchTimer {
-    /// Decode the context in batch-sized chunks.
-    fn fill_context(&self, target: &mut Context, batch: &mut Batch) -> Result<()> {
-        let tokens = vec![self.token; self.context];
-        for (index, piece) in tokens.chunks(batch.capacity()).enumerate() {
-            batch.fill(
-                piece,
-                position(index * batch.capacity())?,
-                self.seq_id,
-                false,
-            )?;
-            target.decode(batch)?;
-        }
-        Ok(())
-    }
-
     /// The curve: every size warmed up, the sizes of [`timed_rows`] timed, the rest interpolated.
     fn curve(&self, target: &mut Context, batch: &mut Batch, max_rows: usize) -> Result<Vec<u32>> {
         self.time(target, batch, max_rows)?;
