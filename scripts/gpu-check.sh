@@ -51,6 +51,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # System site packages: PyTorch's numpy and nvidia wheels where the machine has them.
 python3 -m venv --system-site-packages "$work/venv"
+# python3 may itself be a virtual environment's (the GPU machine's python3 is PyTorch's): --system-site-packages
+# reaches only its base interpreter's packages, so a .pth file adds that python3's own site-packages after the venv's.
+machine_sites=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))')
+venv_site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$machine_sites" > "$venv_site/machine-site-packages.pth"
 "$work/venv/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$wheels" \
     "specstate$extra @ file://$wheel" gguf numpy
 
@@ -63,8 +68,8 @@ if [ -z "$extra" ]; then
         done
     done
     if [ -z "$cublas" ]; then
-        site=$("$work/venv/bin/python" -c "import site; print(site.getsitepackages()[0])")
-        found=$(find "$site" /usr/lib /usr/local/lib -name libcublas.so.13 2>/dev/null | head -1 || true)
+        # shellcheck disable=SC2086  # one folder per line
+        found=$(find $machine_sites /usr/lib /usr/local/lib -name libcublas.so.13 2>/dev/null | head -1 || true)
         [ -n "$found" ] && cublas=$(dirname "$found")
     fi
     [ -n "$cublas" ] && export LD_LIBRARY_PATH=$cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -255,6 +255,12 @@ def speed(path: Path, n_gpu_layers: int, n_threads: int, n_tokens: int, repeats:
 # --- main ---------------------------------------------------------------------------------------------------------
 
 
+def write(path: Path, results: dict[str, Any]) -> None:
+    """The results so far: written after every part, so that a check stopped at its time limit still reports."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True, help="where the results go")
@@ -270,8 +276,10 @@ def main() -> int:
         tiny = Tiny(tiny_models(Path(folder)), args.gpu_layers)
         results["exactness"] = {mode: guarded(lambda mode=mode: exactness(tiny, mode)) for mode in MODES}
         print("exactness", json.dumps(results["exactness"]), flush=True)
+        write(args.json, results)
         results["resume"] = {mode: guarded(lambda mode=mode: resume(tiny, mode)) for mode in MODES}
         print("resume", json.dumps(results["resume"]), flush=True)
+        write(args.json, results)
         shape = DRY_SHAPE if args.dry_run else SMOLLM2_SHAPE
         built = time.perf_counter()
         path = smollm2_shaped(Path(folder) / "smollm2-shaped.gguf", shape)
@@ -284,8 +292,7 @@ def main() -> int:
         f"{part} {mode}" for part in ("exactness", "resume") for mode, row in results[part].items() if not row.get("ok")
     ]
     results["failed"] = failed + (["speed"] if "error" in results["speed"] else [])
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    write(args.json, results)
     print(f"wrote {args.json}; failed: {results['failed'] or 'nothing'}; {results['seconds']} s")
     return 1 if results["failed"] else 0
 
