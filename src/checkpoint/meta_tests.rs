@@ -172,6 +172,7 @@ const CASES: &[(Base, Change, Expect)] = &[
     (Base::Adaptive, Json(|m| m["adaptive"]["trials"] = json!([768])), Contains("invalid length")),
     (Base::Adaptive, Json(|m| m["adaptive"]["streak"] = json!(1)), Contains("invalid type")),
     (Base::Adaptive, Json(|m| m["adaptive"]["idle"] = json!(17)), Contains("probe interval")),
+    (Base::Adaptive, Json(|m| m["adaptive"]["unsettled"] = json!([6, 100])), Contains("unsettled verification")),
     (Base::Adaptive, Json(|m| m["adaptive"]["extra"] = json!(1)), Contains("unknown field")),
     (Base::Adaptive, Json(|m| m["mode"] = json!("none")), Contains("draft_policy")),
     // The conversation.

@@ -178,9 +178,10 @@ GRAMMARS: dict[str, str | None] = {
 }
 MAX_ABS_LOGIT_BIAS = 1.0e4
 I32 = (-(1 << 31), (1 << 31) - 1)
-ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle", "live")
-#: ``live`` (whether the curve follows the rounds' timings) may be left out: serde's default, false.
-ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:-1]
+ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle", "live", "unsettled")
+#: ``live`` (whether the curve follows the rounds' timings) and ``unsettled`` (a live curve's last verification
+#: of several rows) may be left out: serde's defaults, false and [0, 0].
+ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:-2]
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
 MAX_TRIALS = (4096 + 2) * 8 * 256
@@ -389,8 +390,10 @@ def conversation_problem(value: Any, version: int) -> str | None:
 
 
 def _adaptive_struct(value: Any) -> dict[str, Any] | None:
-    """The adaptive struct, from an object or an array of its fields (``live`` may be left out)."""
-    return _as_struct(value, ADAPTIVE_FIELDS) or _as_struct(value, ADAPTIVE_REQUIRED)
+    """The adaptive struct, from an object or an array of its fields (the trailing optional ones may be left out)."""
+    if isinstance(value, list) and len(ADAPTIVE_REQUIRED) <= len(value) <= len(ADAPTIVE_FIELDS):
+        return dict(zip(ADAPTIVE_FIELDS, value))
+    return _as_struct(value, ADAPTIVE_FIELDS)
 
 
 def adaptive_problem(value: Any, version: int) -> str | None:
@@ -401,7 +404,7 @@ def adaptive_problem(value: Any, version: int) -> str | None:
         return "an adaptive policy before version 4"
     adaptive = _adaptive_struct(value)
     if adaptive is None or not set(ADAPTIVE_REQUIRED) <= set(adaptive) <= set(ADAPTIVE_FIELDS):
-        return "adaptive is not an object of cost_us, hits, trials, streak, idle and (optional) live"
+        return "adaptive is not an object of cost_us, hits, trials, streak, idle and (optional) live and unsettled"
     if not isinstance(adaptive.get("live", False), bool):
         return "live is not a boolean"
 
@@ -414,6 +417,8 @@ def adaptive_problem(value: Any, version: int) -> str | None:
         return "cost_us is not a list of u32"
     if not (u32s(adaptive["hits"], 2) and u32s(adaptive["trials"], 2)):
         return "hits or trials is not two u32"
+    if not u32s(adaptive.get("unsettled", [0, 0]), 2):
+        return "unsettled is not two u32"
     if not isinstance(adaptive["streak"], bool) or not (_is_int(adaptive["idle"]) and 0 <= adaptive["idle"] <= U32):
         return "streak is not a boolean or idle not a u32"
     return None
@@ -502,6 +507,9 @@ def adaptive_fit_problem(adaptive: dict[str, Any], n_draft: int) -> str | None:
     for hits, trials in zip(adaptive["hits"], adaptive["trials"]):
         if not 1 <= trials <= MAX_TRIALS or hits > trials:
             return "adaptive counts out of range"
+    rows, micros = adaptive.get("unsettled", [0, 0])
+    if [rows, micros] != [0, 0] and not (2 <= rows <= n_draft + 1 and 1 <= micros <= MAX_COST_MICROS):
+        return "an unsettled verification outside the curve"
     if adaptive["idle"] > PROBE_AFTER:
         return "idle rounds beyond the probe interval"
     return None
