@@ -10,7 +10,8 @@ and writes one JSON file:
 * ``resume``: per mode, a checkpoint taken on the GPU restored on the GPU (token for token against an
   uninterrupted run) and on the CPU (restores and runs; whether its tokens are equal is recorded);
 * ``speed``: plain decode tokens/s, the time to verify 1, 2, 4, 8, 16 rows, and ``none`` against ``ngram``
-  and ``draft`` (the draft is the target itself), greedy and with seeded sampling, with the acceptance rates
+  (8 tokens a round, and the adaptive policy with its cost curve) and ``draft`` (the draft is the target
+  itself), greedy and with seeded sampling, with the acceptance rates
   (a random-weight model repeats itself, so acceptance is high: the figures are near speculation's upper bound).
 
 A mode that fails on the device is recorded with its error and the rest goes on. ``--dry-run`` shrinks the
@@ -212,25 +213,27 @@ def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]
 def mode_speeds(
     model: Model, draft: Model, n_threads: int, n_tokens: int, repeats: int, sampled: bool
 ) -> dict[str, Any]:
-    """Best-of-``repeats`` tokens/s of ``none``, ``ngram`` and ``draft`` (``draft``: the same file, loaded again)."""
+    """Best-of-``repeats`` tokens/s of ``none``, ``ngram`` (``n_draft`` 8, and the adaptive policy up to 16) and
+    ``draft`` (the same file, loaded again)."""
     prompt = [(3 * i) % 250 + 1 for i in range(48)] * 3  # repeats itself: prompt lookup has something to find
     modes: dict[str, Any] = {}
-    for mode in ("none", "ngram", "draft"):
+    settings: dict[str, dict[str, Any]] = {
+        "none": {"mode": "none"},
+        "ngram": {"mode": "ngram"},
+        "ngram adaptive": {"mode": "ngram", "n_draft": 16, "draft_policy": "adaptive"},
+        "draft": {"mode": "draft", "draft_model": draft},
+    }
+    for mode, chosen in settings.items():
         runs = []
         for _ in range(repeats):
-            generator = Generator(
-                model,
-                mode=cast(Mode, mode),
-                draft_model=draft if mode == "draft" else None,
-                n_ctx=1024,
-                n_threads=n_threads,
-                **sampling(sampled),
-            )
+            generator = Generator(model, n_ctx=1024, n_threads=n_threads, **chosen, **sampling(sampled))
             generator.generate(prompt, max_tokens=n_tokens)
             runs.append((generator.tokens_per_second, generator.acceptance_rate, generator.tokens))
         best = max(runs, key=lambda run: run[0])
         modes[mode] = {"tokens_per_second": round(best[0], 2), "acceptance": round(best[1], 3), "tokens": best[2]}
-    for mode in ("ngram", "draft"):
+        if generator.cost_curve is not None:
+            modes[mode]["cost_curve_us"] = generator.cost_curve
+    for mode in ("ngram", "ngram adaptive", "draft"):
         modes[mode]["speedup_over_none"] = round(
             modes[mode]["tokens_per_second"] / modes["none"]["tokens_per_second"], 3
         )

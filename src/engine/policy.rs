@@ -376,11 +376,7 @@ impl BatchTimer {
         self.time(target, batch, 1)?;
         let mut points = Vec::new();
         for rows in timed_rows(max_rows) {
-            let mut best = i64::MAX;
-            for _ in 0..REPETITIONS {
-                best = best.min(self.between_plain(target, batch, rows)?);
-            }
-            points.push((rows, best.clamp(1, i64::from(MAX_COST_MICROS)) as u32));
+            points.push((rows, self.between_plain(target, batch, rows)?));
         }
         Ok(interpolate(&points, max_rows))
     }
@@ -391,14 +387,24 @@ impl BatchTimer {
     /// after it (a graph built anew again, caches refilled: SmolLM2 Q4_1, 2
     /// threads, after 200 tokens, a plain decode took 0.3 ms more after 2 rows
     /// than after a plain decode, 0.7 ms more after 9 or 17 rows, of 8 ms).
-    fn between_plain(&self, target: &mut Context, batch: &mut Batch, rows: usize) -> Result<i64> {
-        let before = i64::from(self.time(target, batch, 1)?);
+    /// Each of the three decodes counts its fastest of [`REPETITIONS`], and
+    /// the excess is never below zero (the fastest of a difference would
+    /// pick the noise).
+    fn between_plain(&self, target: &mut Context, batch: &mut Batch, rows: usize) -> Result<u32> {
+        let (mut before, mut own, mut after) = (u32::MAX, u32::MAX, u32::MAX);
+        for _ in 0..REPETITIONS {
+            before = before.min(self.time(target, batch, 1)?);
+            if rows > 1 {
+                own = own.min(self.time(target, batch, rows)?);
+                after = after.min(self.time(target, batch, 1)?);
+            }
+        }
         if rows == 1 {
             return Ok(before);
         }
-        let own = i64::from(self.time(target, batch, rows)?);
-        let after = i64::from(self.time(target, batch, 1)?);
-        Ok(own + after - before)
+        Ok(own
+            .saturating_add(after.saturating_sub(before))
+            .min(MAX_COST_MICROS))
     }
 
     /// Microseconds to decode `rows` rows after the context, which they leave as it was.
