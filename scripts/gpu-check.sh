@@ -49,15 +49,29 @@ cublas_wheels=("$wheels"/nvidia_cublas-*.whl)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# System site packages: PyTorch's numpy and nvidia wheels where the machine has them.
-python3 -m venv --system-site-packages "$work/venv"
-# python3 may itself be a virtual environment's (the GPU machine's python3 is PyTorch's): --system-site-packages
-# reaches only its base interpreter's packages, so a .pth file adds that python3's own site-packages after the venv's.
+# python3 may itself be a virtual environment's (the GPU machine's python3 is PyTorch's): its own site-packages
+# (numpy, PyTorch's nvidia wheels) are what the check uses beside the wheels it installs.
 machine_sites=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))')
-venv_site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$machine_sites" > "$venv_site/machine-site-packages.pth"
-"$work/venv/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$wheels" \
-    "specstate$extra @ file://$wheel" gguf numpy
+install_in_venv() {
+    python3 -m venv --system-site-packages "$work/venv" || return 1
+    # --system-site-packages reaches only the base interpreter's packages: a .pth file adds python3's own after the
+    # venv's.
+    venv_site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$machine_sites" > "$venv_site/machine-site-packages.pth"
+    "$work/venv/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$wheels" \
+        "specstate$extra @ file://$wheel" gguf numpy
+}
+if install_in_venv; then
+    python=$work/venv/bin/python
+else
+    # No ensurepip (a Debian python without python3-venv), or a package the wheels lack: the specstate and gguf
+    # wheels go into a folder of their own, on PYTHONPATH, and what they need beyond them comes from python3's.
+    echo "gpu-check: no virtual environment; installing the wheels with pip --target"
+    python3 -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$work/site" \
+        "$wheel" "$wheels"/gguf-*.whl
+    export PYTHONPATH=$work/site
+    python=python3
+fi
 
 if [ -z "$extra" ]; then
     # libcublas.so.13 from the machine: a CUDA toolkit, or PyTorch's nvidia wheels.
@@ -81,7 +95,7 @@ mkdir -p "$(dirname "$json")"
 # would put the source tree's specstate before the installed wheel.
 mkdir -p "$work/testkit" && cp -r "$root/python/specstate_testkit" "$work/testkit/"
 cd "$work"  # import the installed wheel, not the source tree
-"$work/venv/bin/python" -c 'import json, specstate; print(json.dumps(specstate.native_info(), indent=1))'
+"$python" -c 'import json, specstate; print(json.dumps(specstate.native_info(), indent=1))'
 args=(--json "$json" --gpu-layers -1 --threads "$(nproc)")
 [ $dry = 1 ] && args+=(--dry-run --threads 1)
-PYTHONPATH="$work/testkit" timeout 480 "$work/venv/bin/python" "$root/scripts/gpu_check.py" "${args[@]}"
+PYTHONPATH="$work/testkit${PYTHONPATH:+:$PYTHONPATH}" timeout 480 "$python" "$root/scripts/gpu_check.py" "${args[@]}"
