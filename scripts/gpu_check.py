@@ -195,18 +195,43 @@ def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]
     context = Context(model, n_ctx=512, n_batch=64, n_ubatch=64, n_threads=n_threads)
     prefix = [(7 * i) % 200 + 1 for i in range(64)]
     context.decode(prefix, 0)
+
+    def decode(rows: int) -> float:
+        start = time.perf_counter()
+        context.decode(prefix[:rows], len(prefix), all_logits=True)
+        context.argmax()
+        elapsed = time.perf_counter() - start
+        context.seq_rm(0, len(prefix), -1)
+        return elapsed
+
     costs: dict[str, float] = {}
     for rows in VERIFY_ROWS:
-        times = []
-        for repeat in range(repeats + 2):
-            start = time.perf_counter()
-            context.decode(prefix[:rows], len(prefix), all_logits=True)
-            context.argmax()
-            elapsed = time.perf_counter() - start
-            context.seq_rm(0, len(prefix), -1)
-            if repeat >= 2:  # two warm-up decodes (CUDA graphs, kernels loaded)
-                times.append(elapsed)
+        times = [decode(rows) for _ in range(repeats + 2)][2:]  # two warm-up decodes (CUDA graphs, kernels loaded)
         costs[str(rows)] = round(statistics.median(times) * 1000, 3)
+    return costs
+
+
+def verify_costs_between_plain(model: Model, n_threads: int, repeats: int) -> dict[str, float]:
+    """As :func:`verify_costs`, but each batch between two one-row decodes, as a draft comes between plain rounds:
+    the median of its time plus the one-row decode after it less the one before."""
+    context = Context(model, n_ctx=512, n_batch=64, n_ubatch=64, n_threads=n_threads)
+    prefix = [(7 * i) % 200 + 1 for i in range(64)]
+    context.decode(prefix, 0)
+
+    def decode(rows: int) -> float:
+        start = time.perf_counter()
+        context.decode(prefix[:rows], len(prefix), all_logits=rows > 1)
+        elapsed = time.perf_counter() - start
+        context.seq_rm(0, len(prefix), -1)
+        return elapsed
+
+    costs: dict[str, float] = {}
+    for rows in VERIFY_ROWS:
+        samples = []
+        for _ in range(repeats + 2):
+            before, own, after = decode(1), decode(rows), decode(1)
+            samples.append(own + after - before)
+        costs[str(rows)] = round(statistics.median(samples[2:]) * 1000, 3)
     return costs
 
 
@@ -241,6 +266,10 @@ def mode_speeds(
             modes[mode]["tokens_per_second"] / modes["none"]["tokens_per_second"], 3
         )
         modes[mode]["same_tokens_as_none"] = modes[mode]["tokens"] == modes["none"]["tokens"]
+        modes[mode]["first_tokens_equal_to_none"] = next(
+            (i for i, (a, b) in enumerate(zip(modes[mode]["tokens"], modes["none"]["tokens"])) if a != b),
+            min(len(modes[mode]["tokens"]), len(modes["none"]["tokens"])),
+        )
     for row in modes.values():
         del row["tokens"]
     return modes
@@ -253,6 +282,7 @@ def speed(path: Path, n_gpu_layers: int, n_threads: int, n_tokens: int, repeats:
     return {
         "decode_tokens_per_second": greedy["none"]["tokens_per_second"],
         "verify_ms_by_rows": verify_costs(model, n_threads, repeats=max(5, 4 * repeats)),
+        "verify_ms_between_plain_by_rows": verify_costs_between_plain(model, n_threads, repeats=max(5, 4 * repeats)),
         "modes_greedy": greedy,
         "modes_sampled": mode_speeds(model, draft, n_threads, n_tokens, repeats, sampled=True),
     }
