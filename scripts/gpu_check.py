@@ -190,8 +190,8 @@ def resume(tiny: Tiny, mode: str) -> dict[str, Any]:
 # --- speed --------------------------------------------------------------------------------------------------------
 
 
-def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]:
-    """Median milliseconds to decode k rows (all logits) after a 64-token prefix, rolled back after each."""
+def timed_decode(model: Model, n_threads: int) -> Callable[[int], float]:
+    """Seconds to decode k rows (all logits, argmax) after a 64-token prefix, rolled back after each."""
     context = Context(model, n_ctx=512, n_batch=64, n_ubatch=64, n_threads=n_threads)
     prefix = [(7 * i) % 200 + 1 for i in range(64)]
     context.decode(prefix, 0)
@@ -204,6 +204,12 @@ def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]
         context.seq_rm(0, len(prefix), -1)
         return elapsed
 
+    return decode
+
+
+def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]:
+    """Median milliseconds to decode k rows, the same k repeated."""
+    decode = timed_decode(model, n_threads)
     costs: dict[str, float] = {}
     for rows in VERIFY_ROWS:
         times = [decode(rows) for _ in range(repeats + 2)][2:]  # two warm-up decodes (CUDA graphs, kernels loaded)
@@ -214,17 +220,7 @@ def verify_costs(model: Model, n_threads: int, repeats: int) -> dict[str, float]
 def verify_costs_between_plain(model: Model, n_threads: int, repeats: int) -> dict[str, float]:
     """As :func:`verify_costs`, but each batch between two one-row decodes, as a draft comes between plain rounds:
     the median of its time plus the one-row decode after it less the one before."""
-    context = Context(model, n_ctx=512, n_batch=64, n_ubatch=64, n_threads=n_threads)
-    prefix = [(7 * i) % 200 + 1 for i in range(64)]
-    context.decode(prefix, 0)
-
-    def decode(rows: int) -> float:
-        start = time.perf_counter()
-        context.decode(prefix[:rows], len(prefix), all_logits=rows > 1)
-        elapsed = time.perf_counter() - start
-        context.seq_rm(0, len(prefix), -1)
-        return elapsed
-
+    decode = timed_decode(model, n_threads)
     costs: dict[str, float] = {}
     for rows in VERIFY_ROWS:
         samples = []

@@ -34,11 +34,10 @@
 //! a measured curve is **live** there: each round's own verify time moves the
 //! entry for its row count an eighth of the way ([`AdaptiveState::observe_cost`]),
 //! keeping the policy current on a machine whose load changes. A verification
-//! also slows the plain decode after it (SmolLM2 Q4_1, 2 threads: 6.7-6.85 ms
-//! after a draft against 5.8-6.0 after a plain round, more after longer
-//! batches), so a plain round right after one charges its excess over the
-//! plain entry to that verification's entry instead of moving the plain entry
-//! ([`AdaptiveState::unsettled`]). A curve a caller
+//! also slows the plain decode after it (measured in
+//! `BatchTimer::between_plain`), so a plain round right after one charges
+//! its excess over the plain entry to that verification's entry instead of
+//! moving the plain entry ([`AdaptiveState::unsettled`]). A curve a caller
 //! pins (`cost_curve=`) never moves, so that two fresh runs choose alike; nor
 //! does any curve in a GPU build, where verification is exact only up to
 //! near-ties.

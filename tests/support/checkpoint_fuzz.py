@@ -345,20 +345,19 @@ def _f32(value: int | float) -> float:
         return math.copysign(math.inf, number)
 
 
-def _as_struct(value: Any, keys: Sequence[str]) -> dict[str, Any] | None:
-    """A serde struct from a JSON object, or (serde's rule) an array of its fields in order."""
+def _as_struct(value: Any, keys: Sequence[str], required: int | None = None) -> dict[str, Any] | None:
+    """A serde struct from a JSON object, or (serde's rule) an array of its fields in order; serde reads trailing
+    fields with a default from a shorter array too, down to the ``required`` first ones (all unless given)."""
     if isinstance(value, dict):
         return value
-    if isinstance(value, list) and len(value) == len(keys):
+    if isinstance(value, list) and (len(keys) if required is None else required) <= len(value) <= len(keys):
         return dict(zip(keys, value))
     return None
 
 
 def _as_meta(value: Any) -> dict[str, Any] | None:
-    """The meta struct (serde reads trailing fields with a default from a shorter array, too)."""
-    if isinstance(value, list) and len(META_KEYS) - 1 <= len(value) <= len(META_FIELDS):
-        return dict(zip(META_FIELDS, value))
-    return _as_struct(value, META_FIELDS)
+    """The meta struct."""
+    return _as_struct(value, META_FIELDS, required=len(META_KEYS) - 1)
 
 
 def conversation_problem(value: Any, version: int) -> str | None:
@@ -391,9 +390,7 @@ def conversation_problem(value: Any, version: int) -> str | None:
 
 def _adaptive_struct(value: Any) -> dict[str, Any] | None:
     """The adaptive struct, from an object or an array of its fields (the trailing optional ones may be left out)."""
-    if isinstance(value, list) and len(ADAPTIVE_REQUIRED) <= len(value) <= len(ADAPTIVE_FIELDS):
-        return dict(zip(ADAPTIVE_FIELDS, value))
-    return _as_struct(value, ADAPTIVE_FIELDS)
+    return _as_struct(value, ADAPTIVE_FIELDS, required=len(ADAPTIVE_REQUIRED))
 
 
 def adaptive_problem(value: Any, version: int) -> str | None:
