@@ -19,6 +19,7 @@ pub(crate) fn native_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("simd_features", build::compiled_simd_features())?;
     info.set_item("exact_sums", build::exact_sums())?;
     info.set_item("exact_attention", build::exact_attention())?;
+    info.set_item("exact_tiles", build::exact_tiles())?;
     info.set_item("system_info", build::system_info())?;
     let devices = PyList::empty(py);
     for device in build::devices() {

@@ -96,6 +96,10 @@ extern "C" {
     /// the queries reading one K/V head together, converting each cell once
     /// for all of them; 0 when each query walks the cells alone.
     fn ggml_cpu_exact_attention() -> std::os::raw::c_int;
+    /// specstate's patch 0008 (`ggml-cpu.c`): the registers of the exact
+    /// tiles on this CPU (512 or 256 bits; -1 without such kernels), read
+    /// once per process.
+    fn ggml_cpu_exact_tiles() -> std::os::raw::c_int;
 }
 
 /// How the exact multi-column kernels of verification sum their integer products on this CPU: `avx2`
@@ -122,6 +126,19 @@ pub fn exact_attention() -> &'static str {
     match unsafe { ggml_cpu_exact_attention() } {
         1 => "shared",
         _ => "rows",
+    }
+}
+
+/// The registers verification's exact tiles (four weight rows against several columns) run in on this CPU:
+/// `avx512` (two weight rows per 512-bit register, Q4_1 and Q8_0, where the CPU has AVX512-VNNI and the integer sums
+/// are VNNI's), `avx2` (256-bit, Q4_1 only), or `none` (no such kernels in this build). Both give the same bits.
+pub fn exact_tiles() -> &'static str {
+    // SAFETY: a parameterless function of the patched ggml-cpu (every build
+    // applies the patches) that reads the CPU once and returns a constant.
+    match unsafe { ggml_cpu_exact_tiles() } {
+        512 => "avx512",
+        256 => "avx2",
+        _ => "none",
     }
 }
 

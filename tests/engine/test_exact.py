@@ -103,8 +103,10 @@ def _cpu_flags() -> set[str]:
 def test_every_way_of_summing_gives_the_same_bits(quantized: dict[str, Model], quant: str) -> None:
     """VNNI's dpbusd gives the integer sums of maddubs + madd (no 16-bit sum can saturate on these operands), so
     a decode and every verified row have the same bits whichever the CPU runs: each way, in its own process, keeps
-    batch rows equal to single decodes, and all give the same logits."""
+    batch rows equal to single decodes, and all give the same logits. With VNNI sums on a CPU with AVX512-VNNI the
+    products of several columns run in 512-bit tiles (patch 0008), with AVX2 sums in 256-bit ones: both paths."""
     flags = _cpu_flags()
+    zmm_tiles = {"avx512_vnni", "avx512bw", "avx512vl"} <= flags
     available = {
         "avx2",
         *(("avxvnni",) if "avx_vnni" in flags else ()),
@@ -120,8 +122,9 @@ def test_every_way_of_summing_gives_the_same_bits(quantized: dict[str, Model], q
                 text=True,
                 check=True,
             )
-            ran, _, _, digests[sums, n_threads] = result.stdout.split()[-4:]
+            ran, tiles, _, _, digests[sums, n_threads] = result.stdout.split()[-5:]
             assert ran == (sums if sums in available else "avx2")  # a way the CPU lacks is not taken
+            assert tiles == ("avx512" if ran != "avx2" and zmm_tiles else "avx2")
     assert len(set(digests.values())) == 1, digests
 
 
@@ -142,7 +145,7 @@ def test_attention_sharing_each_cell_gives_the_same_bits(quantized: dict[str, Mo
                 text=True,
                 check=True,
             )
-            _, ran, prompt_tokens, digests[attention, n_threads] = result.stdout.split()[-4:]
+            _, _, ran, prompt_tokens, digests[attention, n_threads] = result.stdout.split()[-5:]
             assert ran == attention
             assert int(prompt_tokens) > 256  # a single decode's heads span two chunks
     assert len(set(digests.values())) == 1, digests

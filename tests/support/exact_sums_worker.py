@@ -3,8 +3,8 @@
 
 Usage: [GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni] [GGML_CPU_EXACT_ATTN=rows] \
     python exact_sums_worker.py MODEL N_THREADS
-Checks that every batch row equals its single decode; prints the way of summing and of attending that ran and the
-SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's chunks of 256 cells, so a
+Checks that every batch row equals its single decode; prints the way of summing, the tiles' registers and the way of
+attending that ran, and the SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's chunks of 256 cells, so a
 single decode spreads its heads' chunks over the threads while a batch's rows walk theirs whole.
 """
 
@@ -39,7 +39,7 @@ def main() -> None:
         assert rows == singles[:n], f"batch of {n}: rows differ from single decodes"
         digest.update(b"".join(rows))
     info = native_info()
-    print(info["exact_sums"], info["exact_attention"], len(prompt), digest.hexdigest())
+    print(info["exact_sums"], info["exact_tiles"], info["exact_attention"], len(prompt), digest.hexdigest())
 
 
 if __name__ == "__main__":
