@@ -294,8 +294,9 @@ pub fn best_draft_length(alpha: f64, most: usize, cost: impl Fn(usize) -> f64) -
 
 /// The batch sizes timed: powers of two and powers of two plus one, and the
 /// longest; the others are interpolated. The exact multi-row kernels take
-/// columns in groups of 4 (Q4_1 tiles of up to 12 columns) or of 8, 4, 2 and 1
-/// (the multi-column kernels), so a batch of a power of two rows is
+/// columns in groups of 4 (Q4_1's 256-bit tiles of up to 6 columns), of 8
+/// (the AVX-512 tiles of Q4_1 and Q8_0) or of 8, 4, 2 and 1 (the
+/// multi-column kernels), so a batch of a power of two rows is
 /// the cheap end of a step and one more row its expensive start (SmolLM2 Q4_1,
 /// 2 threads: 4 rows 2.25 times one row, 3 rows 2.12, 5 rows 2.71): timing
 /// only one side of each step, as 1, 2, 3, 5, 9, 17 did, made 4, 8 and 16 rows

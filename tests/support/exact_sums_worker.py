@@ -4,8 +4,9 @@
 Usage: [GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni] [GGML_CPU_EXACT_ATTN=rows] \
     python exact_sums_worker.py MODEL N_THREADS
 Checks that every batch row equals its single decode; prints the way of summing, the tiles' registers and the way of
-attending that ran, and the SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's chunks of 256 cells, so a
-single decode spreads its heads' chunks over the threads while a batch's rows walk theirs whole.
+attending that ran, and the SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's
+chunks of 256 cells, so a single decode spreads its heads' chunks over the threads while a batch's rows walk theirs
+whole.
 """
 
 from __future__ import annotations
