@@ -72,8 +72,9 @@ class NativeInfo(TypedDict):
     K/V head convert each cell once for all of them; ``rows``: each query
     alone; the same bits either way); ``exact_tiles``, the registers of
     verification's exact tiles (``avx512``: two weight rows per 512-bit
-    register, Q4_1 and Q8_0; ``avx2``: 256-bit, Q4_1; ``none``; the same bits
-    either way); ``system_info``, llama.cpp's own summary; ``devices``,
+    register, Q4_1 and Q8_0, Q4_1 products of up to 4 columns in 256-bit
+    ones; ``avx2``: 256-bit, Q4_1; ``none``; the same bits either way);
+    ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
     """

@@ -131,7 +131,8 @@ pub fn exact_attention() -> &'static str {
 
 /// The registers verification's exact tiles (four weight rows against several columns) run in on this CPU:
 /// `avx512` (two weight rows per 512-bit register, Q4_1 and Q8_0, where the CPU has AVX512-VNNI and the integer sums
-/// are VNNI's), `avx2` (256-bit, Q4_1 only), or `none` (no such kernels in this build). Both give the same bits.
+/// are VNNI's; Q4_1's products of 2 to 4 columns keep 256-bit tiles), `avx2` (256-bit, Q4_1 only), or `none` (no
+/// such kernels in this build). Both give the same bits.
 pub fn exact_tiles() -> &'static str {
     // SAFETY: a parameterless function of the patched ggml-cpu (every build
     // applies the patches) that reads the CPU once and returns a constant.
