@@ -384,11 +384,9 @@ impl BatchTimer {
     /// What a batch of `rows` rows costs between plain decodes, as a draft
     /// comes between plain rounds: its own time (llama.cpp builds the graph
     /// of a batch of another size anew) and what it adds to the plain decode
-    /// after it (caches refilled, and where the plain decode's graph does not
-    /// wait in a slot of its own, as patch 0009 keeps it on CPUs, a graph
-    /// built anew again: SmolLM2 Q4_1, 2 threads, after 200 tokens, before
-    /// 0009 a plain decode took 0.3 ms more after 2 rows than after a plain
-    /// decode, 0.7 ms more after 9 or 17 rows, of 8 ms).
+    /// after it (a graph built anew again, caches refilled: SmolLM2 Q4_1, 2
+    /// threads, after 200 tokens, a plain decode took 0.3 ms more after 2 rows
+    /// than after a plain decode, 0.7 ms more after 9 or 17 rows, of 8 ms).
     /// Each of the three decodes counts its fastest of [`REPETITIONS`], and
     /// the excess is never below zero (the fastest of a difference would
     /// pick the noise).
