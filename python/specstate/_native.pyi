@@ -504,6 +504,9 @@ class Context:
         """The greedy choice of output row ``row`` (lowest id on ties)."""
     def top_logits(self, row: int = -1, k: int = 2) -> list[tuple[int, float]]:
         """The ``k`` largest logits of ``row`` as ``(token, logit)``, largest first."""
+    def token_logprobs(self, row: int, token: int, top_n: int = 0) -> tuple[float, list[tuple[int, float]]]:
+        """The log-probability of ``token`` at output row ``row`` (the log-softmax of its logits, as a
+        generator's records compute it) and the ``top_n`` (at most 20) most likely tokens' ``(token, logprob)``."""
     def seq_state(self, seq_id: int = 0) -> bytes:
         """The exact state of one sequence (KV cells and recurrent state; no logits)."""
     def set_seq_state(self, seq_id: int, data: bytes) -> None:
@@ -929,6 +932,14 @@ class Generator:
     def set_lookup_corpus(self, corpus: LookupCorpus | None) -> None:
         """Let ``ngram`` mode's prompt lookup copy from ``corpus`` besides the history (None: the history alone).
         Other modes raise ``ValueError``. Proposals only: the generated text is the same either way."""
+    def set_reuse_key(self, key: str | None) -> None:
+        """On a shared engine, keep this generation's exact cells under ``key`` when it gives its sequence back,
+        and let its prompt reuse only cells kept under the same key (None: it keeps none and reuses none). A key
+        of more than 1,024 bytes raises ``ValueError``."""
+    @property
+    def reuse_key(self) -> str | None:
+        """The key of the cells this generation keeps and reuses on a shared engine (``""`` unless set; None:
+        none)."""
     def set_logprobs(self, top_n: int | None) -> None:
         """Record the log-probability of every token committed from now on with its ``top_n`` (0 to 20) most
         likely alternatives (None: stop recording; the same ``top_n`` again keeps the records)."""

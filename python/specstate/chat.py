@@ -113,6 +113,12 @@ def as_messages(pairs: Sequence[tuple[str, str]]) -> list[Message]:
     return [{"role": role, "content": content} for role, content in pairs]
 
 
+def is_format_name(template: str) -> bool:
+    """Whether a template given as a string is a chat format's name (see :data:`CHAT_FORMATS`: letters, digits,
+    ``.``, ``_`` and ``-``, at most 64 characters) rather than Jinja source."""
+    return _NAME.fullmatch(template) is not None
+
+
 def builtin_name(name: str) -> str | None:
     """llama.cpp's built-in template that chat format ``name`` stands for (:data:`CHAT_FORMATS`, or llama.cpp's
     own name), or None."""
@@ -150,7 +156,7 @@ def chat_template(model: Model, template: str | None = None) -> _native.ChatTemp
         return _native.ChatTemplate(model, "chatml")
     if name is not None:
         return _native.ChatTemplate(model, name=name)
-    if _NAME.fullmatch(template):
+    if is_format_name(template):
         raise ChatTemplateError(
             f"{template!r} is not a chat format llama.cpp has: use one of {', '.join(CHAT_FORMATS)} "
             "(llama-cpp-python's names), one of llama.cpp's (specstate._native.ChatTemplate.builtin_names()), "
@@ -216,8 +222,15 @@ class ToolPrompt:
         return message
 
     def parse_tool_calls(self, text: str, partial: bool = False) -> tuple[str, list[ToolCall]]:
-        """``(content, calls)`` of reply ``text`` by llama.cpp's parser (as :func:`parse_tool_calls`)."""
-        message = self.parse(text, partial=partial)
+        """``(content, calls)`` of reply ``text`` by llama.cpp's parser (as :func:`parse_tool_calls`). A whole
+        reply the parser does not accept (a call cut short, a call of no tool, a marker in plain text) is content
+        with no calls, as llama.cpp's server reads it: text that is not a call is still a reply."""
+        try:
+            message = self.parse(text, partial=partial)
+        except ValueError:
+            if partial:
+                raise
+            return text.lstrip(), []
         content = message.get("content")
         return content if isinstance(content, str) else "", list(message.get("tool_calls") or [])
 

@@ -90,6 +90,12 @@ class Generator:
             ``none`` mode).
     """
 
+    #: Asked before each token a stream takes (in the thread reading it): True ends the stream there, as closing
+    #: it would (what was committed stays, the text held back waits for the next call), :attr:`stopped_by`
+    #: ``"interrupted"``. A server stops so the generation of a client that left, even while the stream holds
+    #: its text back (a stop string that could be starting, a tool call not yet whole).
+    interrupt: Callable[[], bool] | None = None
+
     def __init__(self, model: Model, **settings: Unpack[GeneratorSettings]) -> None:
         self._native = _native.Generator(model, **settings)
         self._reset_text()
@@ -237,7 +243,7 @@ class Generator:
         self._timed_tokens = 0
         self._held = ""  # text of handed-out tokens not yet yielded (after a stop string, or a stream closed early)
         self.stopped_by: str | None = None
-        """Why the last call stopped: ``"eos"``, ``"stop"``, ``"max_tokens"``, ``"context"``."""
+        """Why the last call stopped: ``"eos"``, ``"stop"``, ``"max_tokens"``, ``"context"``, ``"interrupted"``."""
 
     def _start(self, prompt: str | Sequence[int] | None, literal: bool) -> None:
         """Decode ``prompt`` if given; without one, there must be a generation to continue."""
@@ -314,6 +320,9 @@ class Generator:
                 if remaining <= 0:
                     self.stopped_by = "max_tokens"
                     break
+                if self.interrupt is not None and self.interrupt():
+                    self.stopped_by = "interrupted"
+                    return
                 committed = native.take(1, max_commit=remaining if within else None)
                 if not committed:
                     self.stopped_by = "eos" if native.finished else "context"
@@ -490,6 +499,19 @@ class Generator:
         and replies) besides this generation's history; None: the history alone. Other modes raise ValueError.
         Only proposals change: the generated text is the same with or without a corpus."""
         self._native.set_lookup_corpus(corpus)
+
+    def set_reuse_key(self, key: str | None) -> None:
+        """On a :class:`~specstate.SharedEngine`, keep this generation's exact prompt and reply cells under ``key``
+        when it gives its sequence back, and let its prompt reuse only the cells kept under the same key (by
+        default ``""``, which every generation has unless told otherwise; None: it keeps none and reuses none).
+        A server gives each tenant its key, so that no request starts from cells another tenant's text left.
+        At most 1,024 bytes (ValueError beyond)."""
+        self._native.set_reuse_key(key)
+
+    @property
+    def reuse_key(self) -> str | None:
+        """The key of the cells this generation keeps and reuses on a shared engine (:meth:`set_reuse_key`)."""
+        return self._native.reuse_key
 
     def set_logprobs(self, top_n: int | None) -> None:
         """Record the log-probability of every token generated from now on, with its ``top_n`` most likely

@@ -17,7 +17,9 @@ Formats (``format=``), each as the models that use it write a call:
   before the first ``[TOOL_CALLS]`` is content.
 
 A call's ``arguments`` is the JSON text of the arguments as the model wrote it
-(checked to be a JSON object). Its ``id`` is the model's own (Mistral) or one
+(checked to be a JSON object). JSON that nests arrays and objects deeper than
+:data:`MAX_JSON_DEPTH` is not read: such a call does not parse, and its text
+stays in the content like any other that does not. Its ``id`` is the model's own (Mistral) or one
 derived from the reply's text and the call's place in it (``call_`` and 24 hex
 digits; 9 letters and digits for Mistral, whose templates require that), so
 the same reply always gives the same ids -- also after a checkpoint resumes it.
@@ -37,6 +39,7 @@ from typing import Any, Literal, TypedDict, Union
 from specstate._native import json_schema_to_grammar
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "TOOL_CALL_FORMATS",
     "ToolCall",
     "ToolCallFormat",
@@ -77,6 +80,11 @@ _PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
 _WHITESPACE = " \t\n\r"
 _ID_ALPHABET = string.ascii_letters + string.digits
+#: The deepest nesting of arrays and objects read in a call: Python's JSON decoder recurses once per level, so a
+#: deeper value is no call (its text stays in the content) rather than a ``RecursionError``.
+MAX_JSON_DEPTH = 100
+#: The characters that open or close a nesting level or a string, or escape within one.
+_STRUCTURAL = re.compile(r'[\[\]{}"\\]')
 
 
 # --- JSON reading --------------------------------------------------------------------------------
@@ -88,14 +96,46 @@ def _skip(text: str, at: int) -> int:
     return at
 
 
+def _shallow(text: str, at: int) -> bool:
+    """Whether the JSON value starting at ``text[at]`` nests arrays and objects at most :data:`MAX_JSON_DEPTH`
+    deep: one pass up to where it closes, skipping strings, without recursion."""
+    depth, in_string, escaped = 0, False, -1
+    for match in _STRUCTURAL.finditer(text, at):
+        position, char = match.start(), match.group()
+        if position == escaped:
+            continue
+        if in_string:
+            escaped = position + 1 if char == "\\" else escaped
+            in_string = char != '"'
+            if not in_string and depth == 0:
+                return True
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return False
+        elif char in "]}":
+            depth -= 1
+            if depth <= 0:
+                return True
+    return True
+
+
+def _decode(text: str, at: int) -> tuple[Any, int] | None:
+    """The JSON value starting at ``text[at]`` and where it ends; None if there is none, or it nests too deep."""
+    if not _shallow(text, at):
+        return None
+    try:
+        return _DECODER.raw_decode(text, at)
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: the caller's own stack was already deep
+        return None
+
+
 def _object_spans(text: str, at: int) -> tuple[dict[str, tuple[int, int]], int] | None:
     """The spans of the top-level values of the JSON object starting at ``text[at]``, by key, and where the object
-    ends; None if no object starts there."""
-    try:
-        _DECODER.raw_decode(text, at)
-    except json.JSONDecodeError:
-        return None
-    if text[at] != "{":
+    ends; None if no object starts there (or it nests too deep: see :func:`_decode`)."""
+    if not text.startswith("{", at) or _decode(text, at) is None:
         return None
     spans: dict[str, tuple[int, int]] = {}
     at = _skip(text, at + 1)
@@ -117,13 +157,13 @@ def _arguments(text: str, span: tuple[int, int] | None) -> str | None:
     if span is None:
         return "{}"
     raw = text[span[0] : span[1]]
-    value = json.loads(raw)
+    value = json.loads(raw)  # a part of an object already read whole
     if isinstance(value, str):
         raw = value.strip()
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
+        found = _decode(raw, 0)
+        if found is None or found[1] != len(raw):
             return None
+        value = found[0]
     return raw if isinstance(value, dict) else None
 
 

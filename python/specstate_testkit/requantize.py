@@ -1,14 +1,16 @@
 """Copies of a GGUF model with its 2-D weights in another quantization type (for the exactness tests).
 
-Every 2-D weight is dequantized and quantized to the target with the `gguf` package (0.19.0);
-1-D tensors (norms) stay F32. The `gguf` package cannot quantize K-quants, so Q4_K blocks are
-made here (a plain min/max fit per 32-value sub-block; any valid Q4_K bits exercise the same
-kernels). A row whose length is not a multiple of 256 cannot be Q4_K: such tensors take Q5_0,
-llama.cpp's own fallback for Q4_K (llama-quant.cpp).
+Every 2-D weight is dequantized and quantized to the target with the `gguf` package (0.19.0),
+a block of rows at a time (a copy of a 1.5B model stays within a few hundred MB beyond the file);
+1-D tensors (norms) stay F32. The `gguf` package cannot quantize K-quants, so Q4_K and Q6_K blocks
+are made here (a plain min/max or absolute-maximum fit per sub-block; any valid bits exercise the
+same kernels). A row whose length is not a multiple of 256 cannot be a K-quant: such tensors take
+llama.cpp's own fallback (llama-quant.cpp): Q5_0 for Q4_K, Q8_0 for Q6_K.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -46,10 +48,61 @@ def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
     return out.reshape(rows.shape[0], -1)
 
 
+def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
+    """Blocks of 256: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 values), d (f16).
+
+    Value j of a block's half h (128 values) is ``d * scales[8h + j // 16] * (q - 32)``, q's low nibble in byte
+    ``j % 64`` of the half's 64 (the high nibble for j >= 64) and its high two bits at bit ``2 * (j // 32)`` of byte
+    ``j % 32`` of the half's 32 (ggml's dequantize_row_q6_K)."""
+    blocks = rows.reshape(-1, 16, 16).astype(np.float32)
+    nb = blocks.shape[0]
+    scale = np.abs(blocks).max(axis=-1) / 31.0  # per 16 values, q - 32 in [-31, 31]
+    d = (scale.max(axis=-1) / 127.0).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 127).astype(np.int8)
+        step = (d[:, None] * sc)[..., None]
+        q = (np.where(step > 0, np.rint(blocks / step), 0).clip(-32, 31) + 32).astype(np.uint8)
+    q = q.reshape(nb, 2, 4, 32)  # half, value // 32 within the half, value % 32
+    low = q & 0x0F
+    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=-1)
+    high = q >> 4
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8), fp16(d)], axis=-1)
+    return out.reshape(rows.shape[0], -1)
+
+
+#: The types a copy can take, with their quantizers (the `gguf` package's for the others).
+QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray] | None] = {
+    T.Q4_0: None,
+    T.Q4_1: None,
+    T.Q5_0: None,
+    T.Q5_1: None,
+    T.Q8_0: None,
+    T.Q4_K: quantize_q4_k,
+    T.Q6_K: quantize_q6_k,
+}
+#: llama.cpp's fallback for a K-quant whose rows are not a multiple of 256 long.
+K_QUANT_FALLBACK = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}
+#: Weights dequantized at a time (as f32) while a tensor is requantized.
+CHUNK_VALUES = 1 << 24
+
+
 def target_type(kind: T, shape: tuple[int, ...]) -> T:
-    if kind == T.Q4_K and shape[-1] % 256 != 0:
-        return T.Q5_0
+    if kind in K_QUANT_FALLBACK and shape[-1] % 256 != 0:
+        return K_QUANT_FALLBACK[kind]
     return kind
+
+
+def quantized(data: np.ndarray, source: T, shape: tuple[int, ...], kind: T) -> np.ndarray:
+    """A 2-D tensor's `data` (in `source`, `shape` rows by columns) in `kind`, a block of rows at a time."""
+    rows = data.reshape(shape[0], -1)
+    step = max(1, CHUNK_VALUES // shape[1])
+    quantize = QUANTIZERS[kind]
+    parts = []
+    for start in range(0, shape[0], step):
+        weights = quants.dequantize(rows[start : start + step], source).reshape(-1, shape[1])
+        parts.append(quantize(weights) if quantize is not None else quants.quantize(weights, kind))
+    return np.concatenate(parts)
 
 
 def requantize(src: Path, dst: Path, kind: T) -> Path:
@@ -71,9 +124,8 @@ def requantize(src: Path, dst: Path, kind: T) -> Path:
         if len(shape) != 2:
             writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
             continue
-        weights = quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
         qtype = target_type(kind, shape)
-        packed = quantize_q4_k(weights) if qtype == T.Q4_K else quants.quantize(weights, qtype)
+        packed = quantized(tensor.data, tensor.tensor_type, shape, qtype)
         writer.add_tensor(tensor.name, packed, raw_shape=packed.shape, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -52,15 +52,23 @@ pub(crate) struct PyChatTemplate {
 impl PyChatTemplate {
     #[new]
     #[pyo3(signature = (model, source = None, *, name = None))]
-    fn new(model: &PyModel, source: Option<&str>, name: Option<&str>) -> PyResult<Self> {
-        let templates = match (source, name) {
-            (_, None) => ChatTemplates::new(&model.inner, source),
-            (None, Some(name)) => ChatTemplates::builtin(&model.inner, name),
-            (Some(_), Some(_)) => {
-                return Err(PyValueError::new_err("give source or name, not both"));
-            }
+    fn new(
+        py: Python<'_>,
+        model: &PyModel,
+        source: Option<&str>,
+        name: Option<&str>,
+    ) -> PyResult<Self> {
+        if source.is_some() && name.is_some() {
+            return Err(PyValueError::new_err("give source or name, not both"));
         }
-        .map_err(template_error)?;
+        let native = Arc::clone(&model.inner);
+        // The setup renders a Jinja template (bounded by patch 0010): other Python threads go on meanwhile.
+        let templates = py
+            .detach(|| match name {
+                None => ChatTemplates::new(&native, source),
+                Some(name) => ChatTemplates::builtin(&native, name),
+            })
+            .map_err(template_error)?;
         Ok(Self {
             source: templates.source()?,
             name: templates.builtin_name().map(str::to_owned),

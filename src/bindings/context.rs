@@ -290,6 +290,26 @@ impl PyContext {
         ))
     }
 
+    /// The log-probability of `token` at output row `row` (the log-softmax of
+    /// the row's logits, computed as a generator's log-probability records
+    /// are) and the `top_n` (at most 20) most likely tokens' `(token, logprob)`,
+    /// most likely first.
+    #[pyo3(signature = (row, token, top_n = WideInt(0)), text_signature = "(self, /, row, token, top_n=0)")]
+    fn token_logprobs(
+        &self,
+        py: Python<'_>,
+        row: WideInt,
+        token: WideInt,
+        top_n: WideInt,
+    ) -> PyResult<(f32, Vec<(i32, f32)>)> {
+        let row: i32 = row.narrow("row")?;
+        let token: i32 = token.narrow("token")?;
+        let top_n: usize = top_n.narrow("top_n")?;
+        let record =
+            crate::sampling::TokenLogprobs::of(self.owned(py)?.native.logits(row)?, token, top_n);
+        Ok((record.logprob, record.top))
+    }
+
     /// The exact state of one sequence (KV cells and recurrent state; no logits).
     #[pyo3(signature = (seq_id = WideInt(0)), text_signature = "(self, /, seq_id=0)")]
     fn seq_state<'py>(&self, py: Python<'py>, seq_id: WideInt) -> PyResult<Bound<'py, PyBytes>> {

@@ -599,6 +599,22 @@ impl PyGenerator {
         Ok(self.run(py, |generator| generator.set_lookup_corpus(corpus))??)
     }
 
+    /// On a shared engine, keep this generation's exact cells under ``key``
+    /// when it gives its sequence back, and let its prompt reuse only cells
+    /// kept under the same key (None: it keeps none and reuses none). A key
+    /// of more than 1,024 bytes raises ``ValueError``.
+    #[pyo3(signature = (key))]
+    fn set_reuse_key(&self, py: Python<'_>, key: Option<String>) -> PyResult<()> {
+        Ok(self.run(py, |generator| generator.set_reuse_key(key.as_deref()))??)
+    }
+
+    /// The key of the cells this generation keeps and reuses on a shared
+    /// engine (``""`` unless set; None: none).
+    #[getter]
+    fn reuse_key(&self, py: Python<'_>) -> Option<String> {
+        self.read(py, |generator| generator.reuse_key().map(str::to_owned))
+    }
+
     /// Record the log-probability of every token committed from now on with
     /// its `top_n` most likely alternatives (None: stop recording; asking
     /// again for the same `top_n` keeps the records).

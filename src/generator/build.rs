@@ -194,12 +194,11 @@ impl Generator {
     /// holds this generator: its record (tokens, counts) stays, but it can no
     /// longer decode or checkpoint. Nothing for a context of its own.
     pub fn release_sequence(&mut self) {
-        let state = &self.member.state;
-        let exact = self.member.config.decodes_exactly() && self.member.started();
-        let keep = if exact {
-            &state.history[..state.n_past]
-        } else {
-            &[]
+        let member = &self.member;
+        let exact = member.config.decodes_exactly() && member.started();
+        let keep = match &member.reuse_key {
+            Some(key) if exact => Some((&member.state.history[..member.state.n_past], key)),
+            _ => None,
         };
         self.target.release(keep);
     }

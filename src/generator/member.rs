@@ -32,6 +32,10 @@ pub(crate) struct Member {
     pub logprobs: Option<LogprobLog>,
     /// Earlier texts prompt lookup may copy (`ngram` mode), if given.
     pub corpus: Option<Arc<LookupCorpus>>,
+    /// On a shared engine, the key this generation's exact cells are kept
+    /// under when it gives its sequence back, and the only key whose kept
+    /// cells its prompt reuses (`None`: it neither keeps nor reuses any).
+    pub reuse_key: Option<Arc<str>>,
 }
 
 impl Member {
@@ -44,6 +48,7 @@ impl Member {
             conversation: None,
             logprobs: None,
             corpus: None,
+            reuse_key: Some(Arc::from("")),
         }
     }
 

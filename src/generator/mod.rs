@@ -242,6 +242,28 @@ impl Generator {
         self.member.corpus.as_ref()
     }
 
+    /// On a shared engine, keep this generation's exact cells under `key`
+    /// when it gives its sequence back, and let its prompt reuse only the
+    /// cells kept under the same key (`None`: keep none, reuse none). A key
+    /// of more than [`shared::MAX_REUSE_KEY_BYTES`] bytes is refused.
+    pub fn set_reuse_key(&mut self, key: Option<&str>) -> Result<()> {
+        if let Some(key) = key.filter(|key| key.len() > shared::MAX_REUSE_KEY_BYTES) {
+            return Err(Error::Invalid(format!(
+                "a reuse key may have at most {} bytes, not {}",
+                shared::MAX_REUSE_KEY_BYTES,
+                key.len()
+            )));
+        }
+        self.member.reuse_key = key.map(Arc::from);
+        Ok(())
+    }
+
+    /// The key of the cells this generation keeps and reuses (see
+    /// [`Generator::set_reuse_key`]).
+    pub fn reuse_key(&self) -> Option<&str> {
+        self.member.reuse_key.as_deref()
+    }
+
     /// Record the log-probability of every token committed from now on, with
     /// its `top_n` most likely alternatives (`None`: stop recording). Asking
     /// again for the same `top_n` keeps the records.
@@ -385,18 +407,22 @@ impl Generator {
     }
 
     /// On a shared engine, before `prompt`: the tokens of it whose exact
-    /// cells an earlier generation left (this generator moving onto that
-    /// sequence), when this generation's own decodes are exact too and it
-    /// need not time its cost curve first; else 0 (its sequence empty).
+    /// cells an earlier generation of the same reuse key left (this
+    /// generator moving onto that sequence), when this generation's own
+    /// decodes are exact too and it need not time its cost curve first;
+    /// else 0 (its sequence empty).
     fn reuse_prefix(&mut self, prompt: &[i32]) -> Result<usize> {
         let Target::Shared(attached) = &mut self.target else {
             return Ok(0);
         };
         let member = &self.member;
+        let Some(key) = member.reuse_key.as_deref() else {
+            return Ok(0);
+        };
         if !member.config.decodes_exactly() || member.needs_cost_curve() {
             return Ok(0);
         }
-        attached.reuse(prompt)
+        attached.reuse(prompt, key)
     }
 
     /// Pin the cost curve of an adaptive generation before its prompt

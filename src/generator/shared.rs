@@ -29,6 +29,9 @@ use crate::{Error, Result};
 pub const GATHER_WINDOW: Duration = Duration::from_millis(2);
 /// A generator whose last round ended this recently is waited for (within the window).
 const RECENT: Duration = Duration::from_millis(50);
+/// The longest reuse key a generation may have (bytes): a server's tenant
+/// is a digest, far shorter.
+pub const MAX_REUSE_KEY_BYTES: usize = 1024;
 
 /// Counters of the shared decodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,20 +50,25 @@ pub struct SharedStats {
 
 /// The cells a free sequence still holds: an earlier generation's tokens,
 /// exact (decoded in chunks of at most [`MAX_EXACT_ROWS`] rows), kept for a
-/// prompt that starts the same way.
+/// prompt of the same reuse key that starts the same way.
 #[derive(Clone, Debug, Default)]
 struct Kept {
     tokens: Vec<i32>,
+    /// The reuse key they were kept under (None: nothing ever kept; with
+    /// no tokens, it matters to no prompt).
+    key: Option<Arc<str>>,
     /// When it was given back (the engine's count of releases): the free
     /// sequence given back longest ago is taken first.
     released: u64,
 }
 
 /// A given-back sequence's exact cells, kept in memory after its place is
-/// taken: its tokens and its state in a lone context's layout.
+/// taken: its tokens, its state in a lone context's layout, and the reuse
+/// key they were kept under.
 struct Saved {
     tokens: Vec<i32>,
     state: Vec<u8>,
+    key: Arc<str>,
 }
 
 /// Rows of a sequence waiting for a decode.
@@ -436,9 +444,10 @@ impl Shared {
         }
     }
 
-    /// Keep sequence `seq`'s state (its cells: `tokens`) in memory, when
-    /// there is room for it; entries it extends are dropped.
-    fn save(&mut self, seq: i32, tokens: &[i32]) {
+    /// Keep sequence `seq`'s state (its cells: `tokens`, kept under `key`)
+    /// in memory, when there is room for it; entries of the same key it
+    /// extends are dropped.
+    fn save(&mut self, seq: i32, tokens: &[i32], key: &Arc<str>) {
         if self.saved_limit == 0 {
             return;
         }
@@ -453,10 +462,11 @@ impl Shared {
             return;
         }
         self.saved
-            .retain(|saved| !tokens.starts_with(&saved.tokens));
+            .retain(|saved| saved.key != *key || !tokens.starts_with(&saved.tokens));
         self.saved.push_back(Saved {
             tokens: tokens.to_vec(),
             state,
+            key: Arc::clone(key),
         });
         self.evict_saved();
     }
@@ -472,23 +482,29 @@ impl Shared {
         }
     }
 
-    /// The saved state sharing the longest prefix with `prompt` (at most all
-    /// but its last token): its index and that prefix's length.
-    fn longest_saved(&self, prompt: &[i32]) -> Option<(usize, usize)> {
+    /// The saved state of reuse key `key` sharing the longest prefix with
+    /// `prompt` (at most all but its last token): its index and that
+    /// prefix's length.
+    fn longest_saved(&self, prompt: &[i32], key: &str) -> Option<(usize, usize)> {
         let most = prompt.len().saturating_sub(1);
         self.saved
             .iter()
             .enumerate()
+            .filter(|(_, saved)| *saved.key == *key)
             .map(|(index, saved)| (index, common_prefix(&saved.tokens, prompt).min(most)))
             .max_by_key(|&(index, n)| (n, index))
     }
 
-    /// The sequence, `seq` or a free one, whose kept tokens share the longest
-    /// prefix with `prompt`, and that prefix's length (at most all but the
-    /// prompt's last token).
-    fn longest_kept(&self, seq: usize, prompt: &[i32]) -> (usize, usize) {
+    /// The sequence, `seq` or a free one, whose tokens kept under reuse key
+    /// `key` share the longest prefix with `prompt`, and that prefix's
+    /// length (at most all but the prompt's last token; 0 for cells kept
+    /// under another key).
+    fn longest_kept(&self, seq: usize, prompt: &[i32], key: &str) -> (usize, usize) {
         let most = prompt.len().saturating_sub(1);
-        let shared = |kept: &Kept| common_prefix(&kept.tokens, prompt).min(most);
+        let shared = |kept: &Kept| match kept.key.as_deref() {
+            Some(kept_key) if kept_key == key => common_prefix(&kept.tokens, prompt).min(most),
+            _ => 0,
+        };
         (0..self.kept.len())
             .filter(|&s| s == seq || !self.taken[s])
             .map(|s| (s, shared(&self.kept[s])))
@@ -611,8 +627,9 @@ pub(crate) struct Attached {
     /// Whether every cell of the sequence was decoded in exact rows (it
     /// began empty or on kept cells; a state placed from elsewhere is not).
     exact: bool,
-    /// The tokens whose cells stay for a later prompt when it is dropped.
-    keep: Option<Vec<i32>>,
+    /// The tokens whose cells stay for a later prompt when it is dropped,
+    /// and the reuse key they stay under.
+    keep: Option<(Vec<i32>, Arc<str>)>,
 }
 
 impl Attached {
@@ -635,14 +652,16 @@ impl Attached {
     }
 
     /// Before a prompt: move onto the free sequence (this one included)
-    /// whose kept cells share the longest prefix with `prompt`, keep that
-    /// prefix's cells and empty the rest; returns its length (0: the
-    /// sequence is empty). Only for a generation whose own decodes are exact.
-    pub(crate) fn reuse(&mut self, prompt: &[i32]) -> Result<usize> {
+    /// whose cells kept under reuse key `key` share the longest prefix with
+    /// `prompt`, keep that prefix's cells and empty the rest; returns its
+    /// length (0: the sequence is empty). Only for a generation whose own
+    /// decodes are exact. Cells kept under another key are never reused.
+    pub(crate) fn reuse(&mut self, prompt: &[i32], key: &str) -> Result<usize> {
         let mut shared = self.engine.idle();
         let own = usize::try_from(self.seq).unwrap_or(0);
-        let (best, n) = shared.longest_kept(own, prompt);
-        if let Some((index, saved_n)) = shared.longest_saved(prompt).filter(|&(_, m)| m > n) {
+        let (best, n) = shared.longest_kept(own, prompt, key);
+        let saved = shared.longest_saved(prompt, key);
+        if let Some((index, saved_n)) = saved.filter(|&(_, m)| m > n) {
             return self.restore_saved(&mut shared, index, saved_n);
         }
         if best != own {
@@ -685,10 +704,10 @@ impl Attached {
     }
 
     /// Keep the cells of `tokens` (the sequence's tokens, in order) for a
-    /// later prompt once this is dropped, if they are exact.
-    pub(crate) fn keep_when_dropped(&mut self, tokens: &[i32]) {
+    /// later prompt of reuse key `key` once this is dropped, if they are exact.
+    pub(crate) fn keep_when_dropped(&mut self, tokens: &[i32], key: &Arc<str>) {
         if self.exact {
-            self.keep = Some(tokens.to_vec());
+            self.keep = Some((tokens.to_vec(), Arc::clone(key)));
         }
     }
 
@@ -729,15 +748,17 @@ impl Drop for Attached {
         let Ok(seq) = usize::try_from(self.seq) else {
             return;
         };
-        let tokens = self.keep.take().unwrap_or_default();
+        let (tokens, key) = self.keep.take().unzip();
+        let tokens = tokens.unwrap_or_default();
         let kept = !tokens.is_empty()
             && crate::engine::position(tokens.len())
                 .is_ok_and(|n| shared.target.seq_rm(self.seq, n, -1));
-        if kept {
-            shared.save(self.seq, &tokens);
+        if let (true, Some(key)) = (kept, key) {
+            shared.save(self.seq, &tokens, &key);
             shared.releases += 1;
             shared.kept[seq] = Kept {
                 tokens,
+                key: Some(key),
                 released: shared.releases,
             };
         } else {

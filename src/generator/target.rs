@@ -113,11 +113,14 @@ impl Target {
     }
 
     /// Give a shared sequence back to its engine (its place free for another
-    /// generator; its cells kept for a later prompt if `keep` holds their
-    /// tokens and they are exact, else freed); nothing for any other target.
-    pub fn release(&mut self, keep: &[i32]) {
+    /// generator; its cells kept, under a reuse key, for a later prompt if
+    /// `keep` holds their tokens and that key and they are exact, else
+    /// freed); nothing for any other target.
+    pub fn release(&mut self, keep: Option<(&[i32], &Arc<str>)>) {
         if let Self::Shared(attached) = self {
-            attached.keep_when_dropped(keep);
+            if let Some((tokens, key)) = keep {
+                attached.keep_when_dropped(tokens, key);
+            }
             let engine = attached.engine();
             let released = Released {
                 model: Arc::clone(engine.model()),

@@ -16,6 +16,10 @@ use super::{Model, NativeError, NativeResult};
 /// Longest rendered prompt accepted from the template engine (bytes).
 pub const MAX_RENDERED_BYTES: usize = 64 << 20;
 
+/// How llama.cpp's Jinja engine begins the error of a render that exceeds one
+/// of its bounds on steps, text and time (patch 0010, `jinja/utils.h`).
+const RENDER_BOUND_ERROR: &str = "the chat template exceeds a rendering bound";
+
 /// One span of a rendered prompt.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct PromptPart {
@@ -100,10 +104,12 @@ impl ChatTemplates {
         // outlives the call; the shim catches every C++ exception.
         let raw = unsafe { sys::chat_shim_templates_init(model.raw(), source_ptr) };
         let raw = NonNull::new(raw).ok_or_else(|| {
-            NativeError::InvalidArgument(format!(
-                "the chat template does not parse (llama.cpp: {})",
-                last_shim_error()
-            ))
+            let reason = last_shim_error();
+            NativeError::InvalidArgument(if reason.starts_with(RENDER_BOUND_ERROR) {
+                reason
+            } else {
+                format!("the chat template does not parse (llama.cpp: {reason})")
+            })
         })?;
         Ok(Self {
             kind: Kind::Jinja(raw),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import string
+import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from specstate.chat import (
     tool_call_grammar,
     tool_turn_tokens,
 )
+from specstate.tool_calls import MAX_JSON_DEPTH
 
 #: A Hermes / Qwen 2.5 style template: tools in the system turn, calls in <tool_call> blocks, tool results
 #: in a user turn.
@@ -233,6 +236,52 @@ def test_arguments_as_a_json_string_and_other_keys() -> None:
     assert len(call["id"]) == 9 and call["id"].isalnum()
     with pytest.raises(ValueError, match="format must be one of"):
         parse_tool_calls("", "qwen")  # type: ignore[arg-type]
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """Arguments that nest ``depth`` levels of objects and arrays (their own object the first)."""
+    value: Any = 1
+    for _ in range(depth - 1):
+        value = [value]
+    return {"a": value}
+
+
+def deep_call_text(format: ToolCallFormat, depth: int, as_string: bool) -> str:
+    """A call of ``f`` whose arguments are :func:`nested` ``depth`` deep, as ``format`` writes it (the arguments
+    as a JSON string holding them, with ``as_string``), written without recursion."""
+    inner = '{"a": ' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"
+    arguments = json.dumps(inner) if as_string else inner
+    if format == "hermes":
+        return 'Before.<tool_call>\n{"name": "f", "arguments": ' + arguments + "}\n</tool_call>"
+    if format == "llama3":
+        return '{"name": "f", "parameters": ' + arguments + "}"
+    return 'Before.[TOOL_CALLS][{"name": "f", "arguments": ' + arguments + "}]"
+
+
+@pytest.mark.parametrize("format", TOOL_CALL_FORMATS)
+@pytest.mark.parametrize("as_string", [False, True], ids=["object", "string"])
+def test_arguments_nested_past_the_bound_stay_content(format: ToolCallFormat, as_string: bool) -> None:
+    deepest = MAX_JSON_DEPTH if as_string else MAX_JSON_DEPTH - 1  # an object's arguments sit inside the call's
+    [call] = parse_tool_calls(deep_call_text(format, deepest, as_string), format)[1]
+    assert json.loads(call["function"]["arguments"]) == nested(deepest)
+    for depth in (deepest + 1, 1_000, 100_000):
+        text = deep_call_text(format, depth, as_string)
+        assert parse_tool_calls(text, format) == (text.strip(), [])
+        stream = ToolCallStream(format)
+        shown = "".join(stream.feed(text[i : i + 4096]) for i in range(0, len(text), 4096))
+        rest, calls = stream.finish()
+        assert shown + rest == text.strip() and calls == []
+
+
+def test_a_call_read_deep_in_the_callers_stack_is_a_call_or_content_never_a_recursion_error() -> None:
+    text = deep_call_text("hermes", MAX_JSON_DEPTH - 1, False)
+
+    def read_at(frames: int) -> tuple[str, list[Any]]:
+        return parse_tool_calls(text, "hermes") if frames == 0 else read_at(frames - 1)
+
+    room = sys.getrecursionlimit() - len(traceback.extract_stack())
+    content, calls = read_at(room - 20)  # 20 frames left: fewer than the decoder needs where they are shared
+    assert (content, len(calls)) in ((text.strip(), 0), ("Before.", 1))
 
 
 # --- grammars ------------------------------------------------------------------------------------

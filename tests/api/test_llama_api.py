@@ -355,8 +355,6 @@ def test_chat_only_and_completion_only_parameters(llm: Llama) -> None:
     with pytest.raises(UnsupportedParameterError, match="tools"):  # tools constrain the reply themselves
         tool = {"type": "function", "function": {"name": "f"}}
         llm.create_chat_completion(messages, tools=[tool], response_format={"type": "json_object"})
-    with pytest.raises(UnsupportedParameterError, match="echo"):
-        llm(PROMPT, logprobs=5, echo=True)
     with pytest.raises(TypeError, match="top_logprobs"):
         llm(PROMPT, top_logprobs=2)  # type: ignore[call-overload]
     with pytest.raises(UnsupportedParameterError, match="suffix"):
@@ -393,6 +391,25 @@ def test_constructor_arguments(tiny_chat: Path) -> None:
     assert "<|im_start|>" in llm.model.detokenize(llm.chat_generator.prompt_tokens, special=True)  # type: ignore[union-attr]
     llm.reset()
     assert llm.chat_generator is None and reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_format_takes_jinja_source_as_documented_and_refuses_unknown_names_briefly(tiny_chat: Path) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    given = tiny_llama(tiny_chat, chat_format=TINY_TEMPLATE).create_chat_completion(messages, max_tokens=4, seed=1)
+    own = tiny_llama(tiny_chat).create_chat_completion(messages, max_tokens=4, seed=1)  # TINY_TEMPLATE is the model's
+    assert given["choices"] == own["choices"]
+    hermes = (Path(__file__).resolve().parents[2] / "examples" / "hermes_tools.jinja").read_text()
+    assert len(tiny_llama(tiny_chat, chat_format=hermes).create_chat_completion(messages, max_tokens=2)["choices"]) == 1
+    with pytest.raises(ValueError, match="chat_format 'alpaca' is not available") as refused:
+        tiny_llama(tiny_chat, chat_format="alpaca")
+    assert len(str(refused.value)) < 300 and "chat_template" not in str(refused.value)
+
+
+def test_tool_choice_required_without_a_known_tool_format_says_which_template_option_to_give(llm: Llama) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(UnsupportedParameterError, match=r"chat_template=.*--template") as refused:
+        llm.create_chat_completion([{"role": "user", "content": "x"}], tools=[tool], tool_choice="required")
+    assert "tool_choice='auto'" not in str(refused.value)
 
 
 def test_an_adaptive_llama_pins_one_cost_curve_for_all_its_generations(tiny_chat: Path) -> None:
@@ -440,7 +457,8 @@ def test_completion_log_probabilities(tiny_chat: Path) -> None:
     logprobs = choice["logprobs"]
     assert logprobs is not None and len(logprobs["tokens"]) == 20
     assert "".join(logprobs["tokens"]) == choice["text"]  # the tiny model's tokens are ASCII
-    assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(20)]
+    # Offsets count from the prompt's start, as OpenAI's and llama-cpp-python's do (the prompt not echoed).
+    assert logprobs["text_offset"] == [len(PROMPT) + sum(map(len, logprobs["tokens"][:i])) for i in range(20)]
     for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
         assert top is not None and top[token] == logprob and len(top) <= 4 and logprob is not None and logprob <= 0
     plain = tiny_llama(tiny_chat)(PROMPT, max_tokens=20, temperature=0, logprobs=3)
@@ -455,6 +473,35 @@ def test_completion_log_probabilities(tiny_chat: Path) -> None:
     for bad in (-1, 21):
         with pytest.raises(ValueError, match="top_logprobs"):
             llm(PROMPT, max_tokens=2, logprobs=bad)
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_its_reply_was_scored(tiny_chat: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    reply = llm(PROMPT, max_tokens=6, temperature=0, logprobs=2)["choices"][0]["logprobs"]
+    tokens = list(llm.save_state().input_ids)  # the prompt and that reply, as a new prompt
+    assert reply is not None and tokens[0] != llm.token_bos()  # this model adds none
+    echoed = llm(tokens, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    choice = echoed["choices"][0]
+    logprobs = choice["logprobs"]
+    assert logprobs is not None and choice["text"].startswith(llm.detokenize(tokens).decode())
+    entries = len(tokens) + 3
+    assert len(logprobs["tokens"]) == entries and "".join(logprobs["tokens"]) == choice["text"]
+    assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(entries)]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None  # OpenAI's first entry
+    assert all(lp is not None and lp <= 0 for lp in logprobs["token_logprobs"][1:])
+    scored = slice(len(tokens) - 6, len(tokens))  # the reply's tokens, scored as the reply scored them
+    assert logprobs["token_logprobs"][scored] == reply["token_logprobs"]
+    assert logprobs["top_logprobs"][scored] == reply["top_logprobs"]
+    # (openai's types have no None entries, which OpenAI's API and llama-cpp-python send first: not checked here)
+    chunks = list(llm(tokens, max_tokens=3, temperature=0, logprobs=2, echo=True, stream=True))
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == choice["text"]
+    streamed = [c["choices"][0]["logprobs"] for c in chunks]
+    assert [o for part in streamed if part for o in part["text_offset"]] == logprobs["text_offset"]
+    text = llm(PROMPT, max_tokens=2, temperature=0, logprobs=0, echo=True)["choices"][0]
+    assert text["logprobs"] is not None and "".join(text["logprobs"]["tokens"]) == text["text"]
+    after_bos = llm([llm.token_bos(), *tokens], max_tokens=3, temperature=0, logprobs=2, echo=True)["choices"][0]
+    assert after_bos["logprobs"] is not None and len(after_bos["logprobs"]["tokens"]) == entries  # BOS: no entry
+    assert after_bos["logprobs"]["token_logprobs"][0] is None
 
 
 def test_chat_log_probabilities(tiny_chat: Path) -> None:

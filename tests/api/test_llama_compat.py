@@ -9,12 +9,14 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 
 import specstate
-from specstate import Llama, LlamaDiskCache, LlamaRAMCache, LlamaState, UnsupportedParameterError
+from specstate import Llama, LlamaDiskCache, LlamaRAMCache, LlamaState, Model, UnsupportedParameterError
+from specstate.embeddings import EMBEDDING_POOLINGS, Embedder
 from specstate.llama.compat import ACCEPTED_AT, WITHOUT_EFFECT
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
@@ -111,6 +113,91 @@ def test_a_cache_is_bounded_in_bytes(tiny_chat: Path) -> None:
         LlamaRAMCache(capacity_bytes=-1)
 
 
+def make_cache(kind: str, directory: Path) -> LlamaRAMCache | LlamaDiskCache:
+    return LlamaRAMCache(capacity_bytes=64 << 20) if kind == "ram" else LlamaDiskCache(directory, 64 << 20)
+
+
+def cold_text(path: Path, prompt: list[int]) -> str:
+    return tiny_llama(path).create_completion(prompt, max_tokens=8, temperature=0)["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("kind", ["ram", "disk"])
+def test_a_cached_checkpoint_of_other_tokens_is_a_miss_never_that_generation_continued(
+    smollm2_file: Path, tmp_path: Path, kind: str
+) -> None:
+    llm = tiny_llama(smollm2_file)
+    held = []
+    for start in ("The planets are Mercury, Venus", "Plants that eat insects: the Venus"):
+        llm.create_completion(llm.tokenize(start.encode())[:6], max_tokens=6, temperature=0)
+        held.append(llm.save_state())
+    assert held[0].n_tokens == held[1].n_tokens and held[0].input_ids != held[1].input_ids
+    cache = make_cache(kind, tmp_path)
+    cache[held[1].input_ids] = held[0]  # the first generation's checkpoint under the second's tokens
+    llm.set_cache(cache)
+    prompt = [*held[1].input_ids, *llm.tokenize(b" and", add_bos=False)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = llm.create_completion(prompt, max_tokens=8, temperature=0)["choices"][0]["text"]
+    assert text == cold_text(smollm2_file, prompt)  # not the first generation continued
+    assert [str(w.message) for w in caught if "other tokens" in str(w.message)]
+    assert held[1].input_ids not in cache
+    if kind == "disk":  # its file deleted
+        assert held[1].input_ids not in LlamaDiskCache(tmp_path, 64 << 20)
+
+
+@pytest.mark.parametrize("kind", ["ram", "disk"])
+def test_another_models_entry_in_a_shared_cache_is_a_miss_and_kept_for_that_model(
+    tiny_chat: Path, tmp_path: Path, kind: str
+) -> None:
+    other_model = models.build_llama(tmp_path / "other.gguf", seed=5, chat_template=TINY_TEMPLATE)
+    cache = make_cache(kind, tmp_path / "cache")
+    other = tiny_llama(other_model)
+    other.set_cache(cache)
+    other.create_completion(PROMPT, max_tokens=8, temperature=0)
+    cached = other.save_state().input_ids
+    llm = tiny_llama(tiny_chat)
+    llm.set_cache(make_cache(kind, tmp_path / "cache") if kind == "disk" else cache)
+    prompt = [*cached, *llm.tokenize(b" and", add_bos=False)]
+    with pytest.warns(RuntimeWarning, match="model"):
+        text = llm.create_completion(prompt, max_tokens=8, temperature=0)["choices"][0]["text"]
+    assert text == cold_text(tiny_chat, prompt)
+    if kind == "disk":  # the other model's entry stays for it
+        assert cached in LlamaDiskCache(tmp_path / "cache", 64 << 20)
+
+
+def test_a_truncated_entry_is_a_miss_and_deleted(tiny_chat: Path, tmp_path: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    llm.set_cache(LlamaDiskCache(tmp_path, 64 << 20))
+    llm.create_completion(PROMPT, max_tokens=8, temperature=0)
+    cached = llm.save_state().input_ids
+    [entry] = tmp_path.iterdir()
+    entry.write_bytes(entry.read_bytes()[:1000])
+    llm = tiny_llama(tiny_chat)
+    llm.set_cache(LlamaDiskCache(tmp_path, 64 << 20))
+    prompt = [*cached, *llm.tokenize(b" and", add_bos=False)]
+    with pytest.warns(RuntimeWarning, match="truncated"):
+        text = llm.create_completion(prompt, max_tokens=8, temperature=0)["choices"][0]["text"]
+    assert text == cold_text(tiny_chat, prompt)
+    assert entry.name not in [path.name for path in tmp_path.iterdir()]
+
+
+def test_the_disk_cache_never_counts_reads_or_deletes_files_it_did_not_write(tiny_chat: Path, tmp_path: Path) -> None:
+    llm = tiny_llama(tiny_chat)
+    llm.create_completion(PROMPT, max_tokens=4, temperature=0)
+    size = llm.save_state().llama_state_size
+    mine = {"my_session.ckpt": llm.save_state().llama_state, "notes.txt": b"mine", "0" * 64 + ".ckpt": b"x"}
+    for name, data in mine.items():
+        (tmp_path / name).write_bytes(data)
+    cache = LlamaDiskCache(tmp_path, capacity_bytes=size + size // 2)  # room for one entry of its own
+    assert cache.cache_size == 0
+    llm.set_cache(cache)
+    for prompt in ("one", "two", "three"):
+        llm.create_completion(prompt, max_tokens=4, temperature=0)
+    assert {name: (tmp_path / name).read_bytes() for name in mine} == mine
+    entries = [path.stat().st_size for path in tmp_path.iterdir() if path.name not in mine]
+    assert 0 < cache.cache_size == sum(entries) <= cache.capacity_bytes
+
+
 def test_an_empty_state_before_any_call_loads_as_nothing(tiny_chat: Path) -> None:
     llm = tiny_llama(tiny_chat)
     state = llm.save_state()
@@ -154,6 +241,20 @@ def test_llama_cpp_pythons_helpers(tiny_chat: Path) -> None:
     with pytest.raises(UnsupportedParameterError, match="hub"):
         Llama.from_pretrained("org/model", "model.gguf")
     assert specstate.UnsupportedParameterError is UnsupportedParameterError
+
+
+def test_detokenize_takes_prev_tokens_as_llama_cpp_python_does(smollm2_file: Path) -> None:
+    llm = tiny_llama(smollm2_file)
+    tokens = llm.tokenize("Grüße, 東京 — naïve café ☕".encode(), add_bos=False)
+    whole = llm.detokenize(tokens)
+    for cut in range(len(tokens) + 1):  # the bytes the tokens after the cut add to those before it
+        before, after = tokens[:cut], tokens[cut:]
+        expected = whole[len(llm.detokenize(before)) :]
+        assert llm.detokenize(after, prev_tokens=before) == expected
+        assert llm.tokenizer().detokenize(after, prev_tokens=before) == expected
+    assert llm.detokenize(tokens, None, True) == whole  # llama-cpp-python's order: tokens, prev_tokens, special
+    with pytest.raises(TypeError, match="prev_tokens"):
+        llm.detokenize(tokens, prev_tokens=7)  # type: ignore[arg-type]
 
 
 def test_help_shows_every_parameter_with_its_default() -> None:
@@ -209,3 +310,23 @@ def test_embeddings_through_llama_as_llama_cpp_python_gives_them(tiny_chat: Path
         tiny_llama(tiny_chat).embed("x")
     with pytest.raises(UnsupportedParameterError, match="pooling_type"):
         tiny_llama(tiny_chat, embedding=True, pooling_type=4)
+
+
+def test_llama_cpp_pythons_pooling_constants_choose_the_pooling(tiny_chat: Path) -> None:
+    import specstate.llama as llama_cpp  # where ported code finds llama_cpp's module-level names
+
+    numbers = {
+        "UNSPECIFIED": llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED,
+        "NONE": llama_cpp.LLAMA_POOLING_TYPE_NONE,
+        "MEAN": llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        "CLS": llama_cpp.LLAMA_POOLING_TYPE_CLS,
+        "LAST": llama_cpp.LLAMA_POOLING_TYPE_LAST,
+        "RANK": llama_cpp.LLAMA_POOLING_TYPE_RANK,
+    }
+    assert numbers == {"UNSPECIFIED": -1, "NONE": 0, "MEAN": 1, "CLS": 2, "LAST": 3, "RANK": 4}  # llama.cpp's
+    model = Model(tiny_chat)
+    for name in EMBEDDING_POOLINGS:
+        llm = tiny_llama(tiny_chat, embedding=True, pooling_type=numbers[name.upper()])
+        assert llm.embed("hello world") == Embedder(model, n_ctx=N_CTX, pooling=name, n_threads=1).embed("hello world")
+    with pytest.raises(UnsupportedParameterError, match="LLAMA_POOLING_TYPE"):
+        tiny_llama(tiny_chat, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK)

@@ -138,3 +138,32 @@ def test_a_prompt_cache_keeps_given_back_states_after_their_sequence_is_taken(sm
         generator._native.release_sequence()
     expected = sum(len(prompt) - 1 for prompt in prompts[2:]) if cache_bytes >= 1 << 20 else 0
     assert engine.reused_tokens == expected
+
+
+def test_a_prefix_is_reused_only_under_its_reuse_key(smollm2: Model) -> None:
+    """Cells and states kept under one reuse key serve no generation of another key (a server's tenants), and a
+    generation without a key (None) neither keeps nor reuses any; every reply is its lone reply either way."""
+    engine = SharedEngine(
+        smollm2, n_seq=1, n_ctx=N_CTX, n_batch=EXACT_PROMPT_ROWS, n_threads=N_THREADS, prompt_cache_bytes=32 << 20
+    )
+    prompt = encode_prompt(smollm2, STEMS[0] + ENDINGS[1])
+
+    def generate(key: str | None) -> tuple[int, list[int]]:
+        """The prompt tokens a generation of ``key`` reused, and its reply (its sequence given back after)."""
+        generator = Generator(smollm2, n_ctx=N_CTX, n_batch=EXACT_PROMPT_ROWS, engine=engine)
+        assert generator.reuse_key == ""  # every generation's key unless told otherwise
+        generator.set_reuse_key(key)
+        before = engine.reused_tokens
+        generator._native.prefill(prompt)
+        reply = [*generator._native.take(REPLY)]
+        generator._native.release_sequence()
+        return engine.reused_tokens - before, reply
+
+    first, alone = generate("a")
+    assert first == 0
+    assert generate("b") == (0, alone)  # a's kept cells are not b's
+    assert generate("a") == (len(prompt) - 1, alone)  # a's state, kept in memory after b took the sequence
+    assert generate(None) == (0, alone)  # no key: nothing reused ...
+    assert generate("") == (0, alone)  # ... and nothing kept
+    with pytest.raises(ValueError, match="at most 1024 bytes"):
+        Generator(smollm2, n_ctx=N_CTX, n_batch=EXACT_PROMPT_ROWS, engine=engine).set_reuse_key("k" * 1025)

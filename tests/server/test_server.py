@@ -21,8 +21,10 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
-from specstate import Generator, Model
+from specstate import Generator, Llama, Model
 from specstate.serve import RequestLimits, ServerConfig, build_app
+from specstate.serve.ray import _unsupported
+from specstate.serve.request import read_request
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
@@ -159,6 +161,16 @@ def test_completions_and_models(live: Live) -> None:
     assert status == 200 and json.loads(health)["status"] == "ok"
     status, metrics = live.get("/metrics")
     assert status == 200 and 'specstate_requests_total{endpoint="completions",status="200"}' in metrics
+
+
+def test_completions_echo_the_prompt_with_its_log_probabilities(live: Live, tiny_chat: Path) -> None:
+    asked: dict[str, Any] = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    served = live.client().completions.create(model=MODEL, echo=True, **asked).model_dump()["choices"][0]
+    here = Llama(str(tiny_chat), n_ctx=N_CTX, n_threads=1)
+    assert served["logprobs"] == here.create_completion(echo=True, **asked)["choices"][0]["logprobs"]
+    assert served["logprobs"]["token_logprobs"][0] is None and served["text"].startswith(asked["prompt"])
+    plain = live.client().completions.create(model=MODEL, **asked).choices[0].logprobs
+    assert plain is not None and plain.text_offset and plain.text_offset[0] == len(asked["prompt"])
 
 
 def test_log_probabilities_and_json_output_through_the_server(live: Live) -> None:
@@ -384,3 +396,27 @@ def test_ray_workers_rebalance_when_generations_end_unevenly(tiny_chat: Path) ->
     for name, prompt in (("first", "Tell me a long story."), ("second", "Tell me another long story.")):
         generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
         assert "".join(texts[name]) == generator.chat(prompt, max_tokens=1200), name
+
+
+def test_completions_of_several_prompts_answer_a_choice_each_streamed_and_whole(live: Live, tiny_chat: Path) -> None:
+    """OpenAI's list of prompts (LangChain's completions class always sends one): a choice per prompt, in order,
+    the usage summed; a list of token-id lists too; the Ray workers refuse it, and the number is bounded."""
+    client = live.client()
+    prompts = ["Once upon a time", "The sea"]
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0) for p in prompts]
+    texts = [a.choices[0].text for a in alone]
+    whole = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
+    assert [(c.index, c.text) for c in whole.choices] == list(enumerate(texts))
+    assert whole.usage is not None and all(a.usage is not None for a in alone)
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone if a.usage)
+    assert whole.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone if a.usage)
+    streamed = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, stream=True))
+    assert len({chunk.id for chunk in streamed}) == 1
+    assert ["".join(c.choices[0].text for c in streamed if c.choices[0].index == i) for i in (0, 1)] == texts
+    tokens = [Model(tiny_chat).tokenize(p, add_special=True, parse_special=True) for p in prompts]
+    by_tokens = client.completions.create(model=MODEL, prompt=tokens, max_tokens=6, temperature=0)
+    assert [c.text for c in by_tokens.choices] == texts
+    status, error, _ = live.post("/v1/completions", json.dumps({"prompt": ["x"] * 33}).encode())
+    assert status == 400 and error["error"]["param"] == "prompt"  # type: ignore[index]
+    several = read_request("completion", {"prompt": prompts}, RequestLimits(), model_name=MODEL, template_source="")
+    assert _unsupported(several) == "prompt"

@@ -12,6 +12,7 @@ from typing import Any
 from specstate import Llama
 from specstate._native import EXACT_PROMPT_ROWS
 from specstate._typing import DraftPolicy
+from specstate.serve.cache import DEFAULT_TENANT
 from test_server import Live, config
 
 PROMPTS = [
@@ -67,10 +68,11 @@ def test_concurrent_chats_on_batched_slots_get_their_lone_replies(smollm2_file: 
         assert all(slot.cost_curve == curve for slot in live.state.slots)  # every slot drafts from it
         expected = [alone(smollm2_file, p, i, curve) for i, p in enumerate(PROMPTS)]
         assert [replies[i] for i in range(len(PROMPTS))] == expected
-        # Every slot drafted from the server's one corpus, which holds each finished request (the replies above
-        # are the lone ones all the same: a corpus changes proposals only).
-        corpus = live.state.corpus
-        assert corpus is not None and corpus.n_documents == len(PROMPTS)
+        # Every slot drafted from the corpus of the requests' one tenant (one API key, no user), which holds each
+        # finished request (the replies above are the lone ones all the same: a corpus changes proposals only).
+        assert live.state.corpora is not None and len(live.state.corpora) == 1
+        corpus = live.state.corpora.get(DEFAULT_TENANT)
+        assert corpus.n_documents == len(PROMPTS)
         assert all(slot.llama is not None and slot.llama.lookup_corpus is corpus for slot in live.state.slots)
         metrics = live.get("/metrics")[1]
         counted = {name: int(value) for name, value in re.findall(r"specstate_batch_(\w+)_total (\d+)", metrics)}

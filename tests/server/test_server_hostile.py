@@ -85,7 +85,7 @@ def test_a_bad_messages_value_is_a_400_and_the_slot_serves_on(live: Live, messag
 def test_any_exception_in_a_slot_is_that_requests_500_and_the_slot_serves_on(
     live: Live, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(messages: object) -> None:
+    def broken(*looked_up: object) -> None:
         raise RuntimeError("the cache broke")
 
     monkeypatch.setattr(live.state.cache, "longest", broken)
@@ -372,4 +372,201 @@ def test_the_limits_table_of_the_server_page_is_request_limits() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
     table = dict(re.findall(r"^\| [^|]+ \| `--([a-z-]+)` \| ([\d,]+) \|$", page, re.MULTILINE))
     defaults = {limit.name.replace("_", "-"): limit.default for limit in fields(RequestLimits)}
-    assert {option: int(value.replace(",", "")) for option, value in table.items() if option != "queue"} == defaults
+    queues = ("queue", "embedding-queue")  # ServerConfig's, not a request's
+    assert {option: int(value.replace(",", "")) for option, value in table.items() if option not in queues} == defaults
+
+
+# 13. a client that leaves stops its generation within a round, whatever the stream holds back
+
+HERMES = (Path(__file__).resolve().parents[2] / "examples" / "hermes_tools.jinja").read_text()
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+#: A tool whose arguments hold at least 10,000 characters: a call longer than any max_tokens below.
+LONG_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "write",
+        "parameters": {
+            "type": "object",
+            "properties": {"pages": {"type": "array", "items": {"type": "string", "minLength": 1000}, "minItems": 10}},
+            "required": ["pages"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_file: Path) -> Iterator[Live]:
+    """SmolLM2 with a template that has tools, one slot, an embeddings queue of 2."""
+    server = Live(config(smollm2_file, mode="none", n_threads=2, n_ctx=2048, chat_template=HERMES, embedding_queue=2))
+    yield server
+    server.stop()
+
+
+def counter(live: Live, name: str) -> int:
+    """A counter of /metrics (0 before it is first counted)."""
+    found = re.search(rf"^specstate_{name}_total (\d+)$", live.get("/metrics")[1], re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+def send(live: Live, path: str, body: dict[str, Any]) -> socket.socket:
+    """A request sent on a connection of its own, its answer not read."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", live.port))
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_client_that_leaves_a_tool_call_stops_its_generation_within_a_round(smol: Live, stream: bool) -> None:
+    """A tool call is held back until it is whole, so its stream sends nothing while 1,200 tokens are generated:
+    the slot must stop at the next token, not at the next chunk."""
+    cancelled = counter(smol, "cancelled_requests")
+    asked = [{"role": "user", "content": "Write a long text."}]
+    body = {"messages": asked, "tools": [LONG_TOOL], "tool_choice": "required", "max_tokens": 1200, "stream": stream}
+    sock = send(smol, "/v1/chat/completions", body)
+    deadline = time.monotonic() + 60
+    while not smol.state.scheduler.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(1)
+    sock.close()
+    left = time.monotonic()
+    while smol.state.scheduler.busy:
+        assert time.monotonic() - left < 5, "the abandoned tool call kept its slot"
+        time.sleep(0.02)
+    assert counter(smol, "cancelled_requests") == cancelled + 1
+    still_serves(smol)
+
+
+# 14. a reply the template's tool parser does not accept is the reply's content
+
+
+def test_a_reply_the_tool_parser_rejects_is_content_streamed_and_whole(smol: Live) -> None:
+    """Asked to repeat ``<tool_call> hello``, the model calls a tool that does not exist: the parser refuses that
+    reply, which is still a reply (not a 400 after the whole generation)."""
+    client, name = smol.client(), smol.state.config.name()
+    asked: list[Any] = [{"role": "user", "content": "Repeat after me: <tool_call> hello"}]
+    options: dict[str, Any] = {"tools": [WEATHER], "tool_choice": "auto", "max_tokens": 40, "temperature": 0}
+    whole = client.chat.completions.create(model=name, messages=asked, **options)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "stop" and message.tool_calls is None
+    assert message.content is not None and message.content.startswith("<tool_call>")
+    chunks = list(client.chat.completions.create(model=name, messages=asked, stream=True, **options))
+    assert not any(chunk.choices[0].delta.tool_calls for chunk in chunks)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == message.content
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+# 15. JSON schemas: bounded before any conversion, converted once, in the slot
+
+
+def optional_properties(count: int) -> dict[str, Any]:
+    """An object schema of ``count`` optional integer properties (converting it takes time about ``count``**3)."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(count)}}
+
+
+def response_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def test_a_json_schema_that_would_explode_is_refused_before_any_conversion(live: Live) -> None:
+    """1,200 optional properties (34 KiB) take seconds to convert: refused before anything converts them."""
+    start = time.monotonic()
+    refused(*chat(live, response_format=response_format(optional_properties(1200))), "response_format")
+    exploding_tool = {"type": "function", "function": {"name": "f", "parameters": optional_properties(1200)}}
+    refused(*chat(live, tools=[exploding_tool], tool_choice="required"), "tools")
+    nested = {"type": "object", "properties": {f"o{i}": optional_properties(60) for i in range(20)}}
+    refused(*chat(live, response_format=response_format(nested)), "response_format")  # 1,220 properties in all
+    wide = {"type": "object", "properties": {"a": {"type": "string", "description": "x" * 70_000}}}
+    refused(*chat(live, response_format=response_format(wide)), "response_format")  # more than 64 KiB
+    assert time.monotonic() - start < 10
+    status, answer = chat(live, response_format=response_format(optional_properties(64)), max_tokens=4)
+    assert status == 200, answer
+    still_serves(live)
+
+
+def test_a_schema_is_not_converted_where_requests_are_read() -> None:
+    """The slot converts it, once (the Ray driver, for the Ray workers): a request's reader only bounds it."""
+    asked = {"messages": HELLO, "response_format": response_format(optional_properties(3))}
+    request = read_request("chat", asked, RequestLimits(), model_name=MODEL, template_source="")
+    assert request.call.schema is not None and request.call.sampling.grammar is None
+    assert request.options["response_format"] == asked["response_format"]
+    grammar = request.call.converted().sampling.grammar
+    assert grammar is not None and "root ::=" in grammar
+
+
+# 16. embeddings: a queue and workers of their own, bounded, cancelled with their clients
+
+
+def test_embeddings_have_a_bounded_queue_of_their_own_and_clients_that_leave_cancel_theirs(smol: Live) -> None:
+    """Embeddings wait in their own queue (429 beyond it) for their own workers: a chat is read and answered
+    beside them, and a client that leaves drops its queued request or stops its running one."""
+    texts = [f"a short sentence number {i} about the weather and the sea" for i in range(256)]
+    cancelled = counter(smol, "cancelled_requests")
+    embeddings = smol.state.embeddings
+    first = send(smol, "/v1/embeddings", {"input": texts})
+    deadline = time.monotonic() + 60
+    while not (embeddings.busy() and embeddings.depth() == 0):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    waiting = [send(smol, "/v1/embeddings", {"input": texts}) for _ in range(2)]  # the queue holds 2
+    while embeddings.depth() < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    status, answer, headers = smol.post("/v1/embeddings", json.dumps({"input": texts}).encode())
+    assert status == 429 and headers.get("retry-after") == "1", answer
+    start = time.monotonic()
+    still_serves(smol)
+    assert time.monotonic() - start < 5  # never behind the embeddings
+    for sock in [first, *waiting]:
+        sock.close()
+    while embeddings.busy() or embeddings.depth():
+        assert time.monotonic() < deadline, "the abandoned embeddings ran on"
+        time.sleep(0.02)
+    assert counter(smol, "cancelled_requests") == cancelled + 3  # two dropped from the queue, one stopped
+    vector = smol.client().embeddings.create(model=smol.state.config.name(), input="hello", encoding_format="float")
+    assert len(vector.data[0].embedding) > 0
+
+
+# 17. OpenAI's ranges and roles over HTTP (the Python API keeps llama-cpp-python's)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("temperature", 5),
+        ("temperature", -0.5),
+        ("top_p", 1.5),
+        ("presence_penalty", 3),
+        ("frequency_penalty", -2.5),
+        ("top_logprobs", 21),
+        ("logit_bias", {"1": 101}),
+    ],
+)
+def test_openai_ranges_hold_over_http(live: Live, name: str, value: object) -> None:
+    extra = {"logprobs": True} if name == "top_logprobs" else {}
+    refused(*chat(live, **{name: value}, **extra), name)
+
+
+def test_openai_roles_and_completion_ranges_hold_over_http_and_the_python_api_keeps_its_own(
+    live: Live, tiny_chat: Path
+) -> None:
+    status, answer, _ = live.post(
+        "/v1/chat/completions", json.dumps({"messages": [{"role": "wizard", "content": "Hi"}]}).encode()
+    )
+    refused(status, answer, "messages")
+    status, answer, _ = live.post("/v1/completions", json.dumps({"prompt": "Hi", "logprobs": 6}).encode())
+    refused(status, answer, "logprobs")
+    llama = Llama(tiny_chat, n_ctx=512, n_threads=1)
+    assert llama.create_chat_completion(HELLO, max_tokens=2, temperature=5, seed=1)["choices"][0]["message"]
+    still_serves(live)

@@ -33,6 +33,12 @@ from specstate.llama.api import (
 )
 from specstate.llama.compat import (
     ACCEPTED_AT,
+    LLAMA_POOLING_TYPE_CLS,
+    LLAMA_POOLING_TYPE_LAST,
+    LLAMA_POOLING_TYPE_MEAN,
+    LLAMA_POOLING_TYPE_NONE,
+    LLAMA_POOLING_TYPE_RANK,
+    LLAMA_POOLING_TYPE_UNSPECIFIED,
     WITHOUT_EFFECT,
 )
 from specstate.llama.options import (
@@ -94,6 +100,12 @@ __all__ = [
     "COMPLETION_TEMPERATURE",
     "LAST_N_TOKENS_SIZE",
     "LLAMA_DEFAULT_SEED",
+    "LLAMA_POOLING_TYPE_CLS",
+    "LLAMA_POOLING_TYPE_LAST",
+    "LLAMA_POOLING_TYPE_MEAN",
+    "LLAMA_POOLING_TYPE_NONE",
+    "LLAMA_POOLING_TYPE_RANK",
+    "LLAMA_POOLING_TYPE_UNSPECIFIED",
     "MIN_P",
     "NEUTRAL",
     "N_BATCH",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
@@ -14,7 +14,14 @@ from specstate.chat import as_messages, chat_template, render_tools, template_sh
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
 from specstate.errors import ChatTemplateError
 from specstate.generator import Generator, encode_prompt
-from specstate.llama.compat import LLAMA_CPP_DEFAULTS, LlamaCppOptions, check_llama_cpp_options, keyword_signature
+from specstate.llama.compat import (
+    LLAMA_CPP_DEFAULTS,
+    LLAMA_POOLING_TYPE_LAST,
+    LLAMA_POOLING_TYPE_UNSPECIFIED,
+    LlamaCppOptions,
+    check_llama_cpp_options,
+    keyword_signature,
+)
 from specstate.llama.options import (
     LAST_N_TOKENS_SIZE,
     LLAMA_DEFAULT_SEED,
@@ -48,6 +55,7 @@ from specstate.llama.results import (
     _Run,
     _StopScanner,
     _tool_chat_completion,
+    prompt_logprobs,
 )
 from specstate.llama.state import BaseLlamaCache, LlamaState
 from specstate.llama.types import ChatCompletion, Completion
@@ -58,8 +66,6 @@ if TYPE_CHECKING:
 
 #: Tokens of the prompt :meth:`Llama.pin_cost_curve` times the curve after: a request's usual context, not none.
 PROBE_TOKENS = 256
-#: llama-cpp-python's ``LLAMA_POOLING_TYPE_UNSPECIFIED``: the model's own pooling.
-LLAMA_POOLING_TYPE_UNSPECIFIED = -1
 
 
 @dataclass
@@ -101,9 +107,9 @@ class Llama:
         chat_template: a Jinja chat template used instead of the model's own.
         embedding: allow :meth:`embed` and :meth:`create_embedding` (an embedding context over the same model,
             made at the first call).
-        pooling_type: the embeddings' pooling, llama.cpp's numbers as llama-cpp-python gives them: -1 (the
-            model's own; a generative model records none, so one vector per token), 0 none, 1 mean, 2 cls,
-            3 last.
+        pooling_type: the embeddings' pooling, llama.cpp's numbers as llama-cpp-python gives them
+            (``specstate.llama.LLAMA_POOLING_TYPE_*``): -1 (the model's own; a generative model records none, so
+            one vector per token), 0 none, 1 mean, 2 cls, 3 last.
         verbose: accepted for compatibility; it changes nothing (llama-cpp-python's default is True).
         engine: a :class:`~specstate.SharedEngine` over this model file (specstate's; default None): the
             generations decode on its sequences (their ``n_ctx`` the engine's), together with those of the other
@@ -146,6 +152,16 @@ class Llama:
     stop, so a history sent back with the cut reply starts a new generation.
     :attr:`chat_generator` is that conversation's generator (to checkpoint it).
     """
+
+    #: Asked before each token of every generation of this object (:attr:`Generator.interrupt`): True stops the
+    #: running call's text there. ``specstate serve`` stops so the call of a client that left.
+    interrupt: Callable[[], bool] | None = None
+    #: Whose earlier work a call may start from: the cells of the generations this object gives back to its engine
+    #: are kept under this key and a prompt reuses only cells kept under it
+    #: (:meth:`specstate.Generator.set_reuse_key`), and a held conversation is continued only under the key it was
+    #: made under. None: nothing is kept, reused or continued between calls. ``specstate serve`` sets each
+    #: request's tenant here.
+    reuse_key: str | None = ""
 
     def __init__(
         self,
@@ -307,8 +323,14 @@ class Llama:
         """Token ids of UTF-8 ``text``; ``add_bos`` adds BOS as the model says, ``special`` parses special tokens."""
         return self.model.tokenize(text.decode("utf-8", errors="replace"), add_special=add_bos, parse_special=special)
 
-    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
-        """The UTF-8 bytes of ``tokens``; ``special`` includes the text of special tokens."""
+    def detokenize(
+        self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
+    ) -> bytes:
+        """The UTF-8 bytes of ``tokens``; ``special`` includes the text of special tokens. ``prev_tokens``
+        (llama-cpp-python's): the tokens before them, for the bytes ``tokens`` add after theirs; the bytes are
+        each token's own, joined, so that is always ``detokenize(tokens)``."""
+        if prev_tokens is not None and (isinstance(prev_tokens, (str, bytes)) or not isinstance(prev_tokens, Sequence)):
+            raise TypeError(f"prev_tokens must be a sequence of token ids or None, not {type(prev_tokens).__name__}")
         return b"".join(self.model.token_to_piece(token, special=special) for token in tokens)
 
     def reset(self) -> None:
@@ -451,9 +473,25 @@ class Llama:
             generator, self._remembered(pieces, generator), call.model or self.model_path, f"cmpl-{uuid.uuid4()}"
         )
         run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
-        front = (prompt if isinstance(prompt, str) else self.model.detokenize(list(prompt))) if call.echo else ""
-        chunks = CompletionStream(run, front)
+        chunks = self._completion_stream(run, prompt, tokens, call)
         return chunks if streaming else chunks.whole()
+
+    def _completion_stream(
+        self, run: _Run, prompt: str | Sequence[int], tokens: list[int], call: CallSettings
+    ) -> CompletionStream:
+        """The chunks of a completion's ``run``: the prompt's text in front with ``echo`` (with its tokens'
+        log-probabilities when the call asks for them), log-probabilities' offsets counted from its start."""
+        if not call.echo and call.top_logprobs is None:
+            return CompletionStream(run, "")
+        text = prompt if isinstance(prompt, str) else self.model.detokenize(tokens)
+        if not call.echo:
+            return CompletionStream(run, "", len(text))
+        echoed = None
+        if call.top_logprobs is not None:
+            special = isinstance(prompt, str)  # text prompts are read with special tokens parsed
+            threads = self._settings["n_threads"]
+            echoed = prompt_logprobs(self.model, tokens, call.top_logprobs, n_threads=threads, special=special)
+        return CompletionStream(run, text, len(text), echoed)
 
     @overload
     def __call__(
@@ -537,8 +575,9 @@ class Llama:
         if call.tools is not None and call.tool_choice != "auto":
             if prompt.tool_call_format is None:
                 raise UnsupportedParameterError(
-                    f"tool_choice={call.tool_choice!r} needs a chat template whose tool calls specstate knows "
-                    "(hermes, llama3 or mistral); this one writes them otherwise: use tool_choice='auto'"
+                    f"tool_choice={call.tool_choice!r} needs a chat template that writes tool calls as hermes, "
+                    "llama3 or mistral do, and this one does not: give one with chat_template= "
+                    "(specstate serve: --template)"
                 )
             grammar = tool_call_grammar(
                 call.tools, call.tool_choice, prompt.tool_call_format, parallel_tool_calls=call.parallel_tool_calls
@@ -585,12 +624,18 @@ class Llama:
             if len(tokens) > len(history) and tokens[: len(history)] == history:
                 self._extendable = None
                 return held.generator, tokens[len(history) :]
-        state = None if self._cache is None else self._cache.longest(tokens)
-        if state is not None:
-            generator = self._restore(state.llama_state)
+        found = None if self._cache is None else self._cache.restore_longest(tokens, self._cached)
+        if found is not None:
+            state, generator = found
             if _Sampling.of(generator.config) == sampling and not generator.messages:
                 return generator, tokens[state.n_tokens :]
         return self._generator(sampling), None
+
+    def _cached(self, state: LlamaState) -> tuple[list[int], Generator]:
+        """A cache entry restored (what :meth:`BaseLlamaCache.restore_longest` needs): the tokens its checkpoint
+        holds, and its generation."""
+        generator = self._restore(state.llama_state)
+        return [*generator.prompt_tokens, *generator.tokens], generator
 
     def _remembered(self, pieces: Iterator[str], generator: Generator) -> Iterator[str]:
         """``pieces``; once they are all read, the generation is the last call's (and cached, with a cache)."""
@@ -603,7 +648,8 @@ class Llama:
     def _pick(self, pairs: list[tuple[str, str]], sampling: _Sampling) -> tuple[Generator, list[tuple[str, str]]]:
         """The held generator and the new messages, when ``pairs`` extend its conversation; else a new one and all."""
         held = self._conversation
-        if held is not None and held.sampling == sampling:
+        continues = held is not None and self.reuse_key is not None and held.generator.reuse_key == self.reuse_key
+        if held is not None and continues and held.sampling == sampling:
             before = [(message["role"], message["content"]) for message in held.generator.messages]
             if before and len(pairs) > len(before) and pairs[: len(before)] == before:
                 return held.generator, pairs[len(before) :]
@@ -616,13 +662,19 @@ class Llama:
         return self._adopted(Generator(self.model, **settings))
 
     def _adopted(self, generator: Generator) -> Generator:
-        """``generator``, recorded as holding a sequence of the engine (with one), drafting from the lookup corpus
-        too (with one)."""
+        """``generator``, recorded as holding a sequence of the engine (with one), keeping and reusing cells under
+        :attr:`reuse_key`, drafting from the lookup corpus too (with one), asking :attr:`interrupt` before each
+        token."""
+        generator.interrupt = self._interrupted
+        generator.set_reuse_key(self.reuse_key)
         if self.engine is not None:
             self._on_engine.append(generator)
         if self.lookup_corpus is not None:
             generator.set_lookup_corpus(self.lookup_corpus)
         return generator
+
+    def _interrupted(self) -> bool:
+        return self.interrupt is not None and self.interrupt()
 
     def _learned(self, generator: Generator) -> None:
         """A finished generation's prompt and reply, added to the lookup corpus (with one)."""
@@ -655,7 +707,7 @@ class LlamaTokenizer:
     def detokenize(
         self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
     ) -> bytes:
-        return self.llama.detokenize(tokens, special=special)
+        return self.llama.detokenize(tokens, prev_tokens, special=special)
 
     def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
         return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
@@ -711,10 +763,11 @@ for _method, _options, _chat in (
 
 
 def _pooling(pooling_type: object) -> Pooling | None:
-    """The pooling of llama-cpp-python's ``pooling_type`` number (-1: the model's own)."""
+    """The pooling of llama-cpp-python's ``pooling_type`` number (``LLAMA_POOLING_TYPE_*``; -1: the model's own)."""
     number = _integer("pooling_type", pooling_type)
-    if not -1 <= number < len(EMBEDDING_POOLINGS):
+    if not LLAMA_POOLING_TYPE_UNSPECIFIED <= number <= LLAMA_POOLING_TYPE_LAST:
         raise UnsupportedParameterError(
-            f"pooling_type={number} is not supported: -1 (the model's), 0 none, 1 mean, 2 cls or 3 last"
+            f"pooling_type={number} is not supported: LLAMA_POOLING_TYPE_UNSPECIFIED (-1, the model's), NONE (0), "
+            "MEAN (1), CLS (2) or LAST (3)"
         )
-    return None if number == -1 else EMBEDDING_POOLINGS[number]
+    return None if number == LLAMA_POOLING_TYPE_UNSPECIFIED else EMBEDDING_POOLINGS[number]

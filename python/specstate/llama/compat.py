@@ -11,7 +11,34 @@ from typing import Any, TypedDict
 
 from specstate.llama.options import UnsupportedParameterError
 
-__all__ = ["ACCEPTED_AT", "WITHOUT_EFFECT", "LlamaCppOptions", "check_llama_cpp_options", "keyword_signature"]
+__all__ = [
+    "ACCEPTED_AT",
+    "LLAMA_POOLING_TYPE_CLS",
+    "LLAMA_POOLING_TYPE_LAST",
+    "LLAMA_POOLING_TYPE_MEAN",
+    "LLAMA_POOLING_TYPE_NONE",
+    "LLAMA_POOLING_TYPE_RANK",
+    "LLAMA_POOLING_TYPE_UNSPECIFIED",
+    "WITHOUT_EFFECT",
+    "LlamaCppOptions",
+    "check_llama_cpp_options",
+    "keyword_signature",
+]
+
+# llama.cpp's pooling types by number, as llama-cpp-python exports them (``llama_cpp.LLAMA_POOLING_TYPE_*``), for
+# ``Llama(pooling_type=...)``.
+#: The model's own pooling.
+LLAMA_POOLING_TYPE_UNSPECIFIED = -1
+#: No pooling: one vector per token.
+LLAMA_POOLING_TYPE_NONE = 0
+#: The mean of the tokens' vectors.
+LLAMA_POOLING_TYPE_MEAN = 1
+#: The first token's vector.
+LLAMA_POOLING_TYPE_CLS = 2
+#: The last token's vector.
+LLAMA_POOLING_TYPE_LAST = 3
+#: A reranker's score (not supported: ``Llama`` refuses it).
+LLAMA_POOLING_TYPE_RANK = 4
 
 #: Accepted with any value, and without effect, with the reason.
 WITHOUT_EFFECT: dict[str, str] = {

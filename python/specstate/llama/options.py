@@ -131,7 +131,8 @@ class CompletionOptions(_Common, total=False):
     #: Text after the insertion point (infill): None only.
     suffix: str | None
     #: Report each token's log-probability and those of the ``logprobs`` most likely tokens (0 to 20; None:
-    #: none). Not with ``echo`` (the prompt's own are not computed).
+    #: none); with ``echo`` the prompt's tokens' too (the first one's None, as in OpenAI's and
+    #: llama-cpp-python's). Their ``text_offset`` count from the prompt's start, echoed or not.
     logprobs: int | None
     #: Stopping criteria callbacks: None only.
     stopping_criteria: object
@@ -221,14 +222,18 @@ def _grammar_text(grammar: object) -> str | None:
     raise TypeError(f"grammar must be a LlamaGrammar, a str or None, not {type(grammar).__name__}")
 
 
-def _with_response_format(sampling: _Sampling, response_format: object) -> _Sampling:
-    """``sampling`` with the grammar a chat call's ``response_format`` asks for."""
+def _with_response_format(
+    sampling: _Sampling, response_format: object, convert: bool = True
+) -> tuple[_Sampling, str | None]:
+    """``sampling`` with the grammar a chat call's ``response_format`` asks for, and None; with ``convert``
+    False, ``sampling`` and the JSON Schema's text, left for :meth:`CallSettings.converted`."""
     schema = _response_schema(response_format)
     if schema is None:
-        return sampling
+        return sampling, None
     if sampling.grammar is not None:
         raise ValueError("give grammar or response_format, not both")
-    return replace(sampling, grammar=json_schema_to_grammar(json.dumps(schema)))
+    text = json.dumps(schema)
+    return (replace(sampling, grammar=json_schema_to_grammar(text)), None) if convert else (sampling, text)
 
 
 def _response_schema(response_format: object) -> Mapping[str, object] | None:
@@ -276,15 +281,32 @@ class CallSettings:
     tools: list[Mapping[str, object]] | None = None
     tool_choice: str | Mapping[str, object] = "auto"
     parallel_tool_calls: bool = False
+    #: A ``response_format``'s JSON Schema (JSON text) not converted into the grammar yet (``call_settings``
+    #: with ``convert_schema=False``); None once converted, or without one.
+    schema: str | None = None
+
+    def converted(self) -> CallSettings:
+        """These settings with :attr:`schema` converted into the sampling's grammar (llama.cpp's converter)."""
+        if self.schema is None:
+            return self
+        grammar = json_schema_to_grammar(self.schema)
+        return replace(self, sampling=replace(self.sampling, grammar=grammar), schema=None)
 
 
 def call_settings(
-    options: Mapping[str, object], *, chat: bool, seed: int | None = None, last_n: int = LAST_N_TOKENS_SIZE
+    options: Mapping[str, object],
+    *,
+    chat: bool,
+    seed: int | None = None,
+    last_n: int = LAST_N_TOKENS_SIZE,
+    convert_schema: bool = True,
 ) -> CallSettings:
     """The :class:`CallSettings` of :meth:`Llama.create_chat_completion`'s options (``chat``) or
     :meth:`Llama.create_completion`'s; ``seed`` is the seed of a call that gives none (None: random),
-    ``last_n`` the tokens the penalties count. Raises TypeError, ValueError or
-    :class:`UnsupportedParameterError` for the first bad argument."""
+    ``last_n`` the tokens the penalties count; ``convert_schema`` False leaves a ``response_format``'s JSON
+    Schema in :attr:`CallSettings.schema` (its conversion can cost seconds: ``specstate serve`` bounds it first
+    and converts it in the slot). Raises TypeError, ValueError or :class:`UnsupportedParameterError` for the
+    first bad argument."""
     call = "create_chat_completion" if chat else "create_completion"
     _check_options(options, ChatCompletionOptions if chat else CompletionOptions, call)
     given = options.get("seed")
@@ -310,20 +332,18 @@ def call_settings(
         raise TypeError(f"model must be a str or None, not {type(model).__name__}")
     max_tokens = limit if limit and limit > 0 else None
     if chat:
-        sampling = _with_response_format(sampling, options.get("response_format"))
+        sampling, schema = _with_response_format(sampling, options.get("response_format"), convert_schema)
         tools, choice, parallel = _tools(options)
-        if tools is not None and (sampling.grammar is not None or options.get("logprobs")):
+        if tools is not None and (sampling.grammar is not None or schema is not None or options.get("logprobs")):
             raise UnsupportedParameterError(
                 "tools are not supported together with a grammar, response_format or logprobs"
             )
         top = _chat_top_logprobs(options)
         return CallSettings(
-            sampling, max_tokens, _stops(options.get("stop")), model, top, False, tools, choice, parallel
+            sampling, max_tokens, _stops(options.get("stop")), model, top, False, tools, choice, parallel, schema
         )
     echo = _flag("echo", options.get("echo", False))
     top = _count_option("logprobs", options.get("logprobs"))
-    if top is not None and echo:
-        raise UnsupportedParameterError("logprobs with echo=True is not supported: the prompt's are not computed")
     return CallSettings(sampling, max_tokens, _stops(options.get("stop")), model, top, echo)
 
 
@@ -548,21 +568,22 @@ def _stops(stop: object) -> list[str]:
 def _template_source(chat_format: object, template: object) -> str | None:
     """The chat template to render with: None (the model's own), a chat format's name (llama-cpp-python's names
     that llama.cpp has a built-in template for, :data:`specstate.chat.CHAT_FORMATS`, or llama.cpp's own names),
-    or Jinja source."""
-    from specstate.chat import CHAT_FORMATS, builtin_name
+    or Jinja source (given as ``chat_format``, when it is not a name, or as ``chat_template``)."""
+    from specstate.chat import CHAT_FORMATS, builtin_name, is_format_name
 
     if template is not None and not isinstance(template, str):
         raise TypeError(f"chat_template must be a str or None, not {type(template).__name__}")
     if chat_format is None:
         return template
-    if not isinstance(chat_format, str) or builtin_name(chat_format) is None:
-        raise ValueError(
-            f"chat_format {chat_format!r} is not available: use None (the model's template), one of "
-            f"{', '.join(CHAT_FORMATS)} (or a name of llama.cpp's built-in templates), "
-            "or give the template's Jinja source as chat_template"
-        )
+    if not isinstance(chat_format, str):
+        raise TypeError(f"chat_format must be a str or None, not {type(chat_format).__name__}")
     if template is not None:
         raise ValueError("give chat_format or chat_template, not both")
+    if is_format_name(chat_format) and builtin_name(chat_format) is None:
+        raise ValueError(
+            f"chat_format {chat_format!r} is not available: use None (the model's template), one of "
+            f"{', '.join(CHAT_FORMATS)} (or a name of llama.cpp's built-in templates), or the template's Jinja source"
+        )
     return chat_format
 
 

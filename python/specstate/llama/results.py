@@ -9,7 +9,7 @@ from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specstate._native import Model
+from specstate._native import EXACT_PROMPT_ROWS, Context, Model
 from specstate._typing import TokenLogprobs
 from specstate.generator import Generator, TextStream
 from specstate.llama.types import (
@@ -108,22 +108,72 @@ class _LogprobTracker:
         return reported
 
 
-def _piece(model: Model, token: int) -> tuple[str, list[int]]:
-    """A token's text (bytes that are not UTF-8 on their own left out, as llama-cpp-python does) and bytes."""
-    data = model.token_to_piece(token)
+def _piece(model: Model, token: int, special: bool = False) -> tuple[str, list[int]]:
+    """A token's text (bytes that are not UTF-8 on their own left out, as llama-cpp-python does) and bytes;
+    ``special``: a special token's text too."""
+    data = model.token_to_piece(token, special=special)
     return data.decode("utf-8", errors="ignore"), list(data)
 
 
+def _no_logprobs() -> CompletionLogprobs:
+    return {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+
+
+def _add_entry(
+    result: CompletionLogprobs, model: Model, token: int, start: int, record: TokenLogprobs | None, special: bool
+) -> None:
+    """Add ``token``'s entry, its text starting at ``start``: its record's log-probabilities (None: none)."""
+    text = _piece(model, token, special)[0]
+    result["text_offset"].append(start)
+    result["tokens"].append(text)
+    if record is None:
+        result["token_logprobs"].append(None)
+        result["top_logprobs"].append(None)
+        return
+    top = {_piece(model, alternative)[0]: logprob for alternative, logprob in record.top}
+    result["token_logprobs"].append(record.logprob)
+    result["top_logprobs"].append({**top, text: record.logprob})
+
+
 def _completion_logprobs(model: Model, entries: list[tuple[int, TokenLogprobs]], offset: int) -> CompletionLogprobs:
-    """llama-cpp-python's ``logprobs`` of a completion (``offset``: text before the reply, echoed)."""
-    result: CompletionLogprobs = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    """llama-cpp-python's ``logprobs`` of a completion's reply tokens (``offset``: the prompt's text before the
+    reply, whether echoed or not: offsets count from the prompt's start, as OpenAI's do)."""
+    result = _no_logprobs()
     for start, record in entries:
-        text = _piece(model, record.token)[0]
-        top = {_piece(model, token)[0]: logprob for token, logprob in record.top}
-        result["text_offset"].append(offset + start)
-        result["token_logprobs"].append(record.logprob)
-        result["tokens"].append(text)
-        result["top_logprobs"].append({**top, text: record.logprob})
+        _add_entry(result, model, record.token, offset + start, record, False)
+    return result
+
+
+#: Rows of a prompt decoded at once for its log-probabilities: :data:`~specstate._native.EXACT_PROMPT_ROWS`, so
+#: that each row's logits are its single decode's bits, as a generated token's are.
+PROMPT_LOGPROB_ROWS = EXACT_PROMPT_ROWS
+
+
+def prompt_logprobs(
+    model: Model, tokens: Sequence[int], top_n: int, *, n_threads: int = 0, special: bool = True
+) -> CompletionLogprobs:
+    """The ``logprobs`` of an echoed prompt, as llama-cpp-python and OpenAI give them: an entry per token but a
+    leading BOS, at its offset in the prompt's text (``special``: special tokens' text included, as in a prompt
+    read with special tokens parsed), the first one's log-probabilities None (OpenAI's convention) and each
+    other's the log-softmax of the logits after the tokens before it. The prompt is decoded for them in a
+    context of its own, :data:`PROMPT_LOGPROB_ROWS` rows at a time."""
+    first = 1 if tokens and tokens[0] == model.bos else 0
+    records: list[TokenLogprobs | None] = [None] * len(tokens)
+    scored = len(tokens) - 1  # the rows whose logits score a next prompt token
+    if scored > first:
+        rows = min(PROMPT_LOGPROB_ROWS, scored)
+        context = Context(model, n_ctx=len(tokens), n_batch=rows, n_ubatch=rows, n_threads=n_threads)
+        for start in range(0, scored, rows):
+            chunk = tokens[start : min(start + rows, scored)]
+            context.decode(chunk, start, all_logits=True)
+            for row, token in enumerate(tokens[start + 1 : start + 1 + len(chunk)]):
+                records[start + 1 + row] = TokenLogprobs(token, *context.token_logprobs(row, token, top_n))
+    result, offset = _no_logprobs(), 0
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for index in range(first, len(tokens)):
+        record = records[index] if index > first else None
+        _add_entry(result, model, tokens[index], offset, record, special)
+        offset += len(decoder.decode(model.token_to_piece(tokens[index], special=special)))
     return result
 
 
@@ -188,22 +238,27 @@ def _completion_chunk(
     return {"id": run.id, "object": "text_completion", "created": run.created, "model": run.model, "choices": [choice]}
 
 
-def _completion_chunks(run: _Run, front: str) -> PyGenerator[CompletionChunk, None, None]:
-    """The chunks of a streamed completion: the echoed prompt if any, each piece, then the finish reason."""
-    if front:
-        yield _completion_chunk(run, front, None)
+def _completion_chunks(
+    run: _Run, front: str, offset: int, echoed: CompletionLogprobs | None
+) -> PyGenerator[CompletionChunk, None, None]:
+    """The chunks of a streamed completion: the echoed prompt if any (with its ``echoed`` log-probabilities),
+    each piece, then the finish reason; ``offset``: characters of the prompt's text before the reply."""
+    if front or (echoed is not None and echoed["tokens"]):
+        yield _completion_chunk(run, front, None, echoed)
     for piece in run.pieces:
-        yield _completion_chunk(run, piece, None, _completion_logprobs_of(run, piece, len(front)))
-    yield _completion_chunk(run, "", run.finish_reason(), _completion_logprobs_of(run, "", len(front), final=True))
+        yield _completion_chunk(run, piece, None, _completion_logprobs_of(run, piece, offset))
+    yield _completion_chunk(run, "", run.finish_reason(), _completion_logprobs_of(run, "", offset, final=True))
 
 
 class CompletionStream(Iterator[CompletionChunk]):
     """The chunks of a streamed completion: the echoed prompt (with ``echo``), each piece of text, then the
-    ``finish_reason``; :meth:`usage` counts the tokens once they are read."""
+    ``finish_reason``; :meth:`usage` counts the tokens once they are read. ``prompt_length``: characters of the
+    prompt's text (log-probabilities' ``text_offset`` count from the prompt's start, echoed or not);
+    ``echoed``: the echoed prompt's log-probabilities (:func:`prompt_logprobs`), when asked for."""
 
-    def __init__(self, run: _Run, front: str) -> None:
+    def __init__(self, run: _Run, front: str, prompt_length: int = 0, echoed: CompletionLogprobs | None = None) -> None:
         self._run = run
-        self._chunks = _completion_chunks(run, front)
+        self._chunks = _completion_chunks(run, front, prompt_length, echoed)
 
     def __next__(self) -> CompletionChunk:
         return next(self._chunks)

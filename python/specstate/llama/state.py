@@ -6,25 +6,54 @@ state, conversation) and the tokens it holds, so it restores exactly, in any pro
 generation goes on to generate is token for token what the uninterrupted one would have. A cache keeps the
 states of finished calls by their tokens, bounded in bytes (the least recently used dropped first), and gives
 a later call the longest cached state its prompt extends.
+
+A cache entry is used only when its checkpoint is whole, holds exactly the tokens it is kept under (read from
+the checkpoint itself when a :class:`~specstate.Llama` restores it) and restores on the model and settings
+of the call; any other entry is a miss, dropped with a ``RuntimeWarning`` that says why, never an error for
+the call and never another generation continued. A dropped entry of another model, version or configuration
+(a :class:`LlamaDiskCache` directory may be shared) is only forgotten; a damaged one is deleted too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import threading
+import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from specstate import _files
+from specstate._native import inspect_checkpoint
+from specstate.errors import (
+    CheckpointError,
+    ConfigMismatchError,
+    GenerationError,
+    ModelMismatchError,
+    SpeculativeStateError,
+    UnsupportedVersionError,
+)
 
 __all__ = ["BaseLlamaCache", "LlamaCache", "LlamaDiskCache", "LlamaRAMCache", "LlamaState"]
 
 #: llama-cpp-python's default cache capacity (2 GiB).
 DEFAULT_CAPACITY_BYTES = 2 << 30
+#: The name of a :class:`LlamaDiskCache` entry, the key being 64 hex digits: the files of its directory it
+#: counts, reads and deletes (any other file there is not the cache's).
+ENTRY_NAME = "specstate-llama-cache-{key}.ckpt"
+_ENTRY = re.compile(re.escape(ENTRY_NAME).replace(re.escape("{key}"), "([0-9a-f]{64})"))
+#: What a restore of an entry made for another model, specstate version or configuration raises: the entry is
+#: forgotten by this cache, and its file kept for whoever it is for.
+_FOREIGN = (ModelMismatchError, ConfigMismatchError, UnsupportedVersionError)
+#: What restoring an entry that cannot be used raises (a damaged checkpoint, or one the call's settings refuse).
+_UNUSABLE = (ValueError, SpeculativeStateError, GenerationError)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -69,17 +98,62 @@ class BaseLlamaCache:
             return sum(self._sizes.values())
 
     def longest(self, tokens: Sequence[int]) -> LlamaState | None:
-        """The state holding the longest prefix of ``tokens`` (shorter than them), or None."""
+        """The state holding the longest prefix of ``tokens`` (shorter than them) whose checkpoint is whole and
+        holds as many tokens, or None."""
+        return next((state for _, state in self._entries(tokens)), None)
+
+    def restore_longest(
+        self, tokens: Sequence[int], restore: Callable[[LlamaState], tuple[Sequence[int], _T]]
+    ) -> tuple[LlamaState, _T] | None:
+        """The longest entry :meth:`longest` would give that also restores right: ``restore(state)`` restores
+        it and returns the tokens the restored checkpoint holds and what the caller makes of it. An entry whose
+        restore raises, or whose checkpoint holds other tokens than those it is kept under, is dropped (see the
+        module's docstring) and the next shorter one tried. Returns the state and ``restore``'s value, or None."""
+        for key, state in self._entries(tokens):
+            try:
+                held, value = restore(state)
+                if tuple(held) != state.input_ids:
+                    raise _WrongEntryError("its checkpoint holds other tokens than those it is kept under")
+            except _UNUSABLE as error:
+                self._discard(key, error)
+                continue
+            return state, value
+        return None
+
+    def _entries(self, tokens: Sequence[int]) -> Iterator[tuple[str, LlamaState]]:
+        """``(key, state)`` of the entries kept under prefixes of ``tokens`` (shorter than them), longest first,
+        each a whole checkpoint of that prefix's length, said to hold that prefix (any other is dropped)."""
         keys = _prefix_keys(tokens[:-1]) if tokens else []
         for n in range(len(keys), 0, -1):
+            key = keys[n - 1]
             with self._lock:
-                if keys[n - 1] not in self._sizes:
+                if key not in self._sizes:
                     continue
-                self._sizes.move_to_end(keys[n - 1])
-            state = self._get(keys[n - 1], tuple(tokens[:n]))
-            if state is not None:
-                return state
-        return None
+                self._sizes.move_to_end(key)
+            try:
+                state = self._get(key, tuple(tokens[:n]))
+                if state is not None:
+                    _check_whole(state, tuple(tokens[:n]))
+            except (OSError, CheckpointError) as error:
+                self._discard(key, error)
+                continue
+            if state is None:  # removed behind the cache's back: as if never cached
+                self._discard(key, None)
+                continue
+            yield key, state
+
+    def _discard(self, key: str, error: Exception | None) -> None:
+        """Drop entry ``key``, with a warning that gives ``error`` (none for None). What stores it is removed
+        when the error says it is damaged or holds other tokens; an entry that could not be read, or that is
+        another model's, version's or configuration's, is only forgotten."""
+        with self._lock:
+            self._sizes.pop(key, None)
+        if error is not None:
+            warnings.warn(f"a {type(self).__name__} entry is not used: {error}", RuntimeWarning, stacklevel=2)
+        if isinstance(error, CheckpointError) and not isinstance(error, _FOREIGN):
+            self._drop(key)
+        else:
+            self._forget(key)
 
     def __getitem__(self, tokens: Sequence[int]) -> LlamaState:
         found = self.longest([*tokens, -1])  # a state holding all of ``tokens`` counts too
@@ -103,13 +177,33 @@ class BaseLlamaCache:
                 self._drop(old)
 
     def _get(self, key: str, tokens: tuple[int, ...]) -> LlamaState | None:
+        """Entry ``key`` (of ``tokens``, as its key says), or None if it is gone."""
         raise NotImplementedError
 
     def _put(self, key: str, state: LlamaState) -> None:
         raise NotImplementedError
 
     def _drop(self, key: str) -> None:
+        """Remove what stores entry ``key``."""
         raise NotImplementedError
+
+    def _forget(self, key: str) -> None:
+        """Let go of entry ``key`` without removing what others may use (in memory: the same as :meth:`_drop`)."""
+        self._drop(key)
+
+
+class _WrongEntryError(CheckpointError):
+    """A cache entry that does not hold the tokens it is kept under."""
+
+
+def _check_whole(state: LlamaState, tokens: tuple[int, ...]) -> None:
+    """Raise a :class:`~specstate.CheckpointError` unless ``state`` says it holds ``tokens`` and its checkpoint
+    is whole and holds as many."""
+    if state.input_ids != tokens:
+        raise _WrongEntryError("it says it holds other tokens than those it is kept under")
+    held = inspect_checkpoint(state.llama_state)["n_tokens"]
+    if held != len(tokens):
+        raise _WrongEntryError(f"its checkpoint holds {held} tokens, not the {len(tokens)} it is kept under")
 
 
 def _prefix_keys(tokens: Sequence[int]) -> list[str]:
@@ -143,9 +237,10 @@ class LlamaRAMCache(BaseLlamaCache):
 
 
 class LlamaDiskCache(BaseLlamaCache):
-    """States kept as checkpoint files in ``cache_dir`` (``<key>.ckpt``, written atomically, read back only as
-    checkpoints, never unpickled), found again by a later process; anything else there (a link, a FIFO) is
-    passed over."""
+    """States kept as checkpoint files in ``cache_dir`` (named as :data:`ENTRY_NAME` says, written atomically,
+    read back only as checkpoints, never unpickled), found again by a later process. The cache owns only the
+    files named so: any other file there is never counted, read or deleted, and an entry that is a link, a FIFO
+    or anything but a regular file is passed over."""
 
     def __init__(
         self, cache_dir: str | os.PathLike[str] = ".cache/llama_cache", capacity_bytes: int = DEFAULT_CAPACITY_BYTES
@@ -154,27 +249,36 @@ class LlamaDiskCache(BaseLlamaCache):
         self.cache_dir = Path(cache_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         found = []
-        for path in self.cache_dir.glob("*.ckpt"):
+        for path in self.cache_dir.iterdir():
+            entry = _ENTRY.fullmatch(path.name)
+            if entry is None:
+                continue
             try:
                 status = path.lstat()
             except OSError:
                 continue
             if stat.S_ISREG(status.st_mode):
-                found.append((status.st_mtime, path.stem, status.st_size))
+                found.append((status.st_mtime, entry.group(1), status.st_size))
         for _, key, size in sorted(found):
             self._sizes[key] = size
 
+    def _path(self, key: str) -> Path:
+        return self.cache_dir / ENTRY_NAME.format(key=key)
+
     def _get(self, key: str, tokens: tuple[int, ...]) -> LlamaState | None:
         try:
-            return LlamaState(tokens, _files.read_checkpoint(self.cache_dir / f"{key}.ckpt"))
-        except Exception:  # removed or damaged behind the cache's back: as if never cached
+            return LlamaState(tokens, _files.read_checkpoint(self._path(key)))
+        except FileNotFoundError:
             return None
 
     def _put(self, key: str, state: LlamaState) -> None:
-        _files.replace_atomically(self.cache_dir / f"{key}.ckpt", state.llama_state, 0o600)
+        _files.replace_atomically(self._path(key), state.llama_state, 0o600)
 
     def _drop(self, key: str) -> None:
-        (self.cache_dir / f"{key}.ckpt").unlink(missing_ok=True)
+        self._path(key).unlink(missing_ok=True)
+
+    def _forget(self, key: str) -> None:
+        pass
 
 
 #: llama-cpp-python's name for the memory cache.

@@ -26,6 +26,9 @@ Conversations that come back: a finished chat turn's checkpoint is kept in a
 bounded cache (memory, then ``cache_dir``, least recently used evicted; a
 restarted server reads the directory again). A chat whose messages extend a
 conversation a slot holds, or one in the cache, decodes only its new messages.
+What is kept between requests (prompt cells and states, conversations, lookup
+corpora) is kept by tenant, the API key narrowed by ``user`` and ``cache_salt``,
+and reused only by that tenant (none of it with ``no_cross_request_reuse``).
 
 Safety: binds 127.0.0.1 unless told otherwise; an optional API key (``--api-key``
 or ``SPECSTATE_API_KEY``, compared in constant time) guards every endpoint but
@@ -43,23 +46,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specstate import LookupCorpus, Model, SharedEngine
+from specstate import Model, SharedEngine
 from specstate.chat import chat_template
-from specstate.serve.cache import ConversationCache
+from specstate.errors import ChatTemplateError
+from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.config import ServerConfig
-from specstate.serve.embeddings import Embeddings, read_embedding_request
+from specstate.serve.embeddings import EmbeddingJob, Embeddings, read_embedding_request
 from specstate.serve.jobs import DONE, Job, Metrics
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
@@ -72,6 +78,11 @@ __all__ = ["Server", "build_app", "running", "serve"]
 
 #: Seconds a client told 429 is asked to wait.
 RETRY_AFTER_SECONDS = 1
+
+#: Threads reading requests (their bodies' JSON and fields: linear work, bounded by the request limits).
+READER_THREADS = 4
+
+T = TypeVar("T")
 
 
 # --- HTTP ------------------------------------------------------------------------------------------
@@ -94,10 +105,24 @@ class Server:
         self.template = ""
         #: The target model, once loaded.
         self.model: Model | None = None
-        self.embeddings = Embeddings(config.embedding_pooling, config.n_ctx, config.threads_per_slot())
-        #: Every slot's finished prompts and replies, which ``ngram`` mode's prompt lookup copies from (None in
-        #: the other modes): a request drafts from the text of earlier ones.
-        self.corpus = LookupCorpus() if config.mode == "ngram" else None
+        self.embeddings = Embeddings(
+            config.embedding_pooling,
+            config.n_ctx,
+            config.threads_per_slot(),
+            workers=config.embedding_workers,
+            capacity=config.embedding_queue,
+            metrics=self.metrics,
+        )
+        #: The threads that read requests (bodies parsed, every field checked), and nothing else: no model work
+        #: waits there, so a request is read however busy the slots and the embedding workers are.
+        self.reader = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="specstate-read")
+        #: Each tenant's finished prompts and replies, which ``ngram`` mode's prompt lookup copies from for that
+        #: tenant's requests (None in the other modes, and when nothing is reused between requests).
+        reuse = config.mode == "ngram" and not config.no_cross_request_reuse
+        self.corpora = TenantCorpora() if reuse else None
+        keys = config.api_keys()
+        #: Each API key's ``Authorization`` header and identity (one key: the default tenant's).
+        self.keys = [(f"Bearer {key}".encode(), key_identity(key) if len(keys) > 1 else DEFAULT_TENANT) for key in keys]
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
@@ -123,14 +148,14 @@ class Server:
             if self.driver.error is not None:
                 raise self.driver.error
             self.model = self.driver.model
-            self.template = _template_source(self.model, self.config.chat_template)
+            self.template = _template_source(self.model, self.config)
             return
         self.engine = shared_engine(self.config)
         cost_curve = None  # the adaptive policy's, measured by the first slot and pinned for every slot
         for _ in range(self.config.slots):
             loaded = threading.Event()
             slot = Slot(
-                self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve, self.corpus
+                self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve, self.corpora
             )
             slot.start()
             loaded.wait()
@@ -141,23 +166,34 @@ class Server:
             cost_curve = slot.cost_curve
         assert self.slots[0].llama is not None
         self.model = self.slots[0].llama.model
-        self.template = _template_source(self.model, self.config.chat_template)
+        self.template = _template_source(self.model, self.config)
 
     def stop(self) -> None:
         self.scheduler.close()
+        self.embeddings.close()
+        self.reader.shutdown(wait=False, cancel_futures=True)
         if self.driver is not None:
             self.driver.closed = True
             self.driver.join(timeout=60)
         self.cache.flush()
 
-    def authorize(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+    def authorize(self, request: Request) -> str:
+        """The identity of the request's API key (the default tenant's when the server has at most one key); 401
+        without a valid key. Every key is compared, each in constant time."""
+        if not self.keys:
+            return DEFAULT_TENANT
+        given = request.headers.get("authorization", "").encode()
+        matched = [identity for expected, identity in self.keys if hmac.compare_digest(given, expected)]
+        if not matched:
             raise RequestError(401, "a valid API key is needed (Authorization: Bearer ...)", "authentication_error")
+        return matched[0]
+
+    def tenant(self, request: Request, read: ServerRequest) -> str | None:
+        """Whose earlier requests' work ``read`` may start from: its API key's, narrowed by its ``user`` and
+        ``cache_salt`` (None when nothing is reused between requests)."""
+        if self.config.no_cross_request_reuse:
+            return None
+        return tenant_of(self.authorize(request), read.user, read.cache_salt)
 
     async def body(self, request: Request) -> bytes:
         """The request's body, read up to the limit (413 beyond)."""
@@ -170,20 +206,48 @@ class Server:
         return bytes(data)
 
     async def read(self, request: Request, kind: Kind) -> ServerRequest:
-        """The request as a checked :class:`ServerRequest` (read off the event loop)."""
-        return await asyncio.to_thread(self._read, await self.body(request), kind)
+        """The request as a checked :class:`ServerRequest` (read off the event loop), with its tenant."""
+        read = await self.off_loop(self._read, await self.body(request), kind)
+        return dataclasses.replace(read, tenant=self.tenant(request, read))
+
+    async def off_loop(self, read: Callable[..., T], *args: Any) -> T:
+        """``read(*args)`` on the threads that read requests (:attr:`reader`)."""
+        return await asyncio.get_running_loop().run_in_executor(self.reader, read, *args)
 
     def _read(self, data: bytes, kind: Kind) -> ServerRequest:
         limits = self.config.limits
         body = read_json(data, limits)
         return read_request(kind, body, limits, model_name=self.config.name(), template_source=self.template)
 
-    async def embed(self, request: Request) -> dict[str, Any]:
-        """The reply to an embeddings request (computed off the event loop)."""
-        body = read_json(await self.body(request), self.config.limits)
-        texts, base64_floats = read_embedding_request(body, self.config.name())
+    async def embed(self, request: Request) -> Response:
+        """The reply to an embeddings request: read on the request readers, computed by the embedding workers
+        (429 when their queue is full); a client that leaves cancels it."""
+        texts, base64_floats = await self.off_loop(self._read_embeddings, await self.body(request))
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[object] = loop.create_future()
+
+        def settle(item: object) -> None:
+            if not answer.done():  # cancelled once its client left
+                answer.set_result(item)
+
+        def deliver(item: object) -> None:
+            loop.call_soon_threadsafe(settle, item)
+
+        job = EmbeddingJob(texts, base64_floats, deliver)
         assert self.model is not None
-        return await asyncio.to_thread(self.embeddings.answer, self.model, texts, base64_floats, self.config.name())
+        self.embeddings.submit(self.model, self.config.name(), job)
+        try:
+            reply = await _unless_gone(answer, request)
+        finally:
+            job.cancelled.set()  # a no-op once it is answered; else its client went away
+        if reply is _GONE:
+            return Response(status_code=CLIENT_GONE)
+        if isinstance(reply, RequestError):
+            raise reply
+        return JSONResponse(reply)
+
+    def _read_embeddings(self, data: bytes) -> tuple[list[str], bool]:
+        return read_embedding_request(read_json(data, self.config.limits), self.config.name())
 
     def model_entry(self) -> dict[str, Any]:
         """The one model, as ``/v1/models`` lists it."""
@@ -248,7 +312,7 @@ async def _completion(server: Server, request: Request) -> Response:
 
 async def _embeddings(server: Server, request: Request) -> Response:
     server.authorize(request)
-    return JSONResponse(await server.embed(request))
+    return await server.embed(request)
 
 
 async def _models(server: Server, request: Request) -> Response:
@@ -317,12 +381,17 @@ def _error_response(error: RequestError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-def _template_source(model: Model, template: str | None) -> str:
-    """The source of the chat template the server renders with ("" for a model without one: its chats fail)."""
+def _template_source(model: Model, config: ServerConfig) -> str:
+    """The source of the chat template the server renders with. A template that does not parse, or whose setup
+    exceeds a rendering bound (a model file is hostile input too), stops the server before it listens, naming
+    the file and the reason."""
     try:
-        return chat_template(model, template).source
-    except Exception:
-        return ""
+        return chat_template(model, config.chat_template).source
+    except ChatTemplateError as error:
+        whose = (
+            "the chat template given" if config.chat_template is not None else f"{config.model_path}'s chat template"
+        )
+        raise ChatTemplateError(f"{whose} cannot be used: {error}; give another with --template") from None
 
 
 async def _answer(server: Server, job: Job, request: Request) -> Response:

@@ -18,6 +18,9 @@ MIB = 1 << 20
 #: Environment variable holding the API key when ``--api-key`` is not given.
 API_KEY_VARIABLE = "SPECSTATE_API_KEY"
 
+#: The largest ``api_key_file`` read.
+MAX_KEYS_FILE_BYTES = 1 << 20
+
 
 class Option(NamedTuple):
     """How a :class:`ServerConfig` field is a ``specstate serve`` option."""
@@ -86,6 +89,18 @@ class ServerConfig:
         default=None,
         metadata=_option(f"require 'Authorization: Bearer KEY' (default: ${API_KEY_VARIABLE}, else no key)"),
     )
+    #: A file of API keys, one a line (blank lines and lines starting with ``#`` passed over), taken besides
+    #: ``api_key``: each key is a tenant of its own, whose requests reuse nothing another key's left.
+    api_key_file: str | None = field(
+        default=None,
+        metadata=_option("a file of API keys, one a line, each a tenant of its own (besides --api-key)", path=True),
+    )
+    #: Reuse nothing between requests: no prompt cells or states kept, no conversation held or cached, no lookup
+    #: corpus (by default each is kept, and reused only between requests of the same tenant).
+    no_cross_request_reuse: bool = field(
+        default=False,
+        metadata=_option("reuse nothing between requests (prompt cells and states, conversations, lookup corpus)"),
+    )
     #: Serve ``/metrics`` without the API key (for a scraper on a trusted network).
     metrics_public: bool = field(default=False, metadata=_option("serve /metrics without the API key"))
     #: A chat template's Jinja source, or ``chatml`` (None: the model's own).
@@ -127,6 +142,14 @@ class ServerConfig:
         default=None,
         metadata=_option("pooling of /v1/embeddings: none, mean, cls or last (default: the model's own, else mean)"),
     )
+    #: Threads computing ``/v1/embeddings``, each with an embedding context of its own (apart from the slots).
+    embedding_workers: int = field(
+        default=1, metadata=_option("threads computing /v1/embeddings, each with a context of its own", low=1, high=64)
+    )
+    #: Embeddings requests that may wait for a worker; one more is refused with 429.
+    embedding_queue: int = field(
+        default=16, metadata=_option("embeddings requests that may wait for a worker", low=0, high=1 << 16)
+    )
     #: Serve from a pool of this many Ray workers (``slots`` generations each) instead of slot threads.
     ray_workers: int = field(
         default=0, metadata=_option("serve from this many Ray workers (needs the ray extra)", low=0, high=1024)
@@ -135,6 +158,22 @@ class ServerConfig:
     ray_address: str | None = field(
         default=None, metadata=_option("the Ray cluster to join (default: a local instance)")
     )
+
+    def api_keys(self) -> tuple[str, ...]:
+        """Every API key the server takes: ``api_key`` and those of ``api_key_file`` (read now, at most
+        :data:`MAX_KEYS_FILE_BYTES`); empty: no key is needed. A keys file that holds none is a ``ValueError``."""
+        keys = [] if self.api_key is None else [self.api_key]
+        if self.api_key_file is not None:
+            with open(self.api_key_file, "rb") as file:
+                data = file.read(MAX_KEYS_FILE_BYTES + 1)
+            if len(data) > MAX_KEYS_FILE_BYTES:
+                raise ValueError(f"{self.api_key_file} is larger than {MAX_KEYS_FILE_BYTES} bytes")
+            lines = (line.strip() for line in data.decode().splitlines())
+            found = [line for line in lines if line and not line.startswith("#")]
+            if not found:
+                raise ValueError(f"{self.api_key_file} holds no API key")
+            keys += found
+        return tuple(dict.fromkeys(keys))
 
     def name(self) -> str:
         """The one model name this server answers to."""

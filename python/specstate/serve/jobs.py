@@ -5,13 +5,17 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specstate.llama import (
+    CompletionStream,
     ParkedChat,
+    joined_completion,
 )
+from specstate.llama.types import CompletionUsage
 from specstate.serve.request import ServerRequest
 
 
@@ -58,6 +62,57 @@ class Job:
 
 
 DONE = object()
+
+
+class Completions(Iterator[Any]):
+    """The chunks of a completion request's prompts, one prompt after another (a chunk's choice ``index`` is its
+    prompt's, every chunk labelled with the first one's ``id`` and ``created``), as OpenAI answers several prompts;
+    ``start`` makes a prompt's stream when its turn comes. :meth:`usage` sums the prompts', :meth:`whole` joins
+    the chunks into one ``text_completion`` with a choice per prompt."""
+
+    def __init__(self, start: Callable[[str | list[int]], CompletionStream], prompts: list[str | list[int]]) -> None:
+        self._start, self._prompts = start, prompts
+        self._usages: list[CompletionUsage] = []
+        self._chunks = self._each()
+
+    def _each(self) -> PyGenerator[dict[str, Any], None, None]:
+        labels: tuple[str, int] | None = None
+        for index, prompt in enumerate(self._prompts):
+            stream = self._start(prompt)
+            try:
+                for chunk in stream:
+                    labels = labels or (chunk["id"], chunk["created"])
+                    yield {
+                        **chunk,
+                        "id": labels[0],
+                        "created": labels[1],
+                        "choices": [{**chunk["choices"][0], "index": index}],
+                    }
+            finally:
+                stream.close()
+            self._usages.append(stream.usage())  # now: the next prompt's generation may take its sequence
+
+    def __next__(self) -> Any:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop after the chunk made last."""
+        self._chunks.close()
+
+    def usage(self) -> CompletionUsage:
+        """The finished prompts' tokens, summed."""
+        prompt = sum(usage["prompt_tokens"] for usage in self._usages)
+        reply = sum(usage["completion_tokens"] for usage in self._usages)
+        return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+
+    def whole(self, chunks: list[Any]) -> dict[str, Any]:
+        """The ``text_completion`` that the chunks of every prompt make."""
+        usage = self.usage()
+        choices = []
+        for index in range(len(self._prompts)):
+            own = [chunk for chunk in chunks if chunk["choices"][0]["index"] == index]
+            choices.append({**joined_completion(own, usage)["choices"][0], "index": index})
+        return {**joined_completion(chunks, usage), "choices": choices}
 
 
 class Metrics:

@@ -15,7 +15,8 @@ as the slot server's (:func:`specstate.serve.request.read_request`: the same
 checks, limits and llama-cpp-python defaults), so a request means the same
 generation on either backend; ``max_tokens``, the sampler chain's parameters and
 the grammar (``response_format`` included) are honoured, and what the pool does
-not do is refused with 400 (stop strings, log-probabilities, ``echo``; the slot
+not do is refused with 400 (stop strings, log-probabilities, ``echo``, several
+prompts in one completion request; the slot
 server, without ``--ray``, has them, and priorities and conversations continued
 from checkpoints).
 """
@@ -149,7 +150,7 @@ class PoolDriver(threading.Thread):
         chat = job.kind == "chat"
         try:
             prompt = self._prompt(job.request)
-            settings = job.request.call.sampling.settings()
+            settings = job.request.call.converted().sampling.settings()  # a response_format's schema, bounded
             handle = self.pool.submit(
                 prompt,
                 max_tokens=job.request.max_tokens,
@@ -227,6 +228,8 @@ class PoolDriver(threading.Thread):
 def _unsupported(request: ServerRequest) -> str | None:
     """The first field of ``request`` that the pool cannot honour (None if it can do the whole request)."""
     call = request.call
+    if request.kind == "completion" and len(request.prompts) > 1:
+        return "prompt"
     if call.stops:
         return "stop"
     if call.top_logprobs is not None:

@@ -2,15 +2,16 @@
 
 As llama.cpp's server reads every completion request with one function
 (``params_from_json_cmpl``), :func:`read_request` reads a chat or completion
-request once, on the event loop, before anything is cached, hashed, queued or
+request once, off the event loop, before anything is cached, hashed, queued or
 decoded: every field is checked (its type, its neutral value when specstate does
-not implement it) and bounded (:class:`RequestLimits`), llama-cpp-python's
-defaults are filled in, and a refusal is a 400 naming the field (``param``). Both
-backends take the resulting :class:`ServerRequest`, so the same request means
-the same generation on either. The sampler chain's ranges (a ``temperature``
-below 0, say) are the generator's to check, when the generation is created and
-before anything is decoded; a grammar's native cost is bounded where it is
-compiled (its parse stacks, patch 0004).
+not implement it, OpenAI's ranges and roles) and bounded (:class:`RequestLimits`),
+llama-cpp-python's defaults are filled in, and a refusal is a 400 naming the field
+(``param``). Both backends take the resulting :class:`ServerRequest`, so the same
+request means the same generation on either. The sampler chain's other ranges
+(``top_k``, ``min_p``, ...) are the generator's to check, when the generation is
+created and before anything is decoded; a grammar's native cost is bounded where
+it is compiled (its parse stacks, patch 0004); a ``response_format``'s JSON
+schema is bounded here and converted once, in the slot (or the Ray driver).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from specstate._native import MAX_GRAMMAR_BYTES
 from specstate.llama import (
@@ -30,12 +31,18 @@ from specstate.llama import (
 )
 from specstate.llama.options import tool_messages, uses_tools
 
-__all__ = ["RequestError", "RequestLimits", "ServerRequest", "read_json", "read_request"]
+if TYPE_CHECKING:
+    from typing_extensions import TypeGuard
+
+__all__ = ["RequestError", "RequestLimits", "ServerRequest", "prompts_of", "read_json", "read_request"]
 
 Kind = Literal["chat", "completion"]
 
 #: The largest ``priority`` a request may give (and the negative of the smallest).
 MAX_PRIORITY = 1000
+
+#: The most characters of a request's ``cache_salt``.
+MAX_CACHE_SALT_CHARS = 256
 
 
 class RequestError(Exception):
@@ -70,6 +77,10 @@ class RequestLimits:
     max_stop_chars: int = _limit(1024, "characters of one stop string")
     max_logit_bias: int = _limit(1024, "entries of a request's logit_bias", 0)
     max_grammar_bytes: int = _limit(256 << 10, "bytes of a request's grammar", 0, MAX_GRAMMAR_BYTES)
+    max_schema_bytes: int = _limit(64 << 10, "bytes of a request's JSON schemas (response_format, tools)", 0)
+    max_schema_properties: int = _limit(1024, "properties of a request's JSON schemas, all objects together", 0)
+    max_schema_optional: int = _limit(64, "optional properties of one object of a request's JSON schemas", 0)
+    max_prompts: int = _limit(32, "prompts of a completion request (a choice each)")
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,7 @@ class ServerRequest:
     #: Higher runs first; a chat of lower priority is parked to make room for a higher one.
     priority: int
     #: :class:`specstate.Llama`'s keyword arguments (``messages`` or ``prompt`` included), checked and with
-    #: ``max_tokens`` resolved, ``response_format`` made into its ``grammar``.
+    #: ``max_tokens`` resolved (a ``response_format``'s schema is bounded, and converted where the request runs).
     options: dict[str, Any]
     #: The call's settings (sampling with llama-cpp-python's defaults, stops, log-probabilities).
     call: CallSettings
@@ -89,6 +100,13 @@ class ServerRequest:
     pairs: tuple[tuple[str, str], ...] = ()
     #: A stream ends with a chunk holding the usage (OpenAI's ``stream_options.include_usage``).
     include_usage: bool = False
+    #: OpenAI's end-user id and vLLM's ``cache_salt``: each narrows the request's tenant.
+    user: str | None = None
+    cache_salt: str | None = None
+    #: Whose earlier requests' work this one may start from (kept cells and states, cached conversations, the
+    #: lookup corpus): set by the server from the API key, ``user`` and ``cache_salt``
+    #: (:func:`specstate.serve.cache.tenant_of`; None: nothing is reused between requests).
+    tenant: str | None = ""
 
     @property
     def tools(self) -> bool:
@@ -100,6 +118,11 @@ class ServerRequest:
     def max_tokens(self) -> int:
         """Tokens the request may generate (resolved against the server's limit)."""
         return int(self.options["max_tokens"])
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """A completion's prompts (:func:`prompts_of`), each answered by a choice of its own."""
+        return prompts_of(self.options["prompt"])
 
 
 def read_json(data: bytes, limits: RequestLimits) -> dict[str, Any]:
@@ -139,21 +162,21 @@ def read_request(
     Raises :class:`RequestError` (400, or 404 for another model) for the first field at fault."""
     body = dict(body)
     _check_model(body.pop("model", None), model_name)
+    narrowing = _narrowing(body)
     header = _header(body)
     chat = kind == "chat"
     options: dict[str, Any] = {"model": model_name, **body}
     options["max_tokens"] = _max_tokens(options.pop("max_completion_tokens", None), options, limits)
     _bound_costs(options, limits)
+    _bound_schemas(options, limits)
+    _openai_ranges(options, chat)
     subject = options.pop("messages" if chat else "prompt", None)
     pairs = _messages(subject, limits, template_source) if chat else ()
     if not chat:
-        _prompt(subject)
+        _bound_prompts(subject, limits)
     call = _checked_call(options, chat)
-    if call.sampling.grammar is not None and "response_format" in options:
-        options.pop("response_format")
-        options["grammar"] = call.sampling.grammar
     options["messages" if chat else "prompt"] = subject
-    return ServerRequest(kind, header[0], header[1], options, call, pairs, header[2])
+    return ServerRequest(kind, header[0], header[1], options, call, pairs, header[2], *narrowing)
 
 
 def _check_model(model: object, name: str) -> None:
@@ -167,7 +190,7 @@ def _header(body: dict[str, Any]) -> tuple[bool, int, bool]:
     n = body.pop("n", 1)
     if n != 1 or isinstance(n, bool):
         raise RequestError(400, "n must be 1: one choice per request", param="n")
-    user = body.pop("user", None)  # OpenAI's end-user id: nothing to do with it
+    user = body.pop("user", None)  # OpenAI's end-user id: it narrows the tenant (_narrowing)
     if user is not None and not isinstance(user, str):
         raise RequestError(400, "user must be a string", param="user")
     options = body.pop("stream_options", None)
@@ -185,6 +208,17 @@ def _header(body: dict[str, Any]) -> tuple[bool, int, bool]:
     if include_usage and not stream:
         raise RequestError(400, "stream_options is only for stream=true", param="stream_options")
     return stream, priority, include_usage
+
+
+def _narrowing(body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The request's ``user`` (a string, else None: :func:`_header` checks it) and its ``cache_salt`` (checked
+    and removed): what narrows its tenant below its API key's."""
+    salt = body.pop("cache_salt", None)
+    if salt is not None and (not isinstance(salt, str) or len(salt) > MAX_CACHE_SALT_CHARS):
+        message = f"cache_salt must be a string of at most {MAX_CACHE_SALT_CHARS} characters"
+        raise RequestError(400, message, param="cache_salt")
+    user = body.get("user")
+    return (user if isinstance(user, str) else None), salt
 
 
 def _max_tokens(alias: object, options: dict[str, Any], limits: RequestLimits) -> int:
@@ -218,6 +252,76 @@ def _bound_costs(options: dict[str, Any], limits: RequestLimits) -> None:
         raise RequestError(400, f"grammar may be at most {limits.max_grammar_bytes} bytes", param="grammar")
 
 
+def _bound_schemas(options: dict[str, Any], limits: RequestLimits) -> None:
+    """Refuse JSON schemas whose conversion into a grammar would cost too much, before anything converts them:
+    their bytes (``response_format``'s and the tools' together), their properties, and the optional properties
+    of one object (llama.cpp's converter takes time about the cube of those)."""
+    size = properties = 0
+    for name in ("response_format", "tools"):
+        value = options.get(name)
+        if value is None:
+            continue
+        size += len(json.dumps(value, separators=(",", ":")).encode())
+        if size > limits.max_schema_bytes:
+            message = f"a request's JSON schemas may hold at most {limits.max_schema_bytes} bytes"
+            raise RequestError(400, message, param=name)
+        counted, optional = _properties(value)
+        properties += counted
+        if properties > limits.max_schema_properties:
+            message = f"a request's JSON schemas may have at most {limits.max_schema_properties} properties"
+            raise RequestError(400, message, param=name)
+        if optional > limits.max_schema_optional:
+            message = f"an object of a JSON schema may have at most {limits.max_schema_optional} optional properties"
+            raise RequestError(400, f"{message}, not {optional}", param=name)
+
+
+def _properties(value: object) -> tuple[int, int]:
+    """The properties of every object schema in ``value`` together, and the most optional properties (not
+    ``required``) of one (iteratively: no recursion to exhaust)."""
+    total = most = 0
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            found, required = item.get("properties"), item.get("required")
+            if isinstance(found, dict):
+                needed = {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
+                total += len(found)
+                most = max(most, sum(name not in needed for name in found))
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return total, most
+
+
+#: OpenAI's ranges of its sampling fields: a request over HTTP is held to them (the Python API, llama-cpp-python's
+#: own, takes what the sampler chain takes). ``logprobs`` is a completion's count; ``logit_bias`` its values'.
+OPENAI_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0, 2),
+    "top_p": (0, 1),
+    "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2),
+    "top_logprobs": (0, 20),
+    "logprobs": (0, 5),
+    "logit_bias": (-100, 100),
+}
+
+#: The roles of OpenAI's chat messages.
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _openai_ranges(options: dict[str, Any], chat: bool) -> None:
+    """Refuse a number outside :data:`OPENAI_RANGES` (another type is :func:`_checked_call`'s to refuse)."""
+    for name, (low, high) in OPENAI_RANGES.items():
+        if name == "logprobs" and chat:
+            continue  # a chat's logprobs is a boolean
+        value = options.get(name)
+        values = value.values() if name == "logit_bias" and isinstance(value, dict) else [value]
+        for number in values:
+            if isinstance(number, (int, float)) and not isinstance(number, bool) and not low <= number <= high:
+                raise RequestError(400, f"{name} must be from {low:g} to {high:g}, not {number!r}", param=name)
+
+
 def _messages(messages: object, limits: RequestLimits, template_source: str) -> tuple[tuple[str, str], ...]:
     """A chat's messages as ``(role, text)`` pairs, their number bounded before anything else reads them."""
     if isinstance(messages, list) and len(messages) > limits.max_messages:
@@ -225,6 +329,11 @@ def _messages(messages: object, limits: RequestLimits, template_source: str) -> 
         raise RequestError(400, message, param="messages")
     if not isinstance(messages, list):
         raise RequestError(400, f"messages must be a list of messages, not {_json_type(messages)}", param="messages")
+    for index, each in enumerate(messages):
+        role = each.get("role") if isinstance(each, dict) else None
+        if isinstance(role, str) and role not in OPENAI_ROLES:
+            refusal = f"messages[{index}]: role must be one of {', '.join(OPENAI_ROLES)}, not {role[:40]!r}"
+            raise RequestError(400, refusal, param="messages")
     with _field("messages"):
         if uses_tools(messages):
             return tuple((m["role"], _text_of(m)) for m in tool_messages(messages))  # type: ignore[misc]
@@ -237,24 +346,36 @@ def _text_of(message: Mapping[str, object]) -> str:
     return content if isinstance(content, str) else json.dumps(message.get("tool_calls"), sort_keys=True)
 
 
-def _prompt(prompt: object) -> None:
-    if isinstance(prompt, str):
-        return
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return
-    raise RequestError(400, "prompt must be a string or a list of token ids", param="prompt")
+def prompts_of(prompt: object) -> list[str | list[int]]:
+    """A completion's prompts: a string or a list of token ids is one; a list of strings or of lists of token ids
+    is several (OpenAI's), each answered by a choice of its own. :class:`RequestError` for anything else."""
+    if isinstance(prompt, str) or _token_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and all(isinstance(each, str) or _token_ids(each) for each in prompt):
+        return list(prompt)
+    raise RequestError(400, "prompt must be a string, a list of token ids, or a list of either", param="prompt")
+
+
+def _token_ids(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _bound_prompts(prompt: object, limits: RequestLimits) -> None:
+    count = len(prompts_of(prompt))
+    if count > limits.max_prompts:
+        raise RequestError(400, f"prompt may hold at most {limits.max_prompts} prompts, not {count}", param="prompt")
 
 
 def _checked_call(options: dict[str, Any], chat: bool) -> CallSettings:
     """The call's settings; a refusal names the first field refused on its own (else none: fields that do not
     go together)."""
     try:
-        return call_settings(options, chat=chat)
+        return call_settings(options, chat=chat, convert_schema=False)  # converted once, in the slot
     except (TypeError, ValueError, UnsupportedParameterError) as error:
         for name, value in options.items():
             alone = {"logprobs": True, name: value} if name == "top_logprobs" else {name: value}
             with _field(name):
-                call_settings(alone, chat=chat)
+                call_settings(alone, chat=chat, convert_schema=False)
         raise RequestError(400, str(error)) from None
 
 

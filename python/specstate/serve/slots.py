@@ -7,19 +7,17 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from specstate._native import EXACT_PROMPT_ROWS, LookupCorpus, Model, SharedEngine
+from specstate._native import EXACT_PROMPT_ROWS, Model, SharedEngine
 from specstate._typing import Message
 from specstate.llama import (
     ChatStream,
-    CompletionStream,
     Llama,
     UnsupportedParameterError,
-    joined_completion,
 )
 from specstate.llama.types import CompletionUsage
-from specstate.serve.cache import ConversationCache
+from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics, usage_chunk, whole_chat
+from specstate.serve.jobs import DONE, Completions, Job, Metrics, usage_chunk, whole_chat
 from specstate.serve.request import RequestError
 from specstate.serve.scheduler import Scheduler, unspilled
 
@@ -37,19 +35,21 @@ class Slot(threading.Thread):
         loaded: threading.Event,
         engine: SharedEngine | None = None,
         cost_curve: list[int] | None = None,
-        corpus: LookupCorpus | None = None,
+        corpora: TenantCorpora | None = None,
     ) -> None:
         super().__init__(daemon=True, name="specstate-slot")
         self.config, self.scheduler, self.metrics, self.cache, self.loaded = config, scheduler, metrics, cache, loaded
         self.engine = engine
         self.cost_curve = cost_curve
-        self.corpus = corpus
+        #: Each tenant's lookup corpus (``ngram`` mode), which the slot drafts that tenant's requests from.
+        self.corpora = corpora
         self.llama: Llama | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.llama = load(self.config, self.engine, self.cost_curve, self.corpus)
+            self.llama = load(self.config, self.engine, self.cost_curve)
+            self._serve(None if self.config.no_cross_request_reuse else DEFAULT_TENANT)
             self.cost_curve = self.llama.pin_cost_curve()
         except BaseException as error:  # reported by serve() before it listens
             self.error = error
@@ -71,7 +71,9 @@ class Slot(threading.Thread):
 
     def _holds(self, job: Job) -> bool:
         generator = self.llama.chat_generator if self.llama is not None else None
-        if generator is None or job.kind != "chat":
+        if generator is None or job.kind != "chat" or job.request.tenant is None:
+            return False
+        if generator.reuse_key != job.request.tenant:  # another tenant's conversation is never continued
             return False
         held, pairs = _pairs(generator.messages), job.request.pairs
         return 0 < len(held) < len(pairs) and tuple(pairs[: len(held)]) == tuple(held)
@@ -83,6 +85,7 @@ class Slot(threading.Thread):
             self.metrics.add("cancelled_requests")
             return
         try:
+            self._serve(job.request.tenant)
             if job.kind == "chat" and job.parked is None and not job.request.tools and not self._holds(job):
                 self._restore_cached(job)
             if self._stream(job, self._chunks(job)):
@@ -96,10 +99,19 @@ class Slot(threading.Thread):
         except Exception as error:  # the client hears it, the slot goes on
             _deliver_error(job, error)
 
+    def _serve(self, tenant: str | None) -> None:
+        """Let the next job start only from its tenant's earlier work: the cells the engine keeps and the
+        conversation held under the tenant's key, and the tenant's lookup corpus (None: nothing of earlier
+        requests)."""
+        assert self.llama is not None
+        self.llama.reuse_key = tenant
+        self.llama.lookup_corpus = None if tenant is None or self.corpora is None else self.corpora.get(tenant)
+
     def _chunks(self, job: Job) -> Iterator[Any]:
         """The job's chunks: a new call's, or the rest of its parked reply's (every request runs as a stream,
         so that a client that leaves stops it, and a chat can park)."""
         assert self.llama is not None
+        self.llama.interrupt = job.cancelled.is_set  # its client leaves: the generation stops before its next token
         if job.parked is not None:
             self.metrics.add("parked_milliseconds", int((time.monotonic() - job.parked_since) * 1000))
             resumed, job.parked = self.llama.resume_chat(unspilled(job)), None
@@ -109,11 +121,15 @@ class Slot(threading.Thread):
         if job.kind == "chat":
             chunks = self.llama.create_chat_completion(options.pop("messages"), stream=True, **options)
         else:
-            chunks = self.llama.create_completion(options.pop("prompt"), stream=True, **options)
+            llama, prompts = self.llama, job.request.prompts
+            del options["prompt"]
+            chunks = Completions(lambda prompt: llama.create_completion(prompt, stream=True, **options), prompts)
         return chunks
 
     def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
-        """Deliver the chunks; True if the job stopped early (its client left, or it was parked)."""
+        """Deliver the chunks; True if the job stopped early (its client left, or it was parked). A stream may
+        hold its text back for many tokens (a tool call, a stop string that could be starting): the generation
+        of a client that left ends before its next token (:attr:`Llama.interrupt`), and the stream with it."""
         for chunk in chunks:
             job.last = chunk
             if job.stream:
@@ -121,26 +137,28 @@ class Slot(threading.Thread):
             else:
                 job.collected.append(chunk)
             if job.cancelled.is_set():
-                chunks.close()  # type: ignore[attr-defined]
-                self.metrics.add("cancelled_requests")
-                return True
+                break
             if job.preempt.is_set() and isinstance(chunks, ChatStream) and (parked := chunks.park()) is not None:
                 self.scheduler.park(job, parked)
                 self.metrics.add("preemptions")
                 self.metrics.add("spilled_checkpoints", job.spilled is not None)
                 return True
+        if job.cancelled.is_set():
+            chunks.close()  # type: ignore[attr-defined]
+            self.metrics.add("cancelled_requests")
+            return True
         job.chunks = chunks
         return False
 
     def _usage(self, job: Job) -> CompletionUsage:
         """The finished job's usage."""
-        assert isinstance(job.chunks, (CompletionStream, ChatStream))
+        assert isinstance(job.chunks, (Completions, ChatStream))
         return job.chunks.usage()
 
     def _whole(self, job: Job) -> dict[str, Any]:
         """The whole answer that a non-streamed job's chunks make."""
-        if isinstance(job.chunks, CompletionStream):
-            return dict(joined_completion(job.collected, job.chunks.usage()))
+        if isinstance(job.chunks, Completions):
+            return job.chunks.whole(job.collected)
         return whole_chat(job.collected, self._usage(job))
 
     def _count(self, job: Job) -> None:
@@ -151,14 +169,16 @@ class Slot(threading.Thread):
             self.metrics.add("generated_tokens", len(generator.tokens))
             self.metrics.add("drafted_tokens", generator.drafted)
             self.metrics.add("accepted_tokens", generator.accepted)
-            self.cache.put(_pairs(generator.messages), generator.checkpoint())
-            self.metrics.add("conversations_cached")
+            if job.request.tenant is not None:
+                self.cache.put(_pairs(generator.messages), generator.checkpoint(), job.request.tenant)
+                self.metrics.add("conversations_cached")
 
     def _restore_cached(self, job: Job) -> None:
         """Continue the longest cached conversation that the job's messages extend, if there is one (one of
         another model, build or chat template is passed over: the turn is decoded from its messages)."""
         assert self.llama is not None
-        found = self.cache.longest(job.request.pairs)
+        tenant = job.request.tenant
+        found = None if tenant is None else self.cache.longest(job.request.pairs, tenant)
         if found is None:
             return
         try:
@@ -187,12 +207,11 @@ def load(
     config: ServerConfig,
     engine: SharedEngine | None = None,
     cost_curve: list[int] | None = None,
-    corpus: LookupCorpus | None = None,
 ) -> Llama:
     """A slot's :class:`Llama`: its generations on ``engine``'s sequences, or a model and contexts of its own;
     with the adaptive draft policy, ``cost_curve`` pinned (None: the slot measures it, and the server gives it to
-    the next slots); in ``ngram`` mode, drafting from ``corpus`` too, the server's one, which every slot's finished
-    requests add to."""
+    the next slots). The slot gives it each job's tenant (its reuse key and, in ``ngram`` mode, its lookup
+    corpus) before the job runs."""
     return Llama(
         config.model_path,
         engine=engine,
@@ -203,20 +222,21 @@ def load(
         n_draft=config.n_draft,
         draft_policy=config.policy(),
         cost_curve=cost_curve,
-        lookup_corpus=corpus,
         chat_template=config.chat_template,
         seed=-1,
     )
 
 
-#: The batched engine's memory for the states of given-back sequences (prompts that start like an earlier one,
-#: once that one's sequence has been taken): about 23 KiB a token of SmolLM2, some 1,400 tokens.
+#: The batched engine's memory for the states of given-back sequences (prompts that start like an earlier one of
+#: the same tenant, once that one's sequence has been taken): about 23 KiB a token of SmolLM2, some 1,400 tokens;
+#: none when nothing is reused between requests.
 PROMPT_CACHE_BYTES = 32 << 20
 
 
 def shared_engine(config: ServerConfig) -> SharedEngine | None:
     """The engine the slots share when their generations are batched: one sequence a slot (a slot's Llama gives
-    its earlier generation's sequence back before it starts the next one), the threads sized to the machine."""
+    its earlier generation's sequence back before it starts the next one), the threads sized to the machine; each
+    tenant's kept cells and states serve only that tenant (the slots give each generation its tenant's key)."""
     if not config.batched():
         return None
     return SharedEngine(
@@ -225,5 +245,5 @@ def shared_engine(config: ServerConfig) -> SharedEngine | None:
         n_ctx=config.n_ctx,
         n_batch=max(EXACT_PROMPT_ROWS, config.n_draft + 1),  # exact prompts: a prefix serves the next one
         n_threads=config.engine_threads(),
-        prompt_cache_bytes=PROMPT_CACHE_BYTES,
+        prompt_cache_bytes=0 if config.no_cross_request_reuse else PROMPT_CACHE_BYTES,
     )
