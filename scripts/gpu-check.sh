@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of issue 11, one prepared script for a machine with an NVIDIA GPU and no network and no Rust:
+# The device check of the CUDA wheel, one prepared script for a machine with an NVIDIA GPU and no network and no Rust:
 # installs the CUDA wheel offline into a fresh virtual environment, prints native_info(), and runs
 # scripts/gpu_check.py (exactness and resume of every mode on the GPU, a GPU checkpoint restored on the GPU and on
 # the CPU, decode tokens/s, the cost of verifying 1-16 rows, none against ngram and draft), which writes ONE JSON.

@@ -1,4 +1,4 @@
-"""The device check of issue 11, run by ``scripts/gpu-check.sh``: exactness, resume and speed on a GPU.
+"""The device check of the CUDA wheel, run by ``scripts/gpu-check.sh``: exactness, resume and speed on a GPU.
 
 Builds the tests' tiny models (every mode) and a SmolLM2-135M-shaped llama model with random Q4_1 weights
 (30 layers, n_embd 576, 9 heads, 3 KV heads, n_ff 1536, vocabulary 49152; the real file is too large to travel)

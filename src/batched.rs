@@ -31,9 +31,10 @@ use crate::generator::batching::{
     batch_target, check_joins, decode_groups, fill_rows, history_engine, place_state,
     undo_failed_decode,
 };
-use crate::generator::{Generator, GeneratorConfig, Member};
+use crate::generator::{Generator, Member};
 use crate::limits::MAX_EXACT_ROWS;
 use crate::native::{restream_seq_state, Batch, Context, Model};
+use crate::settings::GeneratorConfig;
 use crate::settings::RuntimeOptions;
 
 pub use crate::generator::batching::BatchedConfig;

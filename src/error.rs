@@ -1,7 +1,7 @@
 //! The one error of the core.
 //!
 //! Each layer keeps its own error type, with the fields its failures carry
-//! ([`NativeError`], [`SessionError`] with the seed's `SpeculativeStateError`,
+//! ([`NativeError`], [`SessionError`] with the contract's `SpeculativeStateError`,
 //! [`SettingError`], [`OutOfVocabulary`], [`CheckpointError`], [`ChatError`]);
 //! each converts into [`Error`] with `From`, keeping its type (no message is
 //! turned into a string on the way). The generator, the engine, the
@@ -10,9 +10,9 @@
 
 use crate::chat::ChatError;
 use crate::checkpoint::CheckpointError;
+use crate::limits::SettingError;
 use crate::native::{NativeError, OutOfVocabulary};
 use crate::session::SessionError;
-use crate::settings::SettingError;
 use crate::speculative::SpeculativeStateError;
 
 /// Every failure of the core.

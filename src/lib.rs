@@ -2,7 +2,7 @@
 //!
 //! Layout: [`limits`] is a leaf of bounds and of the rules over bare numbers
 //! (threads, context lengths, rows, grammar sizes) that both the native layer
-//! and the settings read; [`speculative`] is the seed contract (bounds,
+//! and the settings read; [`speculative`] is the speculative-session contract (bounds,
 //! errors, validators and the capture/restore protocol over the
 //! `mtp_session_*` shim's state calls);
 //! [`native`] is the safe layer of RAII owners over llama.cpp's handles,

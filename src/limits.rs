@@ -1,10 +1,9 @@
 //! The bounds of the core and the rules over bare numbers (thread counts,
 //! context lengths, rows, sequences, grammar sizes), in one leaf module: it
 //! imports nothing of the crate, so the native layer and the settings read
-//! them here without importing each other. (The seed contract's own bounds,
+//! them here without importing each other. (The speculative-session contract's own bounds,
 //! `MAX_SPECULATIVE_*`, stay in [`crate::speculative`], itself a leaf but for
-//! the message tables.) The modules that used to own these re-export them
-//! (`native::MAX_BATCH_ROWS`, `settings::check_threads`, ...), so their paths stay.
+//! the message tables.)
 
 /// A setting outside its range: the setting's name and why (the error of
 /// every rule here and in [`crate::settings`]).
@@ -78,8 +77,9 @@ pub const MAX_EXACT_ROWS: usize = 17;
 /// of at most [`MAX_EXACT_ROWS`] gets its single decode's bits, so the cells
 /// of a prompt decoded in such chunks are the same whatever the chunks were,
 /// a prefix kept from an earlier generation included. The largest multiple
-/// of patch 0003's four-row kernel within [`MAX_EXACT_ROWS`] (17 rows leave a
-/// lone column: 13% slower a chunk on SmolLM2 Q4_1, 2 threads).
+/// of patch 0003's four-row kernel within [`MAX_EXACT_ROWS`]: 17 rows would
+/// leave a lone column, decoded on its own (docs/measured.md, "Exact prompt
+/// chunks").
 pub const EXACT_PROMPT_ROWS: usize = 16;
 
 /// The longest grammar accepted, from a caller or a file (bytes); also the

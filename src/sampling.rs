@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::native::{Grammar, NativeError};
-pub use crate::settings::SamplingParams;
+use crate::settings::SamplingParams;
 
 /// The id of the largest logit; the lowest id wins a tie (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> i32 {

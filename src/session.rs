@@ -1,7 +1,7 @@
 //! Speculative draft sessions over the `mtp_session_*` shim (MTP and EAGLE-3).
 //!
-//! The seed's validators run before any native allocation; state capture and
-//! restore go through the seed's protocol (`speculative::capture_state` and
+//! The contract's validators run before any native allocation; state capture and
+//! restore go through the contract's protocol (`speculative::capture_state` and
 //! `speculative::restore_state`).
 
 use crate::native::{Batch, Context, OtherContexts, SessionHandle};
@@ -12,10 +12,10 @@ pub use crate::native::{SessionConfig, SpecType};
 /// Failures of a session call.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SessionError {
-    /// The seed's `validate_config` refused the configuration.
+    /// The contract's `validate_config` refused the configuration.
     #[error("{0}")]
     Config(&'static str),
-    /// The seed's `validate_context_capacities` refused the contexts.
+    /// The contract's `validate_context_capacities` refused the contexts.
     #[error("{0}")]
     Capacity(&'static str),
     /// The contexts do not fit the strategy (kinds, models, sequence slots).

@@ -6,10 +6,11 @@
 //! [`GeneratorConfig::validate`] and [`RuntimeOptions::validate`]. The
 //! bounds and the rules over bare numbers that the native layer shares
 //! (`check_threads`, `resolve_n_ctx`, `SettingError`) are in the leaf
-//! [`crate::limits`], re-exported here.
+//! [`crate::limits`].
 
-pub use crate::limits::{check_threads, resolve_n_ctx, SettingError, MAX_THREADS};
-use crate::limits::{MAX_BATCH_ROWS, MAX_GRAMMAR_BYTES};
+use crate::limits::{
+    check_threads, resolve_n_ctx, SettingError, MAX_BATCH_ROWS, MAX_GRAMMAR_BYTES,
+};
 use crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS;
 
 fn refuse(field: &'static str, reason: String) -> Result<(), SettingError> {
@@ -244,7 +245,7 @@ impl SamplingParams {
 pub struct NgramConfig {
     /// Longest suffix matched. Kept in checkpoints and settings; prompt
     /// lookup copies the occurrence whose context agrees longest (up to
-    /// [`crate::engine::ngram::MAX_CONTEXT`] tokens), which does not depend on it.
+    /// [`crate::engine::agreement::MAX_CONTEXT`] tokens), which does not depend on it.
     pub n_max: usize,
     /// Shortest suffix matched (and the least context before a token the
     /// history replaced, with [`crate::engine::ngram::RESYNC_CONTEXT`]).

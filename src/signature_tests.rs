@@ -8,7 +8,7 @@
 //! [`GeneratorConfig::DEFAULT`], [`SamplingParams::DEFAULT`],
 //! [`NgramConfig::DEFAULT`] and [`RuntimeOptions::DEFAULT`].
 
-use crate::sampling::SamplingParams;
+use crate::settings::SamplingParams;
 use crate::settings::{draft_policy_name, GeneratorConfig, NgramConfig, RuntimeOptions};
 
 const GENERATOR_BINDINGS: &str = include_str!("bindings/generator.rs");

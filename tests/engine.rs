@@ -8,10 +8,11 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use specstate::generator::{Generator, GeneratorConfig, Mode, NgramConfig, RuntimeOptions};
+use specstate::generator::Generator;
 use specstate::native::{Context, ContextKind, ContextParams, Model, NativeError};
-use specstate::sampling::SamplingParams;
 use specstate::session::{DraftSession, SessionConfig, SessionError, SpecType};
+use specstate::settings::SamplingParams;
+use specstate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions};
 use specstate::Error;
 
 const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -1,6 +1,6 @@
 """specstate: speculative decoding on llama.cpp with exact, checkpointable state.
 
-This package exposes the seed contract of speculative draft sessions: its
+This package exposes the speculative-session contract of speculative draft sessions: its
 bounds (``MAX_SPECULATIVE_*``), its validators (:func:`validate_config`,
 :func:`validate_context_capacities`, :func:`validate_state_size`), the
 :class:`ContextCapacity` they take, and one typed exception per error variant

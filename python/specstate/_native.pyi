@@ -1,8 +1,8 @@
 """Type stubs of ``specstate._native``, the Rust extension module.
 
 Integer arguments accept anything ``operator.index`` accepts except ``bool``
-(a ``TypeError``). An integer outside the native type's range fails the seed's
-own bound check with the seed's own message; it never raises ``OverflowError``.
+(a ``TypeError``). An integer outside the native type's range fails the contract's
+own bound check with the contract's own message; it never raises ``OverflowError``.
 """
 
 from collections.abc import Sequence
@@ -92,7 +92,7 @@ MAX_SEQUENCES: Final[int]
 #: are the same however the prompt was cut, and a :class:`SharedEngine` reuses a prefix kept from an earlier
 #: generation (``n_batch`` at most this, and draft lengths of at most 16) without changing a reply.
 EXACT_PROMPT_ROWS: Final[int]
-#: The message template of each variant of the seed's ``SpeculativeStateError`` by variant name (``{field}``
+#: The message template of each variant of the contract's ``SpeculativeStateError`` by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
 SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
 #: The message template of the native errors whose exceptions have fields (``ModelLoad``: ``ModelLoadError``,
@@ -155,7 +155,7 @@ def validate_config(
     n_min: SupportsIndex,
     p_min: float | SupportsIndex,
 ) -> None:
-    """Check a speculative session configuration against the seed's bounds.
+    """Check a speculative session configuration against the contract's bounds.
 
     Checks, in order: ``1 <= n_seq <= MAX_SPECULATIVE_SEQUENCES``;
     ``1 <= n_draft_max <= MAX_SPECULATIVE_DRAFT_TOKENS``;
@@ -163,7 +163,7 @@ def validate_config(
     nearest, overflow to infinity) finite and in ``[0, 1]``.
 
     Raises:
-        ConfigError: with the seed's message for the first failing check.
+        ConfigError: with the contract's message for the first failing check.
         TypeError: for an argument of the wrong type (``bool`` included).
     """
 
@@ -175,7 +175,7 @@ def validate_context_capacities(
     """Check that both contexts hold a draft of ``maximum_draft_tokens`` plus one.
 
     Raises:
-        CapacityError: with the seed's message (``maximum_draft_tokens >=
+        CapacityError: with the contract's message (``maximum_draft_tokens >=
             2**32-1`` gives "n_draft_max plus one exceeds u32").
         ValueError: for a negative ``maximum_draft_tokens``.
         TypeError: for an argument of the wrong type.
@@ -207,6 +207,12 @@ def native_info() -> NativeInfo:
     verification's exact tiles (``avx512``: two weight rows per 512-bit
     register, Q4_1 and Q8_0, Q4_1 products of up to 4 columns in 256-bit
     ones; ``avx2``: 256-bit, Q4_1; ``none``; the same bits either way);
+    ``exact_q4_k``, how verification's products of repacked Q4_K weights
+    run (``cols``: every column at once, the weights unpacked once;
+    ``rows``: the gemv once per column, ``GGML_CPU_EXACT_Q4_K=rows``;
+    ``none``; the same bits either way); ``exact_q4_k_cols_chunks``, the
+    chunks of such products the multi-column kernel computed so far in this
+    process;
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (name, description, type, memory in bytes): the
     CPU, then each GPU of a backend compiled in that finds one. A CUDA build on
@@ -268,7 +274,7 @@ def check_sampling(**settings: Unpack[SamplingSettings]) -> None:
     """
 
 def _raise_for_status(status: int) -> None:
-    """Raise what the seed maps native status ``status`` to (testing aid)."""
+    """Raise what the contract maps native status ``status`` to (testing aid)."""
 
 def _seed_error_display(variant: str, first: int = 0, second: int = 0) -> str:
     """The Rust ``Display`` text of a seed error variant (testing aid)."""
@@ -588,8 +594,8 @@ class DraftSession:
     """A speculative draft session pairing a target context with a draft context.
 
     Use :class:`specstate.MtpSession` or :class:`specstate.Eagle3Session`. The
-    configuration passes the seed's ``validate_config`` and the contexts' real
-    capacities the seed's ``validate_context_capacities`` before anything
+    configuration passes the contract's ``validate_config`` and the contexts' real
+    capacities the contract's ``validate_context_capacities`` before anything
     native is allocated. Lifecycle errors raise ``SessionError``; a sequence id
     out of range ``BadSequenceError``; state capture or restore while a
     proposal is pending ``NotQuiescentError``. Bound, with its contexts, to

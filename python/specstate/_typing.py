@@ -74,6 +74,12 @@ class NativeInfo(TypedDict):
     verification's exact tiles (``avx512``: two weight rows per 512-bit
     register, Q4_1 and Q8_0, Q4_1 products of up to 4 columns in 256-bit
     ones; ``avx2``: 256-bit, Q4_1; ``none``; the same bits either way);
+    ``exact_q4_k``, how verification's products of repacked Q4_K weights
+    run (``cols``: every column at once, the weights unpacked once;
+    ``rows``: the gemv once per column, ``GGML_CPU_EXACT_Q4_K=rows``;
+    ``none``; the same bits either way); ``exact_q4_k_cols_chunks``, the
+    chunks of such products the multi-column kernel computed so far in this
+    process;
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
@@ -89,6 +95,8 @@ class NativeInfo(TypedDict):
     exact_sums: str
     exact_attention: str
     exact_tiles: str
+    exact_q4_k: str
+    exact_q4_k_cols_chunks: int
     system_info: str
     devices: list[DeviceInfo]
 
@@ -99,7 +107,7 @@ class _NgramLengths(TypedDict, total=False):
     #: Longest n-gram looked up (default 4). Kept for checkpoints and llama.cpp's habits: the occurrence copied is
     #: the one whose context agrees longest (up to 64 tokens), so proposals do not depend on it.
     ngram_max: int
-    #: Shortest n-gram looked up (default 3: a match of at least 3 tokens, which measured best on SmolLM2).
+    #: Shortest n-gram looked up (default 3: a match of at least 3 tokens; docs/measured.md, "Prompt lookup").
     ngram_min: int
 
 

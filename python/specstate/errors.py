@@ -1,13 +1,13 @@
 """Typed exceptions of specstate.
 
 Each class of the :class:`SpeculativeStateError` family mirrors one variant of
-the seed's ``SpeculativeStateError`` enum: its fields are attributes, it can be
-built from them as keyword arguments, its ``str()`` is the seed's ``Display``
+the contract's ``SpeculativeStateError`` enum: its fields are attributes, it can be
+built from them as keyword arguments, its ``str()`` is the contract's ``Display``
 text (the message template written once, in Rust, read from
 ``specstate._native.SPECULATIVE_STATE_MESSAGES``), and it pickles.
 :class:`ModelLoadError`, :class:`ModelChangedError` and :class:`DecodeError`
 format their messages the same way, from ``specstate._native.NATIVE_MESSAGES``.
-:class:`ConfigError` and :class:`CapacityError` carry the seed validators'
+:class:`ConfigError` and :class:`CapacityError` carry the contract validators'
 messages and are :class:`ValueError` subclasses.
 """
 
@@ -55,21 +55,21 @@ __all__ = [
 
 
 class ConfigError(ValueError):
-    """A speculative configuration failed the seed's ``validate_config``.
+    """A speculative configuration failed the contract's ``validate_config``.
 
-    ``str()`` is the seed's message for the first failing check.
+    ``str()`` is the contract's message for the first failing check.
     """
 
 
 class CapacityError(ValueError):
     """Target or draft context capacities cannot hold a speculative batch.
 
-    ``str()`` is the seed's ``validate_context_capacities`` message.
+    ``str()`` is the contract's ``validate_context_capacities`` message.
     """
 
 
 def _message(variant: str, *, native: bool = False) -> str:
-    """The message template (``{field}`` placeholders) of the seed enum's ``variant``, or with ``native`` of the
+    """The message template (``{field}`` placeholders) of the contract enum's ``variant``, or with ``native`` of the
     native error's, as the native core writes it."""
     from specstate import _native  # imported here: the native module's initialisation imports this one
 
@@ -267,12 +267,12 @@ class AllocationLimitError(ConfigMismatchError):
 class SpeculativeStateError(Exception):
     """Base of the failures of capturing or restoring speculative state.
 
-    Subclasses mirror the seed enum's variants one to one. The base class
+    Subclasses mirror the contract enum's variants one to one. The base class
     itself accepts an arbitrary message like any exception.
     """
 
     _fields: ClassVar[tuple[str, ...]] = ()
-    #: The seed enum's variant the class mirrors (its message template is the native core's).
+    #: The contract enum's variant the class mirrors (its message template is the native core's).
     _variant: ClassVar[str] = ""
 
     def __str__(self) -> str:

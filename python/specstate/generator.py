@@ -38,7 +38,6 @@ What each mode guarantees:
 
 from __future__ import annotations
 
-import codecs
 import operator
 import os
 import time
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from specstate import _files, _native
 from specstate._native import Model
+from specstate._text import StopMatcher, Utf8Decoder
 from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode, SamplingSettings, TokenLogprobs
 from specstate.chat import Messages, as_messages, as_pairs, chat_template, template_sha256
 from specstate.errors import ChatTemplateError, GenerationError
@@ -235,10 +235,10 @@ class Generator:
     # --- generation ------------------------------------------------------------------------------
 
     def _reset_text(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = Utf8Decoder()
         model = self._native.target
         for token in self.tokens:
-            self._decoder.decode(model.token_to_piece(token))
+            self._decoder.token(model, token)
         self._elapsed = 0.0
         self._timed_tokens = 0
         self._held = ""  # text of handed-out tokens not yet yielded (after a stop string, or a stream closed early)
@@ -301,7 +301,7 @@ class Generator:
         """Run ``start``, then yield text pieces as tokens are committed (see :meth:`stream`);
         ``within``: rounds commit nothing beyond ``max_tokens``."""
         native, model = self._native, self._native.target
-        hold = max((len(s) for s in stop), default=1) - 1
+        matcher = StopMatcher(stop)
         self.stopped_by = None
         remaining = max_tokens
         started = time.perf_counter()
@@ -310,13 +310,8 @@ class Generator:
         try:
             start()  # a new chat turn drops the text the last reply held back: it is in that reply
             held, self._held = self._held, ""  # text held back while it could begin a stop string
-            while True:
-                cut = _find_stop(held, stop)
-                if cut is not None:
-                    end = cut[0] + len(cut[1])
-                    held, self._held = held[: cut[0]], held[end:]
-                    self.stopped_by = "stop"
-                    break
+            cut = _stop_in(matcher, held, held)
+            while cut is None:
                 if remaining <= 0:
                     self.stopped_by = "max_tokens"
                     break
@@ -329,14 +324,19 @@ class Generator:
                     break
                 remaining -= 1
                 delivered += 1
-                held += self._decoder.decode(model.token_to_piece(committed[0]))
-                if _find_stop(held, stop) is None and self.finished:
+                text = self._decoder.token(model, committed[0])
+                held += text
+                cut = _stop_in(matcher, held, text)
+                if cut is None and self.finished:
                     self.stopped_by = "eos"
                     break
-                ready = len(held) - hold
-                if ready > 0 and _find_stop(held, stop) is None:
+                ready = len(held) - matcher.partial
+                if cut is None and ready > 0:
                     piece, held = held[:ready], held[ready:]
                     yield piece
+            if cut is not None:
+                held, self._held = held[: cut[0]], held[cut[1] :]
+                self.stopped_by = "stop"
             piece, held = held, ""
             if piece:
                 yield piece
@@ -613,10 +613,14 @@ class Generator:
         return self._timed_tokens / self._elapsed if self._elapsed > 0 else 0.0
 
 
-def _find_stop(text: str, stop: Sequence[str]) -> tuple[int, str] | None:
-    """Where the first stop string in ``text`` begins, and which one it is (the longest of those there)."""
-    hits = [(index, -len(s), s) for s, index in ((s, text.find(s)) for s in stop if s) if index >= 0]
-    return (min(hits)[0], min(hits)[2]) if hits else None
+def _stop_in(matcher: StopMatcher, held: str, text: str) -> tuple[int, int] | None:
+    """Feed ``text``, the end of ``held``, to ``matcher``: where in ``held`` the first stop string begins and
+    ends, if ``text`` completes one."""
+    found = matcher.feed(text)
+    if found is None:
+        return None
+    begin = len(held) - len(text) + found[0]
+    return begin, begin + len(found[1])
 
 
 def _count(name: str, value: object, *, minimum: int, what: str = "") -> int:

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for fuzzing code built on specstate's seed contract.
+"""Hypothesis strategies for fuzzing code built on specstate's speculative-session contract.
 
 Requires the optional ``hypothesis`` extra (``pip install specstate[hypothesis]``).
 

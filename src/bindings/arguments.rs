@@ -1,9 +1,9 @@
-//! Conversion of Python arguments into the native types the seed takes.
+//! Conversion of Python arguments into the native types the speculative-session contract takes.
 //!
 //! The rules are the same for every binding:
 //! - an integer argument is anything `operator.index` accepts, except `bool`;
 //! - an integer outside the native type's range saturates to the nearest bound
-//!   of that type, so it fails the seed's own bound check with the seed's own
+//!   of that type, so it fails the contract's own bound check with the contract's own
 //!   message (never an `OverflowError`);
 //! - a float argument is converted to `f32` exactly as C converts a double:
 //!   round to nearest, overflow to infinity.

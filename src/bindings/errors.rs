@@ -17,9 +17,9 @@ use pyo3::PyTypeInfo;
 
 use crate::chat::ChatError;
 use crate::checkpoint::CheckpointError;
+use crate::limits::SettingError;
 use crate::native::{NativeError, OutOfVocabulary};
 use crate::session::SessionError;
-use crate::settings::SettingError;
 use crate::speculative::SpeculativeStateError;
 use crate::Error;
 
@@ -75,7 +75,7 @@ pub(crate) mod classes {
     );
 }
 
-/// The exception of the seed's speculative-state error: one class per variant.
+/// The exception of the contract's speculative-state error: one class per variant.
 fn speculative_state_error(error: SpeculativeStateError) -> PyErr {
     use classes as c;
     use SpeculativeStateError as E;

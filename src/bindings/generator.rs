@@ -8,20 +8,21 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::arguments::{TokenIds, WideInt};
-use super::batched::PySharedEngine;
 use super::chat::{messages as chat_messages, pairs, Pairs};
 use super::corpus::PyLookupCorpus;
 use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use super::model::PyModel;
+use super::shared_engine::PySharedEngine;
 use crate::chat::Conversation;
 use crate::checkpoint;
-use crate::generator::{Generator, GeneratorConfig, Mode, Positions, RuntimeOptions};
-use crate::sampling::SamplingParams;
-use crate::settings::{draft_policy_name, parse_draft_policy, NgramConfig, SettingError};
+use crate::generator::{Generator, Positions};
+use crate::settings::{
+    draft_policy_name, parse_draft_policy, GeneratorConfig, Mode, NgramConfig, RuntimeOptions,
+    SamplingParams,
+};
 
-/// The core's defaults, written once in `settings.rs`: the constructor's signature (its text signature checked
-/// against them by `crate::signature_tests`) and `GENERATOR_DEFAULTS` read them.
+/// The core's defaults, written once in `settings.rs`, as the constructor's signature and `GENERATOR_DEFAULTS` read them.
 const DEFAULTS: GeneratorConfig = GeneratorConfig::DEFAULT;
 const NGRAM: NgramConfig = NgramConfig::DEFAULT;
 const RUNTIME: RuntimeOptions = RuntimeOptions::DEFAULT;
@@ -200,7 +201,7 @@ fn checked_conversation(conversation: Option<(Pairs, String)>) -> PyResult<Optio
 fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
     let bias = bias.unwrap_or_default();
     if bias.len() > SamplingParams::MAX_LOGIT_BIAS {
-        return Err(SettingError {
+        return Err(crate::limits::SettingError {
             field: "logit_bias",
             reason: format!(
                 "has {} entries, more than {}",
@@ -213,7 +214,7 @@ fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
     bias.into_iter()
         .map(|(token, value)| match i32::try_from(token) {
             Ok(token) if token >= 0 => Ok((token, value)),
-            _ => Err(SettingError {
+            _ => Err(crate::limits::SettingError {
                 field: "logit_bias",
                 reason: format!("token {token} is not a token id"),
             }

@@ -12,6 +12,7 @@ mod guarded;
 mod info;
 mod model;
 mod session;
+mod shared_engine;
 mod threads;
 mod validators;
 
@@ -67,7 +68,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<generator::PyGenerator>()?;
     module.add_class::<corpus::PyLookupCorpus>()?;
     module.add_class::<batched::PyBatchEngine>()?;
-    module.add_class::<batched::PySharedEngine>()?;
+    module.add_class::<shared_engine::PySharedEngine>()?;
     embedding::register(module)?;
     module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;
     module.add_function(wrap_pyfunction!(generator::model_fingerprint, module)?)?;

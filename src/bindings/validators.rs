@@ -1,4 +1,4 @@
-//! The seed's validators and bounds as Python functions and classes.
+//! The contract's validators and bounds as Python functions and classes.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -11,7 +11,7 @@ use crate::speculative::{
     self, SpeculativeContextCapacity, SpeculativeStateError, MAX_SPECULATIVE_STATE_BYTES,
 };
 
-/// Check a speculative session configuration against the seed's bounds.
+/// Check a speculative session configuration against the contract's bounds.
 #[pyfunction]
 pub(crate) fn validate_config(
     n_seq: &Bound<'_, PyAny>,
@@ -149,7 +149,7 @@ pub(crate) fn validate_state_size(size: &Bound<'_, PyAny>) -> PyResult<()> {
     }
 }
 
-/// Raise the Python exception that the seed's status mapping gives `status`
+/// Raise the Python exception that the contract's status mapping gives `status`
 /// (nothing for `MTP_STATE_STATUS_OK`). Exposed so that tests can check the
 /// native-to-Python mapping of every status.
 #[pyfunction]
@@ -157,7 +157,7 @@ pub(crate) fn _raise_for_status(status: u32) -> PyResult<()> {
     Ok(speculative::status_result(status as _)?)
 }
 
-/// The seed's `Display` text of one error variant, named as in the Rust enum.
+/// The contract's `Display` text of one error variant, named as in the Rust enum.
 /// Exposed so that tests can compare it with the Python exceptions' `str()`.
 #[pyfunction]
 #[pyo3(signature = (variant, first = 0, second = 0))]

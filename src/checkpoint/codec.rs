@@ -11,7 +11,8 @@ use super::format::{
 };
 use super::meta::Meta;
 use super::state::{bindings, check_bindings, decode_state, record_bindings, EncodedState};
-use crate::generator::{GeneratorState, Mode};
+use crate::generator::GeneratorState;
+use crate::settings::Mode;
 
 /// A decoded, structurally valid checkpoint borrowing its payloads.
 #[derive(Debug)]

@@ -12,9 +12,9 @@ use crate::checkpoint::format::{FORMAT_VERSION, MAX_SECTIONS};
 use crate::checkpoint::meta::{check_n_ctx_cap, ModelFingerprint};
 use crate::checkpoint::state::{STATE_SIZE, STATE_SIZE_V1};
 use crate::engine::AdaptiveState;
-use crate::sampling::SamplingParams;
 use crate::settings::GeneratorConfig;
 use crate::settings::NgramConfig;
+use crate::settings::SamplingParams;
 
 #[path = "frame_tests.rs"]
 mod frame_tests;

@@ -7,10 +7,11 @@ use serde::{Deserialize, Serialize};
 use super::format::{corrupt, CheckpointError};
 use crate::chat::Conversation;
 use crate::engine::{AdaptiveState, LogprobLog};
+use crate::limits::check_threads;
 use crate::native::info::{LLAMA_CPP_BUILD, LLAMA_CPP_COMMIT, LLAMA_CPP_SYS_VERSION};
-use crate::sampling::{SamplingParams, TokenLogprobs};
-use crate::settings::{check_threads, NgramConfig};
+use crate::sampling::TokenLogprobs;
 use crate::settings::{draft_policy_name, GeneratorConfig, Mode};
+use crate::settings::{NgramConfig, SamplingParams};
 
 /// An exact fingerprint of a model file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,10 +7,9 @@ use super::codec::{Checkpoint, EncodeError, Payload, Sections};
 use super::format::{CheckpointError, SectionKind};
 use super::meta::{check_n_ctx_cap, LogprobsMeta, Meta, ModelFingerprint};
 use super::state::EncodedState;
-use crate::generator::{
-    rollback_snapshots, Generator, GeneratorConfig, LogprobLog, RestoreError, RuntimeOptions,
-};
+use crate::generator::{rollback_snapshots, Generator, LogprobLog, RestoreError};
 use crate::native::{recurrent_state_bytes, Model};
+use crate::settings::{GeneratorConfig, RuntimeOptions};
 use crate::Error;
 
 /// The cap on a restored context when neither the caller nor the model names one.

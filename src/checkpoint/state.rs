@@ -4,7 +4,8 @@
 //! Plain data only.
 
 use super::format::{corrupt, u32_at, u64_at, CheckpointError, SectionKind};
-use crate::generator::{GeneratorState, Mode};
+use crate::generator::GeneratorState;
+use crate::settings::Mode;
 
 /// Bytes of the `state` section in version 1: eight u64, the finished flag, the RNG.
 pub(super) const STATE_SIZE_V1: usize = 8 * 8 + 1 + 32;

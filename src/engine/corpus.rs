@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
-use super::ngram::{agreement_before, MAX_CONTEXT};
+use super::agreement::{agreement_before, MAX_CONTEXT};
 
 /// The largest token budget a corpus may have (16 MiB of tokens).
 pub const MAX_CORPUS_TOKENS: usize = 1 << 22;

@@ -26,6 +26,7 @@
 //! - **Decode failures** keep their type ([`crate::native::NativeError::Decode`]), and the
 //!   drafter abandons its proposal so its state stays quiescent.
 
+pub mod agreement;
 pub mod corpus;
 mod drafters;
 pub mod ngram;

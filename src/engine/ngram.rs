@@ -6,10 +6,8 @@
 //! [`MAX_CONTEXT`] tokens in all) is copied, the most recent among equals. In
 //! text that copies a source with small edits (a file rewritten, a document
 //! quoted) the same few tokens recur in many places (`"""`, `return`, an
-//! indentation), and the longer agreement is the place being copied. On
-//! `make bench`'s edit prompt (a replay of its greedy token stream, drafts of
-//! 4) the longest context's drafted tokens are accepted 76% of the time, the
-//! most recent occurrence's 71%.
+//! indentation), and the longer agreement is the place being copied
+//! (docs/measured.md, "Prompt lookup").
 //!
 //! **Resynchronising.** Text that copies a source changes single tokens of it
 //! (two blank lines for three, `"""` for `."""`). Right after such a change the
@@ -18,22 +16,15 @@
 //! the history's last position differs also competes, with the context that
 //! agrees before that token (at least [`RESYNC_CONTEXT`] tokens), and its
 //! continuation past the replaced token is proposed when that context is the
-//! longest. Measured (`python benchmarks/speculation.py --skip-peers --rounds
-//! 4`, SmolLM2 Q4_1, 2 threads), fixed drafts of 16 are accepted 56% of the
-//! time on the edit prompt and 42% on the code prompt, against 45% and 38%
-//! before; on the quotes prompt 78% against 95% (its answer departs from the
-//! notice once for good, and the passage is still proposed). The adaptive
-//! policy drafts little after a rejection: in three `make bench` runs it ran
-//! the quotes prompt at x1.86, x1.69 and x1.80 of plain decoding, against
-//! x1.92, x1.76 and x1.81 in the three runs before.
+//! longest. It raises acceptance on text that copies with edits and lowers it
+//! where an answer departs from its source for good (the passage is still
+//! proposed); the adaptive policy drafts little after a rejection, so the cost
+//! there stays small (docs/measured.md, "Prompt lookup").
 
-use std::ops::Index;
-
+use super::agreement::{agreement_before, MAX_CONTEXT};
 use super::corpus::LookupCorpus;
 use crate::settings::NgramConfig;
 
-/// Tokens of agreement (the n-gram included) past which occurrences are equal.
-pub const MAX_CONTEXT: usize = 64;
 /// Tokens that must agree before a token the history replaced for the
 /// passage's continuation to be proposed (and at least `n_min`).
 pub const RESYNC_CONTEXT: usize = 8;
@@ -105,18 +96,6 @@ fn best_occurrence(history: &[i32], resync_context: usize) -> Option<(usize, usi
     best
 }
 
-/// How many tokens before `a[..at_a]` and `b[..at_b]` agree, at most `limit`
-/// (slices, or the corpus's ring of held tokens).
-pub(crate) fn agreement_before<A, B>(a: &A, at_a: usize, b: &B, at_b: usize, limit: usize) -> usize
-where
-    A: Index<usize, Output = i32> + ?Sized,
-    B: Index<usize, Output = i32> + ?Sized,
-{
-    (1..=limit.min(at_a).min(at_b))
-        .take_while(|&back| a[at_a - back] == b[at_b - back])
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,14 +144,6 @@ mod tests {
         ]
         .concat();
         assert_eq!(propose(&history, config, 1), vec![7]);
-    }
-
-    #[test]
-    fn agreement_stops_at_the_limit_and_the_history_start() {
-        let history = [4, 4, 4, 4, 4, 4];
-        assert_eq!(agreement_before(&history, 2, &history, 5, 10), 2);
-        assert_eq!(agreement_before(&history, 4, &history, 5, 3), 3);
-        assert_eq!(agreement_before(&history, 0, &history, 5, 3), 0);
     }
 
     fn corpus_of(texts: &[&[i32]]) -> LookupCorpus {

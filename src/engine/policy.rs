@@ -52,10 +52,10 @@ const SCALE: u32 = 256;
 /// Every count decays by an eighth per round that gives evidence.
 const DECAY_SHIFT: u32 = 3;
 /// The counts a generation starts from, `(hits, trials)` in each situation:
-/// two in three. (A higher prior after a whole accepted draft lengthened the
-/// first drafts of a quotation, but cost more on text that does not repeat,
-/// where a one-token draft accepted by chance then set off a long one:
-/// measured, story ×0.91 of `none` instead of ×1.00.)
+/// two in three, the same after a whole accepted draft as after others: a
+/// higher prior there would set off a long draft after a one-token draft
+/// accepted by chance on text that does not repeat (docs/measured.md,
+/// "Adaptive draft length").
 const PRIOR: [(u32, u32); 2] = [(2 * SCALE, 3 * SCALE); 2];
 /// Rounds without evidence after which a drafter that does not propose for
 /// free is probed with a one-token draft.
@@ -68,9 +68,7 @@ pub const MAX_COST_MICROS: u32 = 60_000_000;
 const MAX_TRIALS: u32 = (crate::speculative::MAX_SPECULATIVE_DRAFT_TOKENS as u32 + 2) * 8 * SCALE;
 /// How much more a draft's expected tokens per microsecond must be than a
 /// plain round's: acceptance and cost are estimates, and where drafts barely
-/// pay the errors decide. On the story prompt (text that does not repeat,
-/// drafts of 1 to 3 tokens accepted about a third of the time) drafting lost
-/// 10 to 30 ms in 1.1 s of generation without it.
+/// pay the errors decide (docs/measured.md, "Adaptive draft length").
 const DRAFT_MARGIN: f64 = 0.1;
 /// Timed repetitions of each batch size (the fastest counts).
 const REPETITIONS: usize = 2;
@@ -384,9 +382,8 @@ impl BatchTimer {
     /// What a batch of `rows` rows costs between plain decodes, as a draft
     /// comes between plain rounds: its own time (llama.cpp builds the graph
     /// of a batch of another size anew) and what it adds to the plain decode
-    /// after it (a graph built anew again, caches refilled: SmolLM2 Q4_1, 2
-    /// threads, after 200 tokens, a plain decode took 0.3 ms more after 2 rows
-    /// than after a plain decode, 0.7 ms more after 9 or 17 rows, of 8 ms).
+    /// after it (a graph built anew again, caches refilled; docs/measured.md,
+    /// "Adaptive draft length").
     /// Each of the three decodes counts its fastest of [`REPETITIONS`], and
     /// the excess is never below zero (the fastest of a difference would
     /// pick the noise).
@@ -452,7 +449,7 @@ mod tests {
         }
     }
 
-    /// The CPU curve measured on SmolLM2 Q4_1 (11 ms plus 4 ms a row).
+    /// A CPU-like curve: 11 ms plus 4 ms a row.
     fn cpu_curve(rows: usize) -> Vec<u32> {
         (1..=rows)
             .map(|r| 11_000 + 4_000 * (r as u32 - 1))

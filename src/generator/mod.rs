@@ -20,7 +20,6 @@ mod target;
 
 use std::sync::Arc;
 
-pub use crate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions, SettingError};
 pub(crate) use build::{new_member, rollback_snapshots};
 pub(crate) use member::{history_drafter, Member};
 pub use restore::{Boundary, Positions, RestoreError};
@@ -32,10 +31,12 @@ pub use crate::engine::LogprobLog;
 use crate::engine::{
     AdaptiveState, Cursor, DraftModelDrafter, Drafter, Engine, Round, SessionDrafter,
 };
+use crate::limits::SettingError;
 use crate::native::Grammar;
 use crate::native::{Batch, Context, Model};
-use crate::sampling::{GrammarState, Rng, SamplingParams};
+use crate::sampling::{GrammarState, Rng};
 use crate::session::DraftSession;
+use crate::settings::{GeneratorConfig, Mode, SamplingParams};
 use crate::{Error, Result};
 use batching::history_engine;
 

@@ -139,9 +139,9 @@ pub(crate) struct Shared {
 /// The lock, and a signal for each side: the decoder waits on `work` (rows
 /// submitted, a decode's rows all read, the engine dropped), the generators'
 /// threads on `rounds` (a decode done, a decode's rows all read). A submission
-/// wakes the decoder only: waking every waiting generator's thread then made
-/// them runnable while a decode's threads held both CPUs (`perf sched`: 2.5 ms
-/// waits for a CPU), and each one that got a CPU held a decode thread up.
+/// wakes the decoder only: a generator's thread woken while a decode's threads
+/// hold the CPUs waits for a CPU, and once it gets one it holds a decode
+/// thread up (docs/measured.md, "Shared engine").
 struct Core {
     shared: Mutex<Shared>,
     work: Condvar,
@@ -184,9 +184,9 @@ impl Core {
 
     /// The decoder's loop: decode the pending rows whenever they are ready,
     /// until the engine is dropped. Every shared decode runs on this one
-    /// thread: rounds only plan, submit, wait and judge (measured: decodes run
-    /// from whichever round's thread found them ready took about twice as
-    /// long at 4 sequences, docs/batching.md).
+    /// thread: rounds only plan, submit, wait and judge, so a decode's threads
+    /// are never a round's thread that other work descheduled (docs/measured.md,
+    /// "Shared engine").
     fn decode_until_stopped(&self) {
         let mut shared = self.lock();
         while !shared.stopping {

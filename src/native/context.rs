@@ -320,7 +320,7 @@ impl Context {
         unsafe { sys::llama_n_ctx_seq(self.raw.as_ptr()) }
     }
 
-    /// The capacities the seed's `validate_context_capacities` checks, read from llama.cpp.
+    /// The capacities the contract's `validate_context_capacities` checks, read from llama.cpp.
     pub(crate) fn capacity(&self) -> SpeculativeContextCapacity {
         // SAFETY: the context is live; these are plain getters.
         let (batch, micro_batch, recurrent_slots) = unsafe {

@@ -18,8 +18,7 @@ use super::chat::last_shim_error;
 use super::{Model, NativeError, NativeResult};
 use crate::messages::fill;
 
-/// The longest grammar accepted, from a caller or a file (bytes).
-pub use crate::limits::MAX_GRAMMAR_BYTES;
+use crate::limits::MAX_GRAMMAR_BYTES;
 
 /// What the grammar is when llama.cpp's grammar engine throws (`{detail}`:
 /// the exception's message, which names the bound exceeded).

@@ -100,6 +100,13 @@ extern "C" {
     /// tiles on this CPU (512 or 256 bits; -1 without such kernels), read
     /// once per process.
     fn ggml_cpu_exact_tiles() -> std::os::raw::c_int;
+    /// specstate's patch 0011 (`repack.cpp`): 1 when verification's products
+    /// of repacked Q4_K weights take the multi-column gemv, 0 when the gemv
+    /// runs once per column; -1 without such a kernel.
+    fn ggml_cpu_exact_q4_k() -> std::os::raw::c_int;
+    /// specstate's patch 0011: chunks of Q4_K products the multi-column gemv
+    /// has computed in this process.
+    fn ggml_cpu_exact_q4_k_cols_chunks() -> i64;
 }
 
 /// How the exact multi-column kernels of verification sum their integer products on this CPU: `avx2`
@@ -141,6 +148,27 @@ pub fn exact_tiles() -> &'static str {
         256 => "avx2",
         _ => "none",
     }
+}
+
+/// How verification's products of repacked Q4_K weights (the bulk of Q4_K_M files) run: `cols` (every column of
+/// a batch of 2 to 17 at once, the weights unpacked once for all of them), `rows` (the single-column gemv once per
+/// column: `GGML_CPU_EXACT_Q4_K=rows` in the environment), or `none` (no such kernel in this build: not x86 with
+/// AVX2). Both give the same bits.
+pub fn exact_q4_k() -> &'static str {
+    // SAFETY: a parameterless function of the patched ggml-cpu (every build
+    // applies the patches) that reads the environment once and returns a constant.
+    match unsafe { ggml_cpu_exact_q4_k() } {
+        1 => "cols",
+        0 => "rows",
+        _ => "none",
+    }
+}
+
+/// How many chunks of Q4_K products the multi-column gemv has computed in this process (0 until a verification of a
+/// model with repacked Q4_K weights runs; tests check that the kernel is taken).
+pub fn exact_q4_k_cols_chunks() -> i64 {
+    // SAFETY: a parameterless function of the patched ggml-cpu that reads an atomic counter.
+    unsafe { ggml_cpu_exact_q4_k_cols_chunks() }
 }
 
 /// The backends compiled into this build.

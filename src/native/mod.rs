@@ -21,8 +21,6 @@ mod seq_state;
 mod session;
 pub mod threads;
 
-/// The native layer's bounds, owned by the leaf [`crate::limits`].
-pub use crate::limits::{MAX_BATCH_ROWS, MAX_SEQUENCES};
 pub use backend::ensure_backend;
 pub use batch::Batch;
 pub use chat::{builtin_template_names, ChatTemplates, PromptPart, MAX_RENDERED_BYTES};
@@ -34,7 +32,7 @@ pub use embedding::{
     Embedder, EmbedderParams, Embedding, EmbeddingInputError, Pooling, MAX_EMBEDDING_FLOATS,
     MAX_EMBEDDING_INPUTS,
 };
-pub use grammar::{json_schema_to_grammar, Grammar, MAX_GRAMMAR_BYTES};
+pub use grammar::{json_schema_to_grammar, Grammar};
 pub use model::Model;
 pub use session::{OtherContexts, SessionConfig, SessionHandle, SpecType, StateStatus};
 pub use threads::default_threads;

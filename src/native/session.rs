@@ -58,7 +58,7 @@ impl SpecType {
     }
 }
 
-/// A session's configuration (checked by the seed's `validate_config` first: `crate::session::DraftSession::new`).
+/// A session's configuration (checked by the contract's `validate_config` first: `crate::session::DraftSession::new`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SessionConfig {
     /// Sequence slots.
@@ -226,7 +226,7 @@ impl SessionHandle {
     }
 }
 
-/// The shim's state calls, through which the seed's capture and restore
+/// The shim's state calls, through which the contract's capture and restore
 /// protocol (`crate::speculative::capture_state`, `restore_state`) runs.
 impl SessionState for SessionHandle {
     /// `mtp_session_state_size`: the status, and the bytes of `seq_id`'s state.

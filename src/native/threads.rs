@@ -8,11 +8,11 @@
 //! restore that keeps a checkpoint's count, the server's slots and the Ray workers take their count from
 //! [`default_threads`].
 //!
-//! Now: ggml's threads wait for each other at each of a graph's hundreds of barriers, so a thread the kernel
-//! deschedules holds the others up, and a count the process cannot get collapses decoding (2 threads beside one
-//! busy process on 2 cores: a third of one thread's speed, issue 33). No way of waiting saves two threads that
-//! cannot both run (llama-cpp-sys-4/README.md measures them); running fewer does. So each graph runs with at most
-//! the CPUs that the other runnable tasks leave free, read from the kernel's count of runnable tasks just before it.
+//! ggml's threads wait for each other at each of a graph's hundreds of barriers, so a thread the kernel
+//! deschedules holds the others up, and a count the process cannot get collapses decoding. No way of waiting
+//! saves two threads that cannot both run; running fewer does (docs/measured.md, "Threads beside busy
+//! processes"). So each graph runs with at most the CPUs that the other runnable tasks leave free, read from the
+//! kernel's count of runnable tasks just before it.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,6 +1,7 @@
 //! The settings' rules and defaults.
 
 use super::*;
+use crate::limits::MAX_THREADS;
 
 fn config(mode: Mode) -> GeneratorConfig {
     GeneratorConfig {

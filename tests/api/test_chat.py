@@ -206,7 +206,7 @@ def test_a_conversation_resumes_across_processes_exactly(
             assert (out / f"turn-{index}.ckpt").read_bytes() == saved[turn + index].read_bytes()
 
 
-# --- templates that enforce role alternation (issue 20, item 2) --------------------------------
+# --- templates that enforce role alternation ---------------------------------------------------
 
 _ALTERNATE = (
     "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"

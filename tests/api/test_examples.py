@@ -1,4 +1,4 @@
-"""The examples run as a user runs them (issue 35: a RAG example and a tools example), on SmolLM2."""
+"""The examples run as a user runs them (a RAG example and a tools example), on SmolLM2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What ported llama-cpp-python scripts use beyond the calls (issue 35): the state and cache API, the
+"""What ported llama-cpp-python scripts use beyond the calls: the state and cache API, the
 constructor's parameters, the helper methods, signatures that show every parameter, string logit_bias keys,
 and usage counted as llama-cpp-python counts it."""
 

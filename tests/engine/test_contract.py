@@ -1,8 +1,8 @@
-"""The seed contract as Python sees it: bounds, validators, errors, build info.
+"""The speculative-session contract as Python sees it: bounds, validators, errors, build info.
 
-Validators are tested differentially against ``seed_model``, an independent
-pure-Python model of the seed contract (``src/speculative.rs``; the seed itself
-is ``../shared/seed/speculative.rs``, outside this repository), over
+Validators are tested differentially against ``contract_model``, an independent
+pure-Python model of the speculative-session contract (``src/speculative.rs``; given as
+``../shared/seed/speculative.rs``, outside this repository), over
 hypothesis-generated inputs, plus explicit boundaries.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import seed_model as model
+import contract_model as model
 import specstate
 from specstate import (
     CapacityError,

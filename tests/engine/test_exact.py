@@ -1,4 +1,4 @@
-"""Exact verification (issue 21): a verified row gets the bits of the single-token decode, on any thread count.
+"""Exact verification: a verified row gets the bits of the single-token decode, on any thread count.
 
 specstate's llama.cpp patch (llama-cpp-sys-4/patches) runs batches of up to 17 rows through the single-row
 kernels and gives flash attention a KV chunk shape that does not depend on the thread count. So:
@@ -8,7 +8,7 @@ kernels and gives flash attention a KV chunk shape that does not depend on the t
   at 1 and 2 threads (3 and 4 outside the suite), after a prompt long enough (300 tokens) that the KV cache
   spans several chunks;
 so speculative greedy output can equal plain greedy output token for token, and a checkpoint continue
-exactly on another thread count (the generation-level tests are the next step of issue 21).
+exactly on another thread count.
 """
 
 from __future__ import annotations
@@ -148,6 +148,38 @@ def test_attention_sharing_each_cell_gives_the_same_bits(quantized: dict[str, Mo
             _, _, ran, prompt_tokens, digests[attention, n_threads] = result.stdout.split()[-5:]
             assert ran == attention
             assert int(prompt_tokens) > 256  # a single decode's heads span two chunks
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_q4_k_columns_at_once_give_the_same_bits(quantized: dict[str, Model]) -> None:
+    """Patch 0011: a verification's products of repacked Q4_K weights take every column at once (each weight block
+    loaded and unpacked once for all of them), each column with the bits of the single-column gemv a decode runs.
+    Each way, in its own process, keeps batch rows equal to single decodes at 1 and 2 threads, the multi-column kernel
+    really runs (its chunk counter), and both give the logits of the gemv once per column
+    (``GGML_CPU_EXACT_Q4_K=rows``). The other exact kernels' ways of summing (the model's other tensors) change no bit
+    either (a way the CPU lacks falls back to AVX2)."""
+    worker = [sys.executable, str(SUPPORT / "exact_sums_worker.py"), str(quantized["Q4_K"].path)]
+    digests = {}
+    for way in ("cols", "rows"):
+        for n_threads in THREADS:
+            for sums in ("avx2", "avx512vnni") if way == "cols" else ("avx2",):
+                env = {key: value for key, value in os.environ.items() if key != "GGML_CPU_EXACT_Q4_K"}
+                env["GGML_CPU_EXACT_SUMS"] = sums
+                if way == "rows":
+                    env["GGML_CPU_EXACT_Q4_K"] = "rows"
+                result = subprocess.run(
+                    [*worker, str(n_threads)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                ran, chunks, *_, digests[way, n_threads, sums] = result.stdout.split()[-7:]
+                assert ran == way
+                if way == "cols":
+                    assert int(chunks) > 0, "the multi-column Q4_K kernel did not run"
+                else:
+                    assert int(chunks) == 0
     assert len(set(digests.values())) == 1, digests
 
 

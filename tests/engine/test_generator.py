@@ -378,7 +378,7 @@ def test_generator_usage_errors(tiny_map: dict[str, Path]) -> None:
 
 
 def test_a_hybrid_draft_model_is_refused_and_a_hybrid_target_rolls_back(tiny_map: dict[str, Path]) -> None:
-    """Issue 20, item 11: a hybrid draft model could not roll back its first rejected draft."""
+    """A hybrid draft model cannot roll back a rejected draft: refused; a hybrid target can."""
     llama, qwen35 = Model(tiny_map["llama"]), Model(tiny_map["qwen35"])
     with pytest.raises(ValueError, match=r"draft model \(qwen35\) is recurrent or hybrid"):
         Generator(llama, mode="draft", draft_model=qwen35, n_ctx=TINY_CTX, n_batch=64, n_threads=1)
@@ -411,7 +411,7 @@ def test_checkpoint_size_is_the_state_in_use(smollm2: Model) -> None:
 
 
 def test_getters_from_another_thread_wait_for_a_running_call(smollm2: Model) -> None:
-    """Reads from a second thread while the owner generates: values, never a borrow error (issue 20, item 12)."""
+    """Reads from a second thread while the owner generates: values, never a borrow error."""
     generator = Generator(smollm2, mode="ngram", n_ctx=512, n_threads=1)
     generator.generate("Count from one to fifty: one, two, three,", max_tokens=1)
     done = threading.Event()
@@ -442,7 +442,7 @@ def test_getters_from_another_thread_wait_for_a_running_call(smollm2: Model) -> 
 
 
 def test_n_ctx_0_is_the_trained_length_and_n_batch_is_clamped_to_n_ctx(tiny_map: dict[str, Path]) -> None:
-    """As in llama.cpp and llama-cpp-python (issue 24): resolved once in the core, recorded resolved."""
+    """As in llama.cpp and llama-cpp-python: resolved once in the core, recorded resolved."""
     model = Model(tiny_map["llama"])
     trained = model.n_ctx_train
     assert trained >= 2

@@ -179,7 +179,7 @@ def test_the_caller_can_cap_the_context_of_a_restore(
 def test_a_forged_draft_length_on_a_hybrid_model_is_refused_before_its_contexts_exist(
     runs: dict[str, tuple[Generator, bytes, bytes]], tiny_map: dict[str, Path]
 ) -> None:
-    """Issue 20, item 9: n_draft 1000 (so n_batch 1001) had a 4 MB model's contexts reserve 2.1 GB."""
+    """n_draft 1000 (so n_batch 1001) would have a 4 MB model's contexts reserve gigabytes: refused first."""
     target = Model(tiny_map["qwen35"])
     rows = codec.rewrite_meta(runs["mtp"][2], n_draft=1000, n_batch=1001, n_ctx=1024)
     with pytest.raises(AllocationLimitError, match="n_batch of 1001") as refused:
@@ -200,7 +200,7 @@ def test_a_forged_draft_length_on_a_hybrid_model_is_refused_before_its_contexts_
 
 
 def test_a_sequence_state_claiming_two_recurrent_cells_is_refused_not_an_abort(qwen35_model: Model) -> None:
-    """Issue 20, item 10: llama.cpp asserted (GGML_ASSERT, an abort) in a context of two sequences."""
+    """llama.cpp would assert (GGML_ASSERT, an abort) on such a state in a context of two sequences."""
     context = Context(qwen35_model, n_ctx=256, n_batch=32, n_ubatch=32, n_seq_max=2, n_threads=1)
     context.decode([1, 2, 3, 4, 5], 0, seq_id=0)
     state = context.seq_state(0)
@@ -271,9 +271,8 @@ def test_a_hybrid_generator_with_a_tiny_batch_is_not_an_abort(qwen35_model: Mode
 
 
 def test_a_hybrid_context_shorter_than_its_snapshots_need_is_refused_not_an_abort(qwen35_model: Model) -> None:
-    """Found by the fuzzer (issue 20): llama.cpp caps n_batch at n_ctx, so n_ctx = n_draft + 1 left a
-    compute pass no longer than the rollback snapshots, and the first decode hit
-    GGML_ASSERT(n_ubatch > n_keep_tail)."""
+    """llama.cpp caps n_batch at n_ctx, so n_ctx = n_draft + 1 would leave a compute pass no longer than the
+    rollback snapshots, and the first decode would hit GGML_ASSERT(n_ubatch > n_keep_tail)."""
     with pytest.raises(ContextError, match="must exceed n_rs_seq"):
         Generator(qwen35_model, mode="ngram", n_ctx=12, n_batch=12, n_draft=11, n_threads=1)
     generator = Generator(qwen35_model, mode="ngram", n_ctx=13, n_batch=12, n_draft=11, n_threads=1)

@@ -270,7 +270,7 @@ def test_decode_releases_the_gil(smollm2: Model) -> None:
 
 def test_a_context_decoding_answers_other_threads(smollm2: Model) -> None:
     """While the owner decodes (GIL released), another thread reads the fixed getters and is refused
-    everything else with ThreadAffinityError, never a borrow error (issue 20, item 12)."""
+    everything else with ThreadAffinityError, never a borrow error."""
     prompt = smollm2.tokenize("The quick brown fox jumps over the lazy dog. " * 60)[:480]
     context = Context(smollm2, n_ctx=512, n_threads=1)
     values: dict[str, Callable[[], object]] = {
@@ -299,7 +299,7 @@ def test_a_context_decoding_answers_other_threads(smollm2: Model) -> None:
 
 def test_a_batch_being_decoded_waits_for_the_decode(smollm2: Model) -> None:
     """Another thread's add and len of a batch the owner is decoding wait for the decode (the rows
-    decoded are the ones it started with), never a borrow error (issue 20, item 12)."""
+    decoded are the ones it started with), never a borrow error."""
     prompt = smollm2.tokenize("The quick brown fox jumps over the lazy dog. " * 60)[:480]
     assert len(prompt) == 480
     context = Context(smollm2, n_ctx=512, n_threads=1)

@@ -1,6 +1,6 @@
 """MTP and EAGLE-3 sessions on real llama.cpp over tiny GGUF models.
 
-The heart of the seed: speculative generation commits exactly the target's
+The heart of the speculative-session contract: speculative generation commits exactly the target's
 greedy tokens, and a generation checkpointed at a quiescent boundary (target
 sequence state, draft sequence state, speculative state) resumes in fresh
 contexts -- and in a fresh process -- token for token.
@@ -338,7 +338,7 @@ def test_configuration_is_validated_before_allocation(
     # first decode: every compute pass must exceed n_rs_seq + 1 rows) ...
     with pytest.raises(ContextError, match="must exceed n_rs_seq"):
         Context(qwen35_model, n_ctx=N_CTX, n_batch=3, n_rs_seq=3, n_ubatch=8)
-    # ... so the seed's batch check is met with a transformer target.
+    # ... so the contract's batch check is met with a transformer target.
     small = Context(llama_model, n_ctx=N_CTX, n_batch=3)
     with pytest.raises(CapacityError, match=r"^target or draft batch capacity"):
         Eagle3Session(small, Context(eagle3_draft_model, n_ctx=N_CTX, other=small))
@@ -376,7 +376,7 @@ def test_sessions_refuse_other_threads(models_by_kind: dict[str, tuple[Model, Mo
 
 def test_a_generation_running_answers_other_threads(qwen35_model: Model) -> None:
     """While the owner generates (GIL released), another thread reads the session's and the contexts' fixed
-    getters and is refused everything else with ThreadAffinityError, never a borrow error (issue 20, item 12)."""
+    getters and is refused everything else with ThreadAffinityError, never a borrow error."""
     setup = build("mtp", qwen35_model, None)
     session, target = setup.session, setup.target
     prompt = qwen35_model.tokenize("the quick brown fox")
@@ -525,7 +525,7 @@ HUGE = 2**40
 
 
 def test_huge_integers_are_refused_by_name_never_overflow_errors(qwen35_model: Model) -> None:
-    """Integers beyond the native types meet the same rules as any other out-of-range value (issue 20, item 13)."""
+    """Integers beyond the native types meet the same rules as any other out-of-range value."""
     target = Context(qwen35_model, n_ctx=N_CTX, n_rs_seq=3, n_ubatch=8)
     draft = Context(qwen35_model, n_ctx=N_CTX, kind="mtp", n_rs_seq=3, n_ubatch=8)
     for name in ("n_seq", "n_draft_max", "n_min"):

@@ -1,6 +1,6 @@
 """Text prompts mean what they say: special-token text is parsed, as llama.cpp's tools parse it.
 
-The new-user example of issue 10: a chat-formatted string given to
+A new user's example: a chat-formatted string given to
 ``Generator.generate`` on SmolLM2-Instruct reaches the model as its special
 tokens (not as punctuation and letters), so it gets the reply the token ids
 would get, ending its turn. ``literal=True`` (``--literal`` on the command

@@ -81,3 +81,40 @@ def test_the_specstate_names_a_page_uses_exist(page: Path) -> None:
     }
     missing = sorted(name for name in named if not _resolves(name))
     assert not missing, f"{page.name} names what specstate does not have: {missing}"
+
+
+#: A file name as docs/layout.md gives it, relative to the folder its row is about.
+FILE_NAME = re.compile(r"^[\w./-]+\.(?:rs|py|pyi|cpp|cmake|sh|txt)$")
+
+
+def _layout_rows(heading: str) -> list[list[str]]:
+    """The rows of the table under ``heading`` in docs/layout.md, each as its cells' code spans."""
+    text = (ROOT / "docs" / "layout.md").read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| `")]
+    return [[" ".join(CODE.findall(cell)) for cell in row] for row in rows]
+
+
+def _found(name: str, places: list[Path]) -> bool:
+    """Whether ``name`` is a file of the repository, or of one of ``places`` (folders, searched whole)."""
+    if "/" in name and (ROOT / name).exists():
+        return True
+    return any((place / name).exists() or any(place.rglob(Path(name).name)) for place in places if place.is_dir())
+
+
+def test_the_files_docs_layout_names_exist() -> None:
+    """Every file a row of docs/layout.md's file table names is in the folder the row is about (or under it)."""
+    missing = []
+    for cells in _layout_rows("Files"):
+        paths = [ROOT / path for path in cells[0].split()]  # a glob (``tests/*.rs``) stands for its folder
+        places = [path if path.is_dir() else path.parent for path in paths] + [path.with_suffix("") for path in paths]
+        assert all(path.exists() or "*" in path.name for path in paths), cells[0]
+        missing += [name for name in " ".join(cells[1:]).split() if FILE_NAME.match(name) and not _found(name, places)]
+    assert not missing, f"docs/layout.md names files that do not exist: {missing}"
+
+
+def test_the_core_modules_docs_layout_names_exist() -> None:
+    """Every module the core's import table names is a top module of the crate (src/lib.rs)."""
+    modules = set(re.findall(r"^(?:pub )?mod (\w+);", (ROOT / "src" / "lib.rs").read_text(), re.MULTILINE))
+    named = {name for cells in _layout_rows("The core's modules") for cell in cells for name in cell.split(" ")}
+    missing = sorted(name.rstrip(",") for name in named if name and name.rstrip(",") not in modules)
+    assert not missing, f"docs/layout.md's module table names modules the crate does not have: {missing}"

@@ -1,4 +1,4 @@
-"""``specstate serve --slots N`` decodes the slots' generations together on one engine (issue 34): concurrent
+"""``specstate serve --slots N`` decodes the slots' generations together on one engine: concurrent
 chats get, token for token, the replies the same requests get alone (drafting from the server's corpus of earlier
 requests changes none of them), and ``/metrics`` counts the shared decodes."""
 

@@ -1,4 +1,4 @@
-"""What OpenAI clients send and expect of ``specstate serve`` (issue 35): the model by name, usage in a stream,
+"""What OpenAI clients send and expect of ``specstate serve``: the model by name, usage in a stream,
 string logit_bias keys, and OpenAI error bodies for paths and methods the server does not have."""
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The logits of a prompt's verified rows, in batches of 2 to 17 and one at a time, under the integer sums that
 ``GGML_CPU_EXACT_SUMS`` picks and the attention that ``GGML_CPU_EXACT_ATTN`` picks (used by test_exact.py).
 
-Usage: [GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni] [GGML_CPU_EXACT_ATTN=rows] \
+Usage: [GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni] [GGML_CPU_EXACT_ATTN=rows] [GGML_CPU_EXACT_Q4_K=rows] \
     python exact_sums_worker.py MODEL N_THREADS
-Checks that every batch row equals its single decode; prints the way of summing, the tiles' registers and the way of
+Checks that every batch row equals its single decode; prints how Q4_K products ran (``cols`` or ``rows``) and how
+many chunks the multi-column Q4_K kernel computed, the way of summing, the tiles' registers and the way of
 attending that ran, and the SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's
 chunks of 256 cells, so a single decode spreads its heads' chunks over the threads while a batch's rows walk theirs
 whole.
@@ -40,7 +41,15 @@ def main() -> None:
         assert rows == singles[:n], f"batch of {n}: rows differ from single decodes"
         digest.update(b"".join(rows))
     info = native_info()
-    print(info["exact_sums"], info["exact_tiles"], info["exact_attention"], len(prompt), digest.hexdigest())
+    print(
+        info["exact_q4_k"],
+        info["exact_q4_k_cols_chunks"],
+        info["exact_sums"],
+        info["exact_tiles"],
+        info["exact_attention"],
+        len(prompt),
+        digest.hexdigest(),
+    )
 
 
 if __name__ == "__main__":

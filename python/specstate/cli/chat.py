@@ -1,4 +1,4 @@
-"""``specstate chat``: an interactive chat (the loop is :mod:`specstate.chat_cli`) that saves and resumes
+"""``specstate chat``: an interactive chat (the loop is :mod:`specstate.cli._chat_loop`) that saves and resumes
 exactly."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from specstate.chat_cli import run_chat
+    from specstate.cli._chat_loop import run_chat
 
     save = args.save if args.save is not None else args.resume
     check_save_path(save, "--save" if args.save is not None else "--resume")

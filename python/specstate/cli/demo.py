@@ -20,17 +20,17 @@ def add_parsers(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from specstate.demo import run_demo
+    from specstate.cli._demo import run_demo
 
     run_demo()
 
 
 def run_serve(args: argparse.Namespace) -> None:
-    _run_optional(args.command, "specstate.serve_demo", "run_serve_demo", "the server extra (specstate[server])")
+    _run_optional(args.command, "specstate.cli._serve_demo", "run_serve_demo", "the server extra (specstate[server])")
 
 
 def run_cluster(args: argparse.Namespace) -> None:
-    _run_optional(args.command, "specstate.cluster_demo", "run_cluster_demo", "Ray: pip install 'specstate[ray]'")
+    _run_optional(args.command, "specstate.cli._cluster_demo", "run_cluster_demo", "Ray: pip install 'specstate[ray]'")
 
 
 def _run_optional(command: str, module: str, function: str, needs: str) -> None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def _utf8_decoder() -> codecs.IncrementalDecoder:
-    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+from specstate._text import Utf8Decoder
 
 
 @dataclass
@@ -46,7 +43,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     pieces: list[bytes] = field(default_factory=list)
     handed: int = 0  # pieces that the caller's streams have taken
-    decoder: codecs.IncrementalDecoder = field(default_factory=_utf8_decoder)  # of the caller's streams
+    decoder: Utf8Decoder = field(default_factory=Utf8Decoder)  # of the caller's streams
     produced: int = 0  # tokens the current worker run has produced (streamed or replayed)
     pending: Any = None  # the outstanding advance
     checkpoint: Any = None  # latest confirmed checkpoint (an ObjectRef) and the tokens handed out at it

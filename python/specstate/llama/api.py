@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from specstate._native import LookupCorpus, Model, SharedEngine
+from specstate._text import StopScanner
 from specstate._typing import DraftPolicy, GeneratorSettings, Mode
 from specstate.chat import as_messages, chat_template, render_tools, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
@@ -53,7 +54,6 @@ from specstate.llama.results import (
     _chat_completion,
     _LogprobTracker,
     _Run,
-    _StopScanner,
     _tool_chat_completion,
     prompt_logprobs,
 )
@@ -549,12 +549,12 @@ class Llama:
         text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
         self._conversation = _Conversation(generator, call.sampling)
         self._last = generator
-        scanner = _StopScanner(text, call.stops)
+        scanner = StopScanner(text, call.stops)
         model = call.model or self.model_path
         pieces = self._watch(iter(scanner), generator)
         run = _Run(generator, pieces, model, f"chatcmpl-{uuid.uuid4()}", scanner, limit=limit)
         run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
-        return ChatStream(self, run) if streaming else _chat_completion(run)
+        return ChatStream(self.release, run) if streaming else _chat_completion(run)
 
     def _tool_chat(
         self, messages: Sequence[ChatMessage], call: CallSettings, streaming: bool
@@ -599,12 +599,12 @@ class Llama:
         where the paused stream left them, without a second role chunk."""
         generator = self.restore_chat(parked.checkpoint)
         text = generator.continue_reply(max_tokens=parked.remaining)
-        scanner = _StopScanner(text, parked.stops, parked.held)
+        scanner = StopScanner(text, parked.stops, parked.held)
         run = _Run(generator, self._watch(iter(scanner), generator), parked.model, parked.id, scanner, parked.created)
         run.limit = parked.remaining + len(generator.tokens)
         if parked.reported is not None:
             run.logprobs = _LogprobTracker(self.model, generator, reported=parked.reported[0], sent=parked.reported[1])
-        return ChatStream(self, run, started=True)
+        return ChatStream(self.release, run, started=True)
 
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         """A completion's prompt as tokens (text read as :meth:`Generator.stream` reads it)."""

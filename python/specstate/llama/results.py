@@ -1,17 +1,18 @@
-"""What a call returns: its run, log-probabilities, chunks and whole results, streams that can park, stop strings."""
+"""What a call returns: its run, log-probabilities, chunks and whole results, streams that can park.
+
+The one builder of OpenAI-shaped results: the llama-cpp-python API's and both of ``specstate serve``'s backends'."""
 
 from __future__ import annotations
 
-import codecs
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specstate._native import EXACT_PROMPT_ROWS, Context, Model
+from specstate._text import StopScanner, Utf8Decoder
 from specstate._typing import TokenLogprobs
-from specstate.generator import Generator, TextStream
+from specstate.generator import Generator
 from specstate.llama.types import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -31,8 +32,8 @@ from specstate.llama.types import (
 )
 from specstate.tool_calls import ToolCall, ToolCallStream
 
-if TYPE_CHECKING:
-    from specstate.llama.api import Llama
+#: A result's ``id``, ``created`` and ``model``.
+Labels = tuple[str, int, str]
 
 _FINISH: dict[str, FinishReason] = {"eos": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
 
@@ -45,7 +46,7 @@ class _Run:
     pieces: Iterator[str]
     model: str
     id: str
-    scanner: _StopScanner | None = None
+    scanner: StopScanner | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     #: The reply's token budget (a chat's).
     limit: int = 0
@@ -62,6 +63,11 @@ class _Run:
         """Tokens of the prompt (the whole conversation, for a chat) and of the reply (see :func:`usage_of`)."""
         return usage_of(self.generator)
 
+    @property
+    def labels(self) -> Labels:
+        """Its results' ``id``, ``created`` and ``model``."""
+        return self.id, self.created, self.model
+
 
 def reply_tokens(model: Model, tokens: Sequence[int]) -> int:
     """The reply's tokens as llama-cpp-python counts them: every token generated but an end-of-generation
@@ -72,7 +78,11 @@ def reply_tokens(model: Model, tokens: Sequence[int]) -> int:
 def usage_of(generator: Generator) -> CompletionUsage:
     """The usage of ``generator``'s call: its prompt's tokens (the whole conversation, for a chat) and its
     reply's (:func:`reply_tokens`)."""
-    prompt, reply = len(generator.prompt_tokens), reply_tokens(generator.model, generator.tokens)
+    return usage_counts(len(generator.prompt_tokens), reply_tokens(generator.model, generator.tokens))
+
+
+def usage_counts(prompt: int, reply: int) -> CompletionUsage:
+    """The ``usage`` of a call whose prompt has ``prompt`` tokens and whose reply has ``reply``."""
     return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
 
 
@@ -85,7 +95,7 @@ class _LogprobTracker:
         self._model, self._generator = model, generator
         #: Tokens of the reply reported so far, and characters of its text sent.
         self.reported, self.sent = reported, sent
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._decoder = Utf8Decoder()
         self._spans: list[tuple[int, int]] = []
 
     def advance(self, text: str, *, final: bool = False) -> list[tuple[int, TokenLogprobs]]:
@@ -95,7 +105,7 @@ class _LogprobTracker:
         tokens = self._generator.tokens
         end = self._spans[-1][1] if self._spans else 0
         for token in tokens[len(self._spans) :]:
-            start, end = end, end + len(self._decoder.decode(self._model.token_to_piece(token)))
+            start, end = end, end + len(self._decoder.token(self._model, token))
             self._spans.append((start, end))
         ready = self.reported
         while ready < len(self._spans) and self._spans[ready][0] < self.sent:
@@ -169,11 +179,11 @@ def prompt_logprobs(
             for row, token in enumerate(tokens[start + 1 : start + 1 + len(chunk)]):
                 records[start + 1 + row] = TokenLogprobs(token, *context.token_logprobs(row, token, top_n))
     result, offset = _no_logprobs(), 0
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder = Utf8Decoder()
     for index in range(first, len(tokens)):
         record = records[index] if index > first else None
         _add_entry(result, model, tokens[index], offset, record, special)
-        offset += len(decoder.decode(model.token_to_piece(tokens[index], special=special)))
+        offset += len(decoder.token(model, tokens[index], special=special))
     return result
 
 
@@ -213,11 +223,17 @@ def joined_completion(chunks: Sequence[CompletionChunk], usage: CompletionUsage)
             for key in joined:
                 joined[key] += part[key]  # type: ignore[literal-required]
         choice["logprobs"] = joined
+    return completion_result((last["id"], last["created"], last["model"]), choice, usage)
+
+
+def completion_result(labels: Labels, choice: CompletionChoice, usage: CompletionUsage) -> Completion:
+    """The ``text_completion`` with its one ``choice``."""
+    id_, created, model = labels
     return {
-        "id": last["id"],
+        "id": id_,
         "object": "text_completion",
-        "created": last["created"],
-        "model": last["model"],
+        "created": created,
+        "model": model,
         "choices": [choice],
         "usage": usage,
     }
@@ -230,12 +246,13 @@ def _completion_logprobs_of(run: _Run, sent: str, offset: int, *, final: bool = 
     return _completion_logprobs(run.generator.model, run.logprobs.advance(sent, final=final), offset)
 
 
-def _completion_chunk(
-    run: _Run, text: str, finish_reason: FinishReason | None, logprobs: CompletionLogprobs | None = None
+def completion_chunk(
+    labels: Labels, text: str, finish_reason: FinishReason | None, logprobs: CompletionLogprobs | None = None
 ) -> CompletionChunk:
     """One chunk of a streamed completion."""
     choice: CompletionChoice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {"id": run.id, "object": "text_completion", "created": run.created, "model": run.model, "choices": [choice]}
+    id_, created, model = labels
+    return {"id": id_, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
 def _completion_chunks(
@@ -244,10 +261,10 @@ def _completion_chunks(
     """The chunks of a streamed completion: the echoed prompt if any (with its ``echoed`` log-probabilities),
     each piece, then the finish reason; ``offset``: characters of the prompt's text before the reply."""
     if front or (echoed is not None and echoed["tokens"]):
-        yield _completion_chunk(run, front, None, echoed)
+        yield completion_chunk(run.labels, front, None, echoed)
     for piece in run.pieces:
-        yield _completion_chunk(run, piece, None, _completion_logprobs_of(run, piece, offset))
-    yield _completion_chunk(run, "", run.finish_reason(), _completion_logprobs_of(run, "", offset, final=True))
+        yield completion_chunk(run.labels, piece, None, _completion_logprobs_of(run, piece, offset))
+    yield completion_chunk(run.labels, "", run.finish_reason(), _completion_logprobs_of(run, "", offset, final=True))
 
 
 class CompletionStream(Iterator[CompletionChunk]):
@@ -293,23 +310,58 @@ def _chat_completion(run: _Run) -> ChatCompletion:
         "logprobs": _chat_logprobs_of(run, content, final=True),
         "finish_reason": run.finish_reason(),
     }
-    return _chat_result(run, choice)
+    return chat_result(run.labels, choice, run.usage())
 
 
-def _chat_result(run: _Run, choice: ChatCompletionChoice) -> ChatCompletion:
-    """The ``chat.completion`` of ``run`` with its one ``choice``."""
+def chat_result(labels: Labels, choice: ChatCompletionChoice, usage: CompletionUsage) -> ChatCompletion:
+    """The ``chat.completion`` with its one ``choice``."""
+    id_, created, model = labels
     return {
-        "id": run.id,
+        "id": id_,
         "object": "chat.completion",
-        "created": run.created,
-        "model": run.model,
+        "created": created,
+        "model": model,
         "choices": [choice],
-        "usage": run.usage(),
+        "usage": usage,
     }
 
 
-def _chat_chunk(
-    run: _Run,
+def joined_chat(chunks: Sequence[ChatCompletionChunk], usage: CompletionUsage) -> ChatCompletion:
+    """The ``chat.completion`` that a streamed chat's chunks make (``usage``: the stream's): the content joined,
+    the tool calls (without their ``index``) and the log-probabilities of every chunk."""
+    last = chunks[-1]
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+    text = "".join(delta.get("content") or "" for delta in deltas)
+    message: ChatCompletionMessage = {"role": "assistant", "content": text}
+    calls = [
+        {k: v for k, v in call.items() if k != "index"} for delta in deltas for call in delta.get("tool_calls", [])
+    ]
+    if calls:  # a reply of tool calls: no content unless it had some
+        message["tool_calls"] = calls  # type: ignore[typeddict-item]
+        message["content"] = text or None
+    parts = [chunk["choices"][0]["logprobs"] for chunk in chunks if chunk["choices"][0]["logprobs"] is not None]
+    logprobs: ChatCompletionLogprobs | None = None
+    if parts:  # the call asked for log-probabilities: every chunk carries its tokens'
+        logprobs = {"content": [entry for part in parts for entry in part["content"] or []], "refusal": None}
+    choice: ChatCompletionChoice = {
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": last["choices"][0]["finish_reason"],  # type: ignore[typeddict-item]
+    }
+    counts = usage_counts(usage["prompt_tokens"], usage["completion_tokens"])
+    return chat_result((last["id"], last["created"], last["model"]), choice, counts)
+
+
+def usage_chunk(last: Mapping[str, object], usage: CompletionUsage) -> dict[str, object]:
+    """The chunk that ends a stream whose request asked ``stream_options.include_usage``: no choices, the
+    usage (OpenAI's shape), labelled as ``last``, the stream's last chunk."""
+    labels = {key: last[key] for key in ("id", "object", "created", "model")}
+    return {**labels, "choices": [], "usage": dict(usage)}
+
+
+def chat_chunk(
+    labels: Labels,
     delta: ChatCompletionDelta,
     finish_reason: FinishReason | None,
     logprobs: ChatCompletionLogprobs | None = None,
@@ -321,23 +373,18 @@ def _chat_chunk(
         "logprobs": logprobs,
         "finish_reason": finish_reason,
     }
-    return {
-        "id": run.id,
-        "object": "chat.completion.chunk",
-        "created": run.created,
-        "model": run.model,
-        "choices": [choice],
-    }
+    id_, created, model = labels
+    return {"id": id_, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
 
 
 def _chat_chunks(run: _Run, role: bool = True) -> PyGenerator[ChatCompletionChunk, None, None]:
     """The chunks of a streamed chat completion: the role (unless ``role`` is False: a resumed stream), each
     piece of text, then the finish reason."""
     if role:
-        yield _chat_chunk(run, {"role": "assistant"}, None)
+        yield chat_chunk(run.labels, {"role": "assistant"}, None)
     for piece in run.pieces:
-        yield _chat_chunk(run, {"content": piece}, None, _chat_logprobs_of(run, piece))
-    yield _chat_chunk(run, {}, run.finish_reason(), _chat_logprobs_of(run, "", final=True))
+        yield chat_chunk(run.labels, {"content": piece}, None, _chat_logprobs_of(run, piece))
+    yield chat_chunk(run.labels, {}, run.finish_reason(), _chat_logprobs_of(run, "", final=True))
 
 
 @dataclass(frozen=True)
@@ -363,10 +410,11 @@ class ParkedChat:
 
 class ChatStream(Iterator[ChatCompletionChunk]):
     """The chunks of a streamed chat completion (the role, each piece of text, then the finish reason); between
-    two chunks a running reply can be paused with :meth:`park` and continued later by :meth:`Llama.resume_chat`."""
+    two chunks a running reply can be paused with :meth:`park` and continued later by :meth:`Llama.resume_chat`.
+    ``release``: lets a parked reply's generation go (:meth:`Llama.release`)."""
 
-    def __init__(self, llama: Llama, run: _Run, *, started: bool = False) -> None:
-        self._llama, self._run, self._started = llama, run, started
+    def __init__(self, release: Callable[[Generator], None], run: _Run, *, started: bool = False) -> None:
+        self._release, self._run, self._started = release, run, started
         self._chunks = _chat_chunks(run, role=not started)
 
     def __next__(self) -> ChatCompletionChunk:
@@ -381,6 +429,12 @@ class ChatStream(Iterator[ChatCompletionChunk]):
     def usage(self) -> CompletionUsage:
         """Tokens of the conversation and of the reply so far."""
         return self._run.usage()
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the reply, if one did (Anthropic's ``stop_sequence``)."""
+        scanner = self._run.scanner
+        return None if scanner is None else scanner.matched
 
     def park(self) -> ParkedChat | None:
         """Pause the reply: its checkpoint and state, the stream closed and the generation let go (its contexts
@@ -405,80 +459,8 @@ class ChatStream(Iterator[ChatCompletionChunk]):
             None if tracker is None else (tracker.reported, tracker.sent),
         )
         self._chunks.close()
-        self._llama.release(generator)
+        self._release(generator)
         return parked
-
-
-class _StopScanner:
-    """A reply's text pieces cut before the first stop string; text that could begin one is held back.
-
-    Linear in the text and the stop strings: each stop string's longest partial match at the end of the text
-    is kept up to date character by character (Knuth-Morris-Pratt), never searched for again."""
-
-    def __init__(self, pieces: TextStream, stops: list[str], held: str = "") -> None:
-        self._pieces = pieces
-        self.stops = stops
-        self._partials = [_PartialMatch(stop) for stop in stops]
-        #: Whether a stop string ended the text.
-        self.stopped = False
-        #: Text read and not yet yielded: it could begin a stop string.
-        self.held = ""
-        self._read(held)
-
-    def _read(self, text: str) -> None:
-        self.held += text
-        for partial in self._partials:
-            partial.feed(text)
-
-    def __iter__(self) -> Iterator[str]:
-        try:
-            for piece in self._pieces:
-                self._read(piece)
-                cut = _first_stop(self.held, self.stops)
-                if cut is not None:
-                    self.stopped = True
-                    self.held = self.held[:cut]
-                    break
-                ready = len(self.held) - max((partial.length for partial in self._partials), default=0)
-                if ready > 0:
-                    piece, self.held = self.held[:ready], self.held[ready:]
-                    yield piece
-            if self.held:
-                piece, self.held = self.held, ""
-                yield piece
-        finally:
-            self._pieces.close()
-
-
-class _PartialMatch:
-    """How much of ``stop`` the text read so far ends with (short of the whole of it), kept as text is read."""
-
-    def __init__(self, stop: str) -> None:
-        self._stop = stop
-        #: ``_fallback[i]``: the longest proper prefix of ``stop[: i + 1]`` that is also its suffix.
-        self._fallback = [0] * len(stop)
-        length = 0
-        for index in range(1, len(stop)):
-            while length and stop[index] != stop[length]:
-                length = self._fallback[length - 1]
-            length += stop[index] == stop[length]
-            self._fallback[index] = length
-        #: The longest end of the text that begins ``stop`` (a whole match is the scanner's to find).
-        self.length = 0
-
-    def feed(self, text: str) -> None:
-        stop, length = self._stop, self.length
-        for char in text:
-            while length and (length == len(stop) or stop[length] != char):
-                length = self._fallback[length - 1]
-            length += stop[length] == char
-        self.length = length if length < len(stop) else self._fallback[length - 1]
-
-
-def _first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """Where the first stop string in ``text`` begins, or None."""
-    found = [index for index in (text.find(stop) for stop in stops) if index >= 0]
-    return min(found) if found else None
 
 
 # --- replies with tool calls ---------------------------------------------------------------------
@@ -503,23 +485,23 @@ def _tool_chat_completion(run: _Run, parse: ToolParser) -> ChatCompletion:
         "logprobs": None,
         "finish_reason": "tool_calls" if calls else run.finish_reason(),
     }
-    return _chat_result(run, choice)
+    return chat_result(run.labels, choice, run.usage())
 
 
 def _tool_chat_chunks(run: _Run, reader: ToolCallStream) -> PyGenerator[ChatCompletionChunk, None, None]:
     """The chunks of a reply that may call tools: the role, its content as far as it cannot begin a call, the
     calls once the reply is whole (each with its ``index``), then the finish reason."""
-    yield _chat_chunk(run, {"role": "assistant"}, None)
+    yield chat_chunk(run.labels, {"role": "assistant"}, None)
     for piece in run.pieces:
         shown = reader.feed(piece)
         if shown:
-            yield _chat_chunk(run, {"content": shown}, None)
+            yield chat_chunk(run.labels, {"content": shown}, None)
     rest, calls = reader.finish()
     if rest:
-        yield _chat_chunk(run, {"content": rest}, None)
+        yield chat_chunk(run.labels, {"content": rest}, None)
     if calls:
-        yield _chat_chunk(run, {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, None)
-    yield _chat_chunk(run, {}, "tool_calls" if calls else run.finish_reason())
+        yield chat_chunk(run.labels, {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, None)
+    yield chat_chunk(run.labels, {}, "tool_calls" if calls else run.finish_reason())
 
 
 class ToolChatStream(ChatStream):

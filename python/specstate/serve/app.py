@@ -61,8 +61,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from specstate import Model, SharedEngine
-from specstate.chat import chat_template
+from specstate.chat import chat_template, render_tools
 from specstate.errors import ChatTemplateError
+from specstate.llama import ChatStream
+from specstate.serve import messages, responses
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.config import ServerConfig
 from specstate.serve.embeddings import EmbeddingJob, Embeddings, read_embedding_request
@@ -83,6 +85,8 @@ RETRY_AFTER_SECONDS = 1
 READER_THREADS = 4
 
 T = TypeVar("T")
+#: Another API's request body made into the chat or completion request it means.
+Translation = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 # --- HTTP ------------------------------------------------------------------------------------------
@@ -120,6 +124,8 @@ class Server:
         #: tenant's requests (None in the other modes, and when nothing is reused between requests).
         reuse = config.mode == "ngram" and not config.no_cross_request_reuse
         self.corpora = TenantCorpora() if reuse else None
+        #: Stored responses (``/v1/responses``), each API key's, in ``cache_dir`` too when it is given.
+        self.responses = responses.ResponseStore(config.cache_dir)
         keys = config.api_keys()
         #: Each API key's ``Authorization`` header and identity (one key: the default tenant's).
         self.keys = [(f"Bearer {key}".encode(), key_identity(key) if len(keys) > 1 else DEFAULT_TENANT) for key in keys]
@@ -182,7 +188,7 @@ class Server:
         without a valid key. Every key is compared, each in constant time."""
         if not self.keys:
             return DEFAULT_TENANT
-        given = request.headers.get("authorization", "").encode()
+        given = _given_key(request)
         matched = [identity for expected, identity in self.keys if hmac.compare_digest(given, expected)]
         if not matched:
             raise RequestError(401, "a valid API key is needed (Authorization: Bearer ...)", "authentication_error")
@@ -205,19 +211,51 @@ class Server:
                 raise RequestError(413, f"the request body is larger than {limit} bytes")
         return bytes(data)
 
-    async def read(self, request: Request, kind: Kind) -> ServerRequest:
-        """The request as a checked :class:`ServerRequest` (read off the event loop), with its tenant."""
-        read = await self.off_loop(self._read, await self.body(request), kind)
+    async def read(self, request: Request, kind: Kind, translate: Translation | None = None) -> ServerRequest:
+        """The request as a checked :class:`ServerRequest` (read off the event loop), with its tenant;
+        ``translate`` makes another API's body (Anthropic's Messages) the chat request it means, first."""
+        read = await self.off_loop(self._read, await self.body(request), kind, translate)
         return dataclasses.replace(read, tenant=self.tenant(request, read))
 
     async def off_loop(self, read: Callable[..., T], *args: Any) -> T:
         """``read(*args)`` on the threads that read requests (:attr:`reader`)."""
         return await asyncio.get_running_loop().run_in_executor(self.reader, read, *args)
 
-    def _read(self, data: bytes, kind: Kind) -> ServerRequest:
+    def _read(self, data: bytes, kind: Kind, translate: Translation | None = None) -> ServerRequest:
+        body = read_json(data, self.config.limits)
+        return self.read_body(translate(body) if translate is not None else body, kind)
+
+    def read_body(self, body: dict[str, Any], kind: Kind = "chat") -> ServerRequest:
+        """A chat or completion request's JSON object, read by the one request reader."""
         limits = self.config.limits
-        body = read_json(data, limits)
         return read_request(kind, body, limits, model_name=self.config.name(), template_source=self.template)
+
+    def stored_conversation(self, owner: str, ident: str | None) -> list[dict[str, Any]]:
+        """The chat messages of ``owner``'s stored response ``ident`` (none for None); 400 if there is none."""
+        if ident is None:
+            return []
+        found = self.responses.get(owner, ident)
+        if found is None:
+            raise RequestError(400, f"no stored response {ident!r}", param="previous_response_id")
+        return found[1]
+
+    def count_tokens(self, data: bytes) -> int:
+        """The tokens of the prompt a Messages request would decode (``/v1/messages/count_tokens``)."""
+        chat = messages.chat_body(read_json(data, self.config.limits), count_only=True)
+        read = self.read_body({**chat, "max_tokens": 1})
+        assert self.model is not None
+        if not read.tools:
+            return len(chat_template(self.model, self.config.chat_template).prompt_tokens(list(read.pairs)))
+        options = read.options
+        choice = options.get("tool_choice", "auto")
+        prompt = render_tools(
+            self.model,
+            options["messages"],
+            options.get("tools"),
+            tool_choice=choice,
+            template=self.config.chat_template,
+        )
+        return len(prompt.tokens())
 
     async def embed(self, request: Request) -> Response:
         """The reply to an embeddings request: read on the request readers, computed by the embedding workers
@@ -274,13 +312,16 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
         """``handler`` bound to the server; a refusal or a failure as an OpenAI error body (never a bare 500),
         counted under ``name`` when it has one."""
 
+        shape = messages.error_body if name in _ANTHROPIC else RequestError.body
+
         async def answer(request: Request) -> Response:
             try:
                 response = await handler(server, request)
             except RequestError as error:
-                response = _error_response(error)
+                response = _error_response(error, shape)
             except Exception as error:
-                response = _error_response(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+                failure = RequestError(500, f"{type(error).__name__}: {error}", "server_error")
+                response = _error_response(failure, shape)
             if name is not None:
                 server.metrics.request(name, response.status_code)
             return response
@@ -308,6 +349,45 @@ async def _chat(server: Server, request: Request) -> Response:
 async def _completion(server: Server, request: Request) -> Response:
     server.authorize(request)
     return await _answer(server, Job(await server.read(request, "completion"), _no_delivery), request)
+
+
+async def _messages(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    read = await server.read(request, "chat", messages.chat_body)
+    if read.stream:  # message_delta carries the usage
+        read = dataclasses.replace(read, include_usage=True)
+    return await _answer(server, Job(read, _no_delivery), request, _Messages())
+
+
+async def _responses(server: Server, request: Request) -> Response:
+    owner = server.authorize(request)
+    given = await server.off_loop(
+        lambda data: responses.read_input(read_json(data, server.config.limits)), await server.body(request)
+    )
+    history = server.stored_conversation(owner, given.previous_response_id)
+    read = await server.off_loop(server.read_body, responses.chat_body(given, history))
+    read = dataclasses.replace(read, tenant=server.tenant(request, read), include_usage=read.stream)
+    dialect = _Responses(server.responses, given, history, owner)
+    return await _answer(server, Job(read, _no_delivery), request, dialect)
+
+
+async def _stored_response(server: Server, request: Request) -> Response:
+    found = server.responses.get(server.authorize(request), request.path_params["ident"])
+    if found is None:
+        raise RequestError(404, f"no stored response {request.path_params['ident']!r}", "not_found_error")
+    return JSONResponse(found[0])
+
+
+async def _delete_response(server: Server, request: Request) -> Response:
+    ident = request.path_params["ident"]
+    if not await server.off_loop(server.responses.delete, server.authorize(request), ident):
+        raise RequestError(404, f"no stored response {ident!r}", "not_found_error")
+    return JSONResponse({"id": ident, "object": "response", "deleted": True})
+
+
+async def _count_tokens(server: Server, request: Request) -> Response:
+    server.authorize(request)
+    return JSONResponse({"input_tokens": await server.off_loop(server.count_tokens, await server.body(request))})
 
 
 async def _embeddings(server: Server, request: Request) -> Response:
@@ -351,11 +431,20 @@ _ROUTES: list[tuple[str, str, Handler, str | None]] = [
     ("/v1/chat/completions", "POST", _chat, "chat"),
     ("/v1/completions", "POST", _completion, "completions"),
     ("/v1/embeddings", "POST", _embeddings, "embeddings"),
+    ("/v1/messages", "POST", _messages, "messages"),
+    ("/v1/responses", "POST", _responses, "responses"),
+    ("/v1/responses/{ident}", "GET", _stored_response, None),
+    ("/v1/responses/{ident}", "DELETE", _delete_response, None),
+    ("/v1/messages/count_tokens", "POST", _count_tokens, "count_tokens"),
     ("/v1/models", "GET", _models, None),
     ("/v1/models/{model:path}", "GET", _model, None),
     ("/health", "GET", _health, None),
     ("/metrics", "GET", _metrics, None),
 ]
+
+
+#: The routes of Anthropic's API, whose errors have its shape.
+_ANTHROPIC = {"messages", "count_tokens"}
 
 
 def _no_delivery(item: object) -> None:
@@ -375,10 +464,20 @@ async def _http_error(request: Request, error: Exception) -> Response:
     return response
 
 
-def _error_response(error: RequestError) -> JSONResponse:
-    """OpenAI's error body, with ``Retry-After`` on a 429."""
+def _error_response(
+    error: RequestError, shape: Callable[[RequestError], dict[str, Any]] = RequestError.body
+) -> JSONResponse:
+    """The error's body (OpenAI's unless ``shape`` says another API's), with ``Retry-After`` on a 429."""
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(shape(error), status_code=error.status, headers=headers)
+
+
+def _given_key(request: Request) -> bytes:
+    """The request's ``Authorization`` header, or its ``x-api-key`` (Anthropic's clients') said as one."""
+    header = request.headers.get("authorization")
+    if header is None and "x-api-key" in request.headers:
+        header = f"Bearer {request.headers['x-api-key']}"
+    return (header or "").encode()
 
 
 def _template_source(model: Model, config: ServerConfig) -> str:
@@ -394,9 +493,10 @@ def _template_source(model: Model, config: ServerConfig) -> str:
         raise ChatTemplateError(f"{whose} cannot be used: {error}; give another with --template") from None
 
 
-async def _answer(server: Server, job: Job, request: Request) -> Response:
-    """Queue the job, wait for its first result (so a refusal is an error status), then answer; a client that
-    leaves before then cancels the job (a streamed one's later chunks notice it in :func:`_events`)."""
+async def _answer(server: Server, job: Job, request: Request, dialect: Dialect | None = None) -> Response:
+    """Queue the job, wait for its first result (so a refusal is an error status), then answer (as OpenAI's chat
+    completions answer, or as ``dialect`` says); a client that leaves before then cancels the job (a streamed
+    one's later chunks notice it in :func:`_events`)."""
     loop = asyncio.get_running_loop()
     results: asyncio.Queue[object] = asyncio.Queue()
 
@@ -415,8 +515,11 @@ async def _answer(server: Server, job: Job, request: Request) -> Response:
     if isinstance(first, RequestError):
         raise first
     if job.stream:
-        return StreamingResponse(_events(job, first, results, server), media_type="text/event-stream")
-    return JSONResponse(first)
+        events = (
+            _events(job, first, results, server) if dialect is None else _said(dialect, job, first, results, server)
+        )
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(first if dialect is None else dialect.whole(first, job))  # type: ignore[arg-type]
 
 
 #: The status recorded for a request whose client left before its answer (nginx's "client closed request").
@@ -456,6 +559,100 @@ async def _events(job: Job, first: object, results: asyncio.Queue[object], serve
         yield "data: [DONE]\n\n"
     finally:
         job.cancelled.set()  # a no-op once the job is done; else the client went away
+
+
+class Dialect:
+    """How another API says a chat's answer: whole (:meth:`whole`), or as its server-sent events (the
+    :meth:`chunk` of each chat chunk, then the :meth:`end`, or an :meth:`error` in the middle)."""
+
+    def whole(self, answer: dict[str, Any], job: Job) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chunk(self, chunk: dict[str, Any]) -> list[str]:
+        raise NotImplementedError
+
+    def end(self, job: Job) -> list[str]:
+        raise NotImplementedError
+
+    def error(self, error: RequestError) -> str:
+        raise NotImplementedError
+
+
+class _Messages(Dialect):
+    """Anthropic's Messages API (:mod:`specstate.serve.messages`)."""
+
+    def __init__(self) -> None:
+        self.events = messages.MessageEvents()
+
+    def whole(self, answer: dict[str, Any], job: Job) -> dict[str, Any]:
+        return messages.message(answer, _stop_sequence(job))
+
+    def chunk(self, chunk: dict[str, Any]) -> list[str]:
+        return self.events.chunk(chunk)
+
+    def end(self, job: Job) -> list[str]:
+        return self.events.end(_stop_sequence(job))
+
+    def error(self, error: RequestError) -> str:
+        return messages.error_event(error)
+
+
+class _Responses(Dialect):
+    """OpenAI's Responses API (:mod:`specstate.serve.responses`); a response asked to be stored is kept with its
+    conversation, for its ``owner`` (the API key's identity)."""
+
+    def __init__(
+        self, store: responses.ResponseStore, given: responses.ResponsesInput, history: list[Any], owner: str
+    ) -> None:
+        self.store, self.given, self.history, self.owner = store, given, history, owner
+        self.ident = responses.new_id()
+        self.events = responses.ResponseEvents(given, self.ident)
+
+    def whole(self, answer: dict[str, Any], job: Job) -> dict[str, Any]:
+        made = responses.response(answer, self.given, self.ident)
+        self._keep(made)
+        return made
+
+    def chunk(self, chunk: dict[str, Any]) -> list[str]:
+        return self.events.chunk(chunk)
+
+    def end(self, job: Job) -> list[str]:
+        events = self.events.end()
+        assert self.events.final is not None
+        self._keep(self.events.final)
+        return events
+
+    def error(self, error: RequestError) -> str:
+        return responses.error_event(error)
+
+    def _keep(self, made: dict[str, Any]) -> None:
+        if self.given.store:
+            self.store.put(self.owner, made, responses.conversation(self.given, self.history, made))
+
+
+async def _said(
+    dialect: Dialect, job: Job, first: object, results: asyncio.Queue[object], server: Server
+) -> AsyncIterator[str]:
+    """The job's chunks as ``dialect``'s server-sent events; a client gone cancels the job."""
+    item = first
+    try:
+        while item is not DONE:
+            if isinstance(item, RequestError):
+                yield dialect.error(item)
+                return
+            server.metrics.add("chunks")
+            for event in dialect.chunk(item):  # type: ignore[arg-type]
+                yield event
+            item = await results.get()
+        for event in dialect.end(job):
+            yield event
+    finally:
+        job.cancelled.set()  # a no-op once the job is done; else the client went away
+
+
+def _stop_sequence(job: Job) -> str | None:
+    """The stop string that ended the job's reply, if one did."""
+    return job.chunks.stop_sequence if isinstance(job.chunks, ChatStream) else None
 
 
 def _event(payload: object) -> str:

@@ -32,9 +32,27 @@ from typing import Any
 
 from specstate import Model
 from specstate.chat import chat_template
-from specstate.llama.results import reply_tokens
+from specstate.llama.results import (
+    chat_chunk,
+    chat_result,
+    completion_chunk,
+    completion_result,
+    reply_tokens,
+    usage_chunk,
+    usage_counts,
+)
+from specstate.llama.types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionDelta,
+    ChatCompletionMessage,
+    Completion,
+    CompletionChunk,
+    CompletionUsage,
+    FinishReason,
+)
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics, openai_result, usage_chunk
+from specstate.serve.jobs import DONE, Job, Metrics
 from specstate.serve.request import RequestError, ServerRequest
 
 __all__ = ["PoolDriver"]
@@ -203,26 +221,30 @@ class PoolDriver(threading.Thread):
             active.job.deliver(DONE)
             self._active.remove(active)
 
-    def _finish(self, active: _Active) -> str:
+    def _finish(self, active: _Active) -> FinishReason:
         tokens = self.pool.tokens(active.handle)
         return "stop" if tokens and self.model.is_eog(tokens[-1]) else "length"
 
     def _labels(self, active: _Active) -> tuple[str, int, str]:
         return active.id, active.created, self.config.name()
 
-    def _chunk(self, active: _Active, text: str, finish: str | None) -> dict[str, Any]:
-        return openai_result(active.chat, self._labels(active), text, finish, first=not active.started)
+    def _chunk(self, active: _Active, text: str, finish: FinishReason | None) -> CompletionChunk | ChatCompletionChunk:
+        if not active.chat:
+            return completion_chunk(self._labels(active), text, finish)
+        delta: ChatCompletionDelta = {"content": text} if active.started else {"role": "assistant", "content": text}
+        return chat_chunk(self._labels(active), delta, finish)
 
-    def _usage(self, active: _Active) -> dict[str, int]:
-        prompt, reply = active.prompt_tokens, reply_tokens(self.model, self.pool.tokens(active.handle))
-        return {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
+    def _usage(self, active: _Active) -> CompletionUsage:
+        return usage_counts(active.prompt_tokens, reply_tokens(self.model, self.pool.tokens(active.handle)))
 
-    def _whole(self, active: _Active, text: str) -> dict[str, Any]:
-        usage = self._usage(active)
-        labels, finish = self._labels(active), self._finish(active)
-        return openai_result(
-            active.chat, labels, text, finish, usage=(usage["prompt_tokens"], usage["completion_tokens"])
-        )
+    def _whole(self, active: _Active, text: str) -> Completion | ChatCompletion:
+        labels, finish, usage = self._labels(active), self._finish(active), self._usage(active)
+        if not active.chat:
+            return completion_result(
+                labels, {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}, usage
+            )
+        message: ChatCompletionMessage = {"role": "assistant", "content": text}
+        return chat_result(labels, {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}, usage)
 
 
 def _unsupported(request: ServerRequest) -> str | None:

@@ -14,10 +14,11 @@ from specstate.llama import (
     Llama,
     UnsupportedParameterError,
 )
+from specstate.llama.results import joined_chat, usage_chunk
 from specstate.llama.types import CompletionUsage
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Completions, Job, Metrics, usage_chunk, whole_chat
+from specstate.serve.jobs import DONE, Completions, Job, Metrics
 from specstate.serve.request import RequestError
 from specstate.serve.scheduler import Scheduler, unspilled
 
@@ -155,11 +156,11 @@ class Slot(threading.Thread):
         assert isinstance(job.chunks, (Completions, ChatStream))
         return job.chunks.usage()
 
-    def _whole(self, job: Job) -> dict[str, Any]:
+    def _whole(self, job: Job) -> object:
         """The whole answer that a non-streamed job's chunks make."""
         if isinstance(job.chunks, Completions):
             return job.chunks.whole(job.collected)
-        return whole_chat(job.collected, self._usage(job))
+        return joined_chat(job.collected, self._usage(job))
 
     def _count(self, job: Job) -> None:
         """Count the turn's speculation, and keep a chat's checkpoint for the conversation's next turn."""

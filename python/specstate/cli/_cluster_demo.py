@@ -16,8 +16,8 @@ import time
 from rich.console import Console
 
 from specstate import Generator, Model
+from specstate.cli._demo import DEMO_PROMPT
 from specstate.cluster import Pool
-from specstate.demo import DEMO_PROMPT
 from specstate.smollm2 import smollm2_path
 
 __all__ = ["run_cluster_demo"]

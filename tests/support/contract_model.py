@@ -1,6 +1,6 @@
-"""An independent pure-Python model of the seed contract, for differential tests.
+"""An independent pure-Python model of the speculative-session contract, for differential tests.
 
-Written from the seed contract alone (``../shared/seed/speculative.rs`` in the project's shared folder,
+Written from the speculative-session contract alone (``../shared/seed/speculative.rs`` in the project's shared folder,
 outside this repository; ``src/speculative.rs`` implements it to the letter): it must not import anything from
 specstate, so that a bug there cannot hide in here too.
 """
@@ -40,7 +40,7 @@ def to_f32(value: object) -> float:
 
 
 def config_error(n_seq: int, n_draft_max: int, n_min: int, p_min: object) -> str | None:
-    """The seed's ``validate_config`` message, or None when it passes."""
+    """The contract's ``validate_config`` message, or None when it passes."""
     n_seq = saturate(n_seq, 0, U32_MAX)
     n_draft_max = saturate(n_draft_max, I32_MIN, I32_MAX)
     n_min = saturate(n_min, I32_MIN, I32_MAX)
@@ -65,7 +65,7 @@ class Capacity:
 
 
 def capacity_error(target: Capacity, draft: Capacity, maximum_draft_tokens: int) -> str | None:
-    """The seed's ``validate_context_capacities`` message, or None when it passes."""
+    """The contract's ``validate_context_capacities`` message, or None when it passes."""
     maximum = min(maximum_draft_tokens, U32_MAX)
     if maximum + 1 > U32_MAX:
         return "n_draft_max plus one exceeds u32"
@@ -83,7 +83,7 @@ def state_size_excessive(size: int) -> bool:
     return size > MAX_STATE_BYTES
 
 
-#: The seed's Display texts, keyed by the Rust variant name.
+#: The contract's Display texts, keyed by the Rust variant name.
 DISPLAY = {
     "Null": "speculative state operation received a null native value",
     "BadSequence": "speculative state sequence id is outside the configured range",
