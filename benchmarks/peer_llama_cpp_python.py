@@ -8,6 +8,11 @@ so that a benchmark can interleave them with its own: each line of stdin is {"ll
 "prompt": text, "tokens": n}, answered by one line {"tokens_per_s", "tokens"} (prefill excluded). With
 "llm": "chain" and a "seed", the completion samples with llama-cpp-python's chat defaults (CHAIN), constrained
 by the request's "grammar" (GBNF text) when it has one.
+
+Batch costs: python peer_llama_cpp_python.py --batches MODEL THREADS -> the first line of stdin is {"prompt": [ids],
+"batch": [ids]} (answered {"ready": true} once the prompt is decoded), each next one {"rows": n, "repeats": r},
+answered {"seconds"}: the best of r decodes of the batch's first n tokens after the prompt, every row's logits, the
+KV cache cut back to the prompt before each (what benchmarks/verify_cost.py times on specstate).
 """
 
 from __future__ import annotations
@@ -85,9 +90,28 @@ def serve(model: str, threads: int) -> None:
         print(json.dumps({"tokens_per_s": (len(out) - 1) / seconds, "tokens": out}), flush=True)
 
 
+def batches(model: str, threads: int) -> None:
+    """Answer batch timings from stdin, one JSON line each, until stdin closes (the module's docstring)."""
+    setup = json.loads(sys.stdin.readline())
+    prompt, batch = setup["prompt"], setup["batch"]
+    llm = Llama(model, n_ctx=512, n_threads=threads, n_threads_batch=threads, logits_all=True, verbose=False)
+    llm.eval(prompt)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        best = float("inf")
+        for _ in range(request["repeats"]):
+            llm.n_tokens = len(prompt)  # eval() first drops the KV cache's cells from n_tokens on
+            started = time.perf_counter()
+            llm.eval(batch[: request["rows"]])
+            int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            best = min(best, time.perf_counter() - started)
+        print(json.dumps({"seconds": best}), flush=True)
+
+
 def main() -> None:
-    if sys.argv[1] == "--serve":
-        serve(sys.argv[2], int(sys.argv[3]))
+    if sys.argv[1] in ("--serve", "--batches"):
+        (serve if sys.argv[1] == "--serve" else batches)(sys.argv[2], int(sys.argv[3]))
         return
     request = json.loads(Path(sys.argv[1]).read_text())
     model, threads, runs = request["model"], request["threads"], request["runs"]

@@ -22,9 +22,10 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from bench_models import title
 from busy import busy_fields
 from serve_load import serve_fields
-from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, exactness
+from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, draft_text, exactness
 from speculation import targets as speculation_targets
 from speculation import targets_table as speculation_targets_table
 from verify_cost import table as verify_cost_table
@@ -153,7 +154,8 @@ def _checkpoint_table(checkpoints: dict[str, Any]) -> list[str]:
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, {results['runs']} interleaved rounds "
+        f"{title(results.get('model'))}{draft_text(results)}, {results['threads']} threads, {results['runs']} "
+        "interleaved rounds "
         "(ratios: the median of per-round pairs, with their range), "
         f"{results['date']}, {results['machine']}; llama-cpp-python {results.get('llama_cpp_python_version', 'n/a')}",
         "",

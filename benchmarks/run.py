@@ -8,15 +8,18 @@ llama-cpp-sys-4 crate, with the same flags and again with ``GGML_NATIVE``, the
 peer at its best on this CPU), llama.cpp's own n-gram speculation (our driver of its
 ``common_speculative``, ``benchmarks/llama_spec``), plus specstate's native
 Rust loop with no Python in it (``benchmarks/native_decode.rs``). Model:
-SmolLM2-135M-Instruct Q4_1; 2 threads; the cost of verifying batches of 1 to
-16 rows (``benchmarks/verify_cost.py``) also on Q4_0, Q8_0 and Q4_K copies.
+SmolLM2-135M-Instruct Q4_1 with a 4-layer SmolLM2 draft (or ``--model`` and
+``--draft-model``, names of ``bench_models`` or paths; such a run writes under
+``benchmarks/results/models/``); 2 threads; the cost of verifying batches of 1 to
+16 rows (``benchmarks/verify_cost.py``) also on copies in other types.
 Everything is built first; then every
 speed comparison is measured in interleaved rounds (each contender once per
 round, back to back: ``specstate.bench.interleave``) and reported as the
 median of the per-round ratios with their range.
 
-Writes benchmarks/results/latest.json, latest.md, verify_cost.json and PNG charts.
-Usage: python benchmarks/run.py [--runs 5] [--threads 2] [--skip-peers]
+Writes latest.json, latest.md, verify_cost.json, speculation.{json,md} and PNG charts into benchmarks/results
+(``bench_models.results_dir``).
+Usage: python benchmarks/run.py [--runs 5] [--threads 2] [--skip-peers] [--model M] [--draft-model D]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_models import SMOLLM2, add_model_options, kv_bytes_per_token, resolve, results_dir
 from llama_cpp_spec import KERNEL_BUILDS, llama_bench
 from peer_venv import peer_python
 from specstate import Model, native_info
@@ -47,13 +51,12 @@ from specstate.bench import (
     timed_generation,
     validator_rates,
 )
-from specstate.smollm2 import cache_dir, smollm2_path
-from speculation import PROMPTS, build_peers, prompt_figures
+from specstate.smollm2 import cache_dir
+from speculation import DRAFT, DRAFTS, PROMPTS, build_peers, prompt_figures
 from speculation import write_results as write_speculation
 from verify_cost import measure as verify_cost
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 #: Greedy tokens per speculation run.
 SPECULATION_TOKENS = 160
 
@@ -166,9 +169,8 @@ def memory_figures(model: Path, threads: int) -> dict[str, Any]:
         text=True,
     ).stdout
     figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    kv_bytes_per_token = 23_040  # SmolLM2: 30 layers x 3 KV heads x 64 x (K + V) x f16
     figures["model_file"] = model.stat().st_size
-    figures["kv_cache"] = kv_bytes_per_token * figures["n_ctx"]
+    figures["kv_cache"] = kv_bytes_per_token(model) * figures["n_ctx"]
     figures["over_model_and_kv"] = figures["generation_peak_rss"] - figures["model_file"] - figures["kv_cache"]
     figures["capture_extra"] = figures["capture_peak_rss"] - figures["capture_rss_before"]
     figures["capture_extra_ratio"] = figures["capture_extra"] / figures["checkpoint_size"]
@@ -176,10 +178,21 @@ def memory_figures(model: Path, threads: int) -> dict[str, Any]:
 
 
 def draft_model_path(model: Path) -> Path:
+    """SmolLM2's own draft: its first 4 layers (built once, cached)."""
     from specstate_testkit.smollm2_draft import build_smollm2_draft
 
     path = cache_dir() / "smollm2-draft-4-layers.gguf"
     return path if path.exists() else build_smollm2_draft(model, path, n_layers=4)
+
+
+def draft_contenders(args: argparse.Namespace, path: Path) -> tuple[Model | None, tuple[str, ...]]:
+    """The draft model and its contenders: ``--draft-model`` with every draft contender; else, on SmolLM2, its own
+    4-layer draft at the fixed length; else none."""
+    if args.draft_model:
+        return Model(resolve(args.draft_model)), tuple(DRAFTS)
+    if args.model == SMOLLM2:
+        return Model(draft_model_path(path)), (DRAFT,)
+    return None, ()
 
 
 def speed_figures(model: Model, path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -196,9 +209,9 @@ def speed_figures(model: Model, path: Path, args: argparse.Namespace) -> dict[st
         decode = decode_figures(model, path, args.threads, args.runs, peers)
         log("speculation, interleaved")
         rounds = argparse.Namespace(rounds=args.runs, threads=args.threads, tokens=SPECULATION_TOKENS)
-        draft = Model(draft_model_path(path))
+        draft, drafts = draft_contenders(args, path)
         speculation = {
-            name: prompt_figures(model, prompt, rounds, peers, draft_model=draft) for name, prompt in PROMPTS.items()
+            name: prompt_figures(model, prompt, rounds, peers, draft, drafts) for name, prompt in PROMPTS.items()
         }
     finally:
         if peers:
@@ -230,26 +243,28 @@ def checkpoint_results(model: Model, args: argparse.Namespace, peer: dict[str, A
     return checkpoints
 
 
-def write_results(results: dict[str, Any]) -> None:
+def write_results(results: dict[str, Any], directory: Path) -> None:
     """latest.json, verify_cost.json, speculation.{json,md} (the run's speculation in `make bench-speculation`'s
     form, so that the page's speculation section is this run's too), latest.md and the charts (the benchmarks page:
-    ``report.py``)."""
+    ``report.py``), into `directory`."""
     from report import write_report
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     for rows in results["speculation"].values():
         for row in rows.values():
             row.pop("tokens", None)
-    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "verify_cost.json").write_text(json.dumps(results["verify_cost"], indent=2) + "\n")
-    write_speculation(speculation_results(results), RESULTS / "speculation")
-    write_report(results, RESULTS)
+    (directory / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    (directory / "verify_cost.json").write_text(json.dumps(results["verify_cost"], indent=2) + "\n")
+    write_speculation(speculation_results(results), directory / "speculation")
+    write_report(results, directory)
 
 
 def speculation_results(results: dict[str, Any]) -> dict[str, Any]:
     """A `make bench` run's speculation figures as `benchmarks/speculation.py` writes them."""
     return {
         "date": results["date"],
+        "model": results.get("model"),
+        "draft_model": results.get("draft_model"),
         "threads": results["threads"],
         "tokens": SPECULATION_TOKENS,
         "rounds": results["runs"],
@@ -262,13 +277,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-peers", action="store_true", help="no llama-cpp-python or llama-bench")
+    add_model_options(parser, draft="adds the draft and draft adaptive contenders (default: SmolLM2's own draft)")
     args = parser.parse_args()
-    path = smollm2_path()
+    path = resolve(args.model)
     model = Model(path)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "model": path.name,
+        "draft_model": args.draft_model and resolve(args.draft_model).name,
         "threads": args.threads,
         "runs": args.runs,
         "native_info": native_info(),
@@ -279,15 +296,17 @@ def main() -> None:
     if checkpoint_peer:
         results["llama_cpp_python_version"] = checkpoint_peer["version"]
     log("verify cost: batches of 1-16 rows, interleaved")
-    results["verify_cost"] = verify_cost(threads=args.threads)
+    peer = None if args.skip_peers else peer_python()
+    results["verify_cost"] = verify_cost(threads=args.threads, model=args.model, peer=peer)
     log("checkpoints")
     results["checkpoints"] = checkpoint_results(model, args, checkpoint_peer)
     log("memory")
     results["memory"] = memory_figures(path, args.threads)
     log("validators")
     results["validators"] = validator_rates()
-    write_results(results)
-    print((RESULTS / "latest.md").read_text())
+    directory = results_dir(args.model, args.draft_model)
+    write_results(results, directory)
+    print((directory / "latest.md").read_text())
 
 
 if __name__ == "__main__":

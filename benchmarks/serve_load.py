@@ -12,6 +12,10 @@ each request alone, one after another (its reference reply, untimed), then all o
 (``VmHWM``), and the share of replies identical to the same request served alone by the same server. Interleaved
 rounds: every server at every client count once per round, the order rotating; ratios are medians of per-round
 pairs. Writes ``--json`` (``benchmarks/results/serve.json``) and the tables beside it (``serve.md``).
+
+``--model`` serves another model (SmolLM2 by default); with ``--draft-model`` two more servers speculate with it:
+specstate's ``draft`` mode (its slots separate, the adaptive draft policy) and ``llama-server -md``. Such a run
+writes under ``benchmarks/results/models/`` unless ``--json`` says where (``bench_models.results_dir``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 import openai
 
+from bench_models import add_model_options, kv_bytes_per_token, resolve, results_dir, title
 from llama_cpp_spec import llama_server
 from peer_venv import peer_python
 from specstate.smollm2 import smollm2_path
@@ -54,6 +59,10 @@ SLOT_CTX = 2048
 SPECSTATE = "specstate"
 LLAMA_SERVER = "llama-server"
 PEER = "llama-cpp-python"
+#: The servers that batch their slots, whose peak RSS the goal bounds.
+BATCHED = (f"{SPECSTATE} none", f"{SPECSTATE} ngram")
+#: A server: its command line for a model, a port and a slot count.
+Command = Callable[[Path, int, int], list[str]]
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,7 @@ def _server(command: list[str], port: int) -> Iterator[tuple[openai.OpenAI, subp
 # --- the servers --------------------------------------------------------------------------------------------------
 
 
-def specstate_command(mode: str, *options: str) -> Callable[[Path, int, int], list[str]]:
+def specstate_command(mode: str, *options: str) -> Command:
     def command(model: Path, port: int, slots: int) -> list[str]:
         return [
             *(sys.executable, "-m", "specstate", "serve", "--model", str(model), "--port", str(port)),
@@ -167,13 +176,28 @@ def peer_command(model: Path, port: int, slots: int) -> list[str]:
 #: A slot with a model and context of its own, as before batching: the lone request's speed batching must keep.
 ALONE = f"{SPECSTATE} none, separate slots"
 
-SERVERS: dict[str, Callable[[Path, int, int], list[str]]] = {
+SERVERS: dict[str, Command] = {
     f"{SPECSTATE} none": specstate_command("none"),
     ALONE: specstate_command("none", "--separate-slots"),
     f"{SPECSTATE} ngram": specstate_command("ngram"),
     f"{LLAMA_SERVER} none": llama_server_command,
     f"{PEER} none": peer_command,
 }
+
+
+def draft_servers(draft: Path | None) -> dict[str, Command]:
+    """The servers that speculate with the draft model `draft` (none without one): specstate's ``draft`` mode and
+    llama-server's draft-model speculation."""
+    if draft is None:
+        return {}
+
+    def llama_server_draft(model: Path, port: int, slots: int) -> list[str]:
+        return [*llama_server_command(model, port, slots), "-md", str(draft)]
+
+    return {
+        f"{SPECSTATE} draft": specstate_command("draft", "--draft-model", str(draft)),
+        f"{LLAMA_SERVER} draft": llama_server_draft,
+    }
 
 
 # --- the load -----------------------------------------------------------------------------------------------------
@@ -227,11 +251,13 @@ def concurrent(client: openai.OpenAI, model: str, load: list[Request], clients: 
     return run
 
 
-def measure(name: str, model: Path, clients: int, load: list[Request], solo: dict[str, list[str]]) -> dict[str, Any]:
+def measure(
+    name: str, command: Command, model: Path, clients: int, load: list[Request], solo: dict[str, list[str]]
+) -> dict[str, Any]:
     """One server at one client count: the lone replies (once per server and count), then the concurrent run."""
     port = _free_port()
     key = f"{name} @{clients}"
-    with _server(SERVERS[name](model, port, clients), port) as (client, process):
+    with _server(command(model, port, clients), port) as (client, process):
         if key not in solo:
             solo[key] = [ask(client, model.name, request).text for request in load]
         run = concurrent(client, model.name, load, clients)
@@ -290,14 +316,20 @@ def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | 
     rows.append(
         ("specstate replies identical to solo, lowest share", share, "1.0", None if share is None else share == 1)
     )
-    model_mib = smollm2_path().stat().st_size / 2**20
-    kv_mib = 30 * 3 * 64 * 2 * 2 * SLOT_CTX / 2**20  # SmolLM2: 30 layers x 3 KV heads x 64, f16 K and V
-    bound = model_mib + 4 * kv_mib + 200
-    rss = [f["peak_rss_mib"] for r in rounds for name, f in r.get("4", {}).items() if name.startswith(SPECSTATE)]
+    bound = rss_bound(results)
+    rss = [f["peak_rss_mib"] for r in rounds for name, f in r.get("4", {}).items() if name in BATCHED]
     peak = max(rss) if rss else None
     met = None if peak is None else peak <= bound
     rows.append(("peak RSS, 4 slots, every specstate mode (MiB)", peak, f"<= {bound:.0f}", met))
     return rows
+
+
+def rss_bound(results: dict[str, Any]) -> float:
+    """Issue 34's bound on a batched server's peak RSS at 4 slots, MiB: the model file, 4 slots' f16 KV cache and
+    200 MiB. From the run's model facts; results written before runs recorded them are SmolLM2's."""
+    model_bytes = results.get("model_bytes") or smollm2_path().stat().st_size
+    kv_bytes = results.get("kv_bytes_per_token") or kv_bytes_per_token(smollm2_path())
+    return float(model_bytes + 4 * kv_bytes * SLOT_CTX) / 2**20 + 200
 
 
 def tables(results: dict[str, Any]) -> str:
@@ -308,8 +340,9 @@ def tables(results: dict[str, Any]) -> str:
     lines += ["", "| server | clients | tokens/s | TTFT p50 ms | TTFT p95 ms | peak RSS MiB | identical to solo |"]
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rounds = results["rounds"]
+    names = list(dict.fromkeys(name for r in rounds for by_server in r.values() for name in by_server))
     for clients in results["clients"]:
-        for name in SERVERS:
+        for name in [*SERVERS, *(name for name in names if name not in SERVERS)]:
             runs = [r[str(clients)][name] for r in rounds if name in r.get(str(clients), {})]
             if not runs:
                 continue
@@ -340,29 +373,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
     parser.add_argument("--requests", type=int, default=16, help="requests of each run")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
-    parser.add_argument("--json", type=Path)
+    add_model_options(parser, draft="adds specstate draft and llama-server draft")
+    parser.add_argument("--servers", nargs="+", help="of the servers above and those the draft model adds")
+    parser.add_argument("--json", type=Path, help="default: serve.json in bench_models.results_dir")
     args = parser.parse_args(argv)
-    model, load = smollm2_path(), requests(args.requests)
+    model, load = resolve(args.model), requests(args.requests)
+    draft = resolve(args.draft_model) if args.draft_model else None
+    servers = {**SERVERS, **draft_servers(draft)}
+    names = args.servers or list(servers)
+    if not set(names) <= set(servers):
+        parser.error(f"unknown servers: {sorted(set(names) - set(servers))}; known: {list(servers)}")
     solo: dict[str, list[str]] = {}
     rounds: list[dict[str, Any]] = []
     for index in range(args.rounds):
         print(f"round {index + 1}/{args.rounds}", flush=True)
-        shift = index % len(args.servers)
-        order = args.servers[shift:] + args.servers[:shift]
+        shift = index % len(names)
+        order = names[shift:] + names[:shift]
         rounds.append(
             {
-                str(c): {name: measure(name, model, c, load, solo) for name in order if name != ALONE or c == 1}
+                str(c): {n: measure(n, servers[n], model, c, load, solo) for n in order if n != ALONE or c == 1}
                 for c in args.clients
             }
         )
-    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "clients": args.clients, "rounds": rounds}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **model_facts(model, draft),
+        "clients": args.clients,
+        "rounds": rounds,
+    }
     text = tables(results)
     print(text)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-        args.json.with_suffix(".md").write_text(text)
+    out = args.json or results_dir(args.model, args.draft_model) / "serve.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    draft_note = f", draft model {draft.name}" if draft else ""
+    out.with_suffix(".md").write_text(
+        f"{title(model.name)}{draft_note}, {THREADS} threads, {results['date']}\n\n{text}"
+    )
     return 0
+
+
+def model_facts(model: Path, draft: Path | None) -> dict[str, Any]:
+    """What a run's results record of its models: the files' names, and what the RSS goal's bound needs."""
+    return {
+        "model": model.name,
+        "model_bytes": model.stat().st_size,
+        "kv_bytes_per_token": kv_bytes_per_token(model),
+        "draft_model": draft and draft.name,
+    }
 
 
 if __name__ == "__main__":

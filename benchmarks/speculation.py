@@ -9,7 +9,9 @@ of time, printed with its range. Contenders: plain decoding (``none``); ``ngram`
 (``num_pred_tokens=10``, a persistent process of the benchmark's peer venv); llama.cpp's own n-gram
 speculation (``common_speculative``, ngram-simple with 4-token n-grams and drafts of up to 16, through the
 driver in ``benchmarks/llama_spec``), built twice: with specstate's x86-64-v3 kernel flags and with
-``GGML_NATIVE`` (this CPU's own, VNNI or AVX-512 included). Everything is built before the first measurement.
+``GGML_NATIVE`` (this CPU's own, VNNI or AVX-512 included). With a draft model, ``draft`` at the generator's
+fixed draft length and ``draft adaptive`` (the adaptive policy, at most 16). ``--contenders`` measures some of them
+(``none`` always). Everything is built before the first measurement.
 The column "equal to none" counts a contender's tokens equal to plain greedy's from the first on (the last
 round's run of each): every specstate mode's should be all of them, since specstate's llama.cpp patch gives
 each verified row exactly its single decode's logits.
@@ -18,8 +20,10 @@ The bound printed for the adaptive policy is what its own cost curve and the run
 ``max_k (1 + a + ... + a^k) / cost(k + 1)`` with ``a`` = accepted / drafted, the best rate a policy
 could reach if every round had a draft of that quality.
 
-Usage: python benchmarks/speculation.py [--rounds 5] [--threads 2] [--tokens 160] [--skip-peers]
-Writes benchmarks/results/speculation.json and speculation.md.
+Usage: python benchmarks/speculation.py [--rounds 5] [--threads 2] [--tokens 160] [--skip-peers] [--model M]
+    [--draft-model D] [--prompts NAME ...] [--contenders NAME ...]
+Writes speculation.json and speculation.md into benchmarks/results, or, for a run on anything but SmolLM2 alone,
+under benchmarks/results/models/ (``bench_models.results_dir``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from bench_models import add_model_options, resolve, results_dir, title
 from peer_venv import peer_python
 from specstate import Generator, Model
 from specstate.bench import (
@@ -45,10 +50,8 @@ from specstate.bench import (
     pair_ratio,
     timed_generation,
 )
-from specstate.smollm2 import smollm2_path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 PROMPTS = {"story": STORY_PROMPT, "code": CODE_PROMPT, "quotes": QUOTE_PROMPT, "edit": EDIT_PROMPT}
 FIXED_LENGTHS = (4, 8, 16)
@@ -57,6 +60,10 @@ NONE = "none"
 LOOKUP = "llama-cpp-python prompt lookup"
 LLAMA_CPP = "llama.cpp ngram-simple"
 LLAMA_CPP_NATIVE = "llama.cpp ngram-simple, native build"
+DRAFT = "draft"
+DRAFT_ADAPTIVE = "draft adaptive"
+#: The draft-model contenders' settings: the generator's fixed draft length, and the adaptive policy as for ngram.
+DRAFTS: dict[str, dict[str, Any]] = {DRAFT: {}, DRAFT_ADAPTIVE: {"n_draft": 16, "draft_policy": "adaptive"}}
 #: The peer configurations, and the kernel build of each llama.cpp one.
 PEERS = (LOOKUP, LLAMA_CPP, LLAMA_CPP_NATIVE)
 LLAMA_CPP_BUILDS = {LLAMA_CPP: "x86-64-v3", LLAMA_CPP_NATIVE: "native"}
@@ -117,10 +124,16 @@ class Contenders:
     """Every contender of one prompt as a measurement, keeping what the last run of each showed."""
 
     def __init__(
-        self, model: Model, prompt: str, args: argparse.Namespace, peers: dict[str, Any], draft_model: Model | None
+        self,
+        model: Model,
+        prompt: str,
+        args: argparse.Namespace,
+        peers: dict[str, Any],
+        draft_model: Model | None,
+        drafts: tuple[str, ...] = tuple(DRAFTS),
     ) -> None:
         self.model, self.prompt, self.args, self.peers = model, prompt, args, peers
-        self.draft_model = draft_model
+        self.draft_model, self.drafts = draft_model, drafts
         self.last: dict[str, dict[str, Any]] = {}
         self.bounds: list[float | None] = []
 
@@ -168,13 +181,15 @@ class Contenders:
             contenders[f"ngram k={length}"] = self.specstate(f"ngram k={length}", mode="ngram", n_draft=length)
         contenders[ADAPTIVE] = self.specstate(ADAPTIVE, mode="ngram", n_draft=16, draft_policy="adaptive")
         if self.draft_model is not None:
-            contenders["draft"] = self.specstate("draft", mode="draft", draft_model=self.draft_model)
+            for name in self.drafts:
+                contenders[name] = self.specstate(name, mode="draft", draft_model=self.draft_model, **DRAFTS[name])
         if "llama_cpp_python" in self.peers:
             contenders[LOOKUP] = self.lookup
         for name in LLAMA_CPP_BUILDS:
             if name in self.peers:
                 contenders[name] = self.llama_cpp(name)
-        return contenders
+        chosen = getattr(self.args, "contenders", None)
+        return {name: measure for name, measure in contenders.items() if chosen is None or name in (NONE, *chosen)}
 
 
 def agreement(a: list[int], b: list[int]) -> int:
@@ -183,11 +198,16 @@ def agreement(a: list[int], b: list[int]) -> int:
 
 
 def prompt_figures(
-    model: Model, prompt: str, args: argparse.Namespace, peers: dict[str, Any], draft_model: Model | None = None
+    model: Model,
+    prompt: str,
+    args: argparse.Namespace,
+    peers: dict[str, Any],
+    draft_model: Model | None = None,
+    drafts: tuple[str, ...] = tuple(DRAFTS),
 ) -> dict[str, Any]:
-    """Every contender on `prompt` in interleaved rounds (``args``: rounds, threads, tokens); with
-    `draft_model`, ``draft`` mode too."""
-    contenders = Contenders(model, prompt, args, peers, draft_model)
+    """Every contender on `prompt` in interleaved rounds (``args``: rounds, threads, tokens, and optionally
+    ``contenders``, the names to measure besides ``none``); with `draft_model`, the `drafts` contenders too."""
+    contenders = Contenders(model, prompt, args, peers, draft_model, drafts)
     speeds = interleave(contenders.all(), args.rounds)
     rows: dict[str, Any] = {}
     plain_tokens = contenders.last[NONE]["tokens"]
@@ -202,21 +222,31 @@ def prompt_figures(
         row["tokens_equal_to_none"] = agreement(last.get("tokens", []), plain_tokens)
         row["tokens_of_none"] = len(plain_tokens)
         rows[name] = row
-    best = max(FIXED_LENGTHS, key=lambda k: rows[f"ngram k={k}"]["tokens_per_s"])
+    if ADAPTIVE in rows:
+        rows[ADAPTIVE].update(adaptive_figures(rows, speeds, contenders))
+    return rows
+
+
+def adaptive_figures(rows: dict[str, Any], speeds: dict[str, list[float]], contenders: Contenders) -> dict[str, Any]:
+    """The adaptive policy against the best fixed length and the fastest peer (those measured), and its bound."""
     adaptive = speeds[ADAPTIVE]
-    rows[ADAPTIVE]["best_fixed"] = best
-    rows[ADAPTIVE]["x_best_fixed"] = vars(pair_ratio(adaptive, speeds[f"ngram k={best}"]))
+    figures: dict[str, Any] = {}
+    fixed = [k for k in FIXED_LENGTHS if f"ngram k={k}" in rows]
+    if fixed:
+        best = max(fixed, key=lambda k: rows[f"ngram k={k}"]["tokens_per_s"])
+        figures["best_fixed"] = best
+        figures["x_best_fixed"] = vars(pair_ratio(adaptive, speeds[f"ngram k={best}"]))
     bounds = [b for b in contenders.bounds[-len(adaptive) :] if b]
     if len(bounds) == len(adaptive):
-        rows[ADAPTIVE]["bound_tokens_per_s"] = statistics.median(bounds)
-        rows[ADAPTIVE]["x_bound"] = vars(pair_ratio(adaptive, bounds))
-    rows[ADAPTIVE]["cost_curve_us"] = contenders.last[ADAPTIVE]["cost_curve"]
+        figures["bound_tokens_per_s"] = statistics.median(bounds)
+        figures["x_bound"] = vars(pair_ratio(adaptive, bounds))
+    figures["cost_curve_us"] = contenders.last[ADAPTIVE]["cost_curve"]
     measured = [peer for peer in PEERS if peer in speeds]
     if measured:
         fastest = max(measured, key=lambda peer: rows[peer]["tokens_per_s"])
-        rows[ADAPTIVE]["fastest_peer"] = fastest
-        rows[ADAPTIVE]["x_fastest_peer"] = rows[ADAPTIVE][f"x_{fastest}"]
-    return rows
+        figures["fastest_peer"] = fastest
+        figures["x_fastest_peer"] = rows[ADAPTIVE][f"x_{fastest}"]
+    return figures
 
 
 def build_peers(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
@@ -263,11 +293,12 @@ def targets(spec: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append((measure, ratio_text(entry), f">= {target}", verdict))
 
     # Issue 36's goals: never slower than plain decoding or the fastest peer, well faster where text repeats.
+    measured = {name: rows for name, rows in spec.items() if ADAPTIVE in rows}
     for name, target in GOALS_X_NONE.items():
-        if name in spec:
-            add(f"{name}: ngram adaptive / none", spec[name][ADAPTIVE]["x_none"], target)
-    for name in spec:
-        adaptive = spec[name][ADAPTIVE]
+        if name in measured:
+            add(f"{name}: ngram adaptive / none", measured[name][ADAPTIVE]["x_none"], target)
+    for name in measured:
+        adaptive = measured[name][ADAPTIVE]
         fastest = f" ({adaptive['fastest_peer']})" if "fastest_peer" in adaptive else ""
         add(f"{name}: ngram adaptive / fastest peer{fastest}", adaptive.get("x_fastest_peer"), 1.0)
     rows.append(exactness(spec))
@@ -298,16 +329,22 @@ def contenders_table(prompts: dict[str, Any]) -> list[str]:
                 + "".join(f"| {ratio_text(row.get(f'x_{peer}'))} " for peer in PEERS)
                 + f"| {equal_to_none(rows, row)} |"
             )
-        adaptive = rows[ADAPTIVE]
+        adaptive = rows.get(ADAPTIVE, {})
         if "bound_tokens_per_s" in adaptive:
             bound = adaptive["bound_tokens_per_s"]
             lines.append(f"| {name} | bound of the adaptive policy | {bound:.1f} | | | | | | |")
     return lines
 
 
+def draft_text(results: dict[str, Any]) -> str:
+    """``, draft model FILE`` for results of a run with a draft model named by ``--draft-model``, else nothing."""
+    return f", draft model {results['draft_model']}" if results.get("draft_model") else ""
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        f"SmolLM2-135M-Instruct Q4_1, {results['threads']} threads, {results['tokens']} greedy tokens, "
+        f"{title(results.get('model'))}{draft_text(results)}, {results['threads']} threads, {results['tokens']} "
+        "greedy tokens, "
         f"{results['rounds']} interleaved rounds, {results['date']}",
         "",
         *targets_table(results["prompts"]),
@@ -323,14 +360,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--skip-peers", action="store_true", help="no llama-cpp-python or llama.cpp")
-    parser.add_argument("--out", type=Path, default=RESULTS / "speculation")
+    add_model_options(parser, draft="adds the draft and draft adaptive contenders")
+    parser.add_argument("--out", type=Path, help="results path without suffix (default: in bench_models.results_dir)")
     parser.add_argument("--prompts", nargs="+", choices=list(PROMPTS), default=list(PROMPTS))
+    names = [f"ngram k={k}" for k in FIXED_LENGTHS] + [ADAPTIVE, *DRAFTS, *PEERS]
+    parser.add_argument("--contenders", nargs="+", choices=names, help="measure these besides none (default: all)")
     args = parser.parse_args()
-    path = smollm2_path()
-    peers = build_peers(args, path)
+    path = resolve(args.model)
+    draft = Model(resolve(args.draft_model)) if args.draft_model else None
+    wanted = set(PEERS) if args.contenders is None else set(args.contenders) & set(PEERS)
+    peers = build_peers(argparse.Namespace(skip_peers=args.skip_peers or not wanted, threads=args.threads), path)
     model = Model(path)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "model": path.name,
+        "draft_model": draft and Path(draft.path).name,
         "threads": args.threads,
         "tokens": args.tokens,
         "rounds": args.rounds,
@@ -338,16 +382,15 @@ def main() -> None:
     }
     try:
         for name in args.prompts:
-            prompt = PROMPTS[name]
             log(f"{name}: {args.rounds} interleaved rounds")
-            results["prompts"][name] = prompt_figures(model, prompt, args, peers)
+            results["prompts"][name] = prompt_figures(model, PROMPTS[name], args, peers, draft_model=draft)
     finally:
         if "llama_cpp_python" in peers:
             peers["llama_cpp_python"].close()
-    print(write_results(results, args.out))
+    print(write_results(results, args.out or results_dir(args.model, args.draft_model) / "speculation"))
 
 
-def write_results(results: dict[str, Any], out: Path = RESULTS / "speculation") -> str:
+def write_results(results: dict[str, Any], out: Path) -> str:
     """`out`.json and `out`.md (the page's speculation section reads the JSON); returns the markdown."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")

@@ -212,7 +212,10 @@ def native_info() -> NativeInfo:
     ``rows``: the gemv once per column, ``GGML_CPU_EXACT_Q4_K=rows``;
     ``none``; the same bits either way); ``exact_q4_k_cols_chunks``, the
     chunks of such products the multi-column kernel computed so far in this
-    process;
+    process; ``exact_q6_k`` and ``exact_q6_k_cols_chunks``, the same for
+    verification's products of Q6_K weights (``cols``: every column at once,
+    each weight row unpacked once; ``rows``: vec_dot once per column,
+    ``GGML_CPU_EXACT_Q6_K=rows``; ``none``);
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (name, description, type, memory in bytes): the
     CPU, then each GPU of a backend compiled in that finds one. A CUDA build on

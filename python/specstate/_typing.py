@@ -79,7 +79,10 @@ class NativeInfo(TypedDict):
     ``rows``: the gemv once per column, ``GGML_CPU_EXACT_Q4_K=rows``;
     ``none``; the same bits either way); ``exact_q4_k_cols_chunks``, the
     chunks of such products the multi-column kernel computed so far in this
-    process;
+    process; ``exact_q6_k`` and ``exact_q6_k_cols_chunks``, the same for
+    verification's products of Q6_K weights (``cols``: every column at once,
+    each weight row unpacked once; ``rows``: vec_dot once per column,
+    ``GGML_CPU_EXACT_Q6_K=rows``; ``none``);
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
@@ -97,6 +100,8 @@ class NativeInfo(TypedDict):
     exact_tiles: str
     exact_q4_k: str
     exact_q4_k_cols_chunks: int
+    exact_q6_k: str
+    exact_q6_k_cols_chunks: int
     system_info: str
     devices: list[DeviceInfo]
 

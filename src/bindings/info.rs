@@ -22,6 +22,8 @@ pub(crate) fn native_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("exact_tiles", build::exact_tiles())?;
     info.set_item("exact_q4_k", build::exact_q4_k())?;
     info.set_item("exact_q4_k_cols_chunks", build::exact_q4_k_cols_chunks())?;
+    info.set_item("exact_q6_k", build::exact_q6_k())?;
+    info.set_item("exact_q6_k_cols_chunks", build::exact_q6_k_cols_chunks())?;
     info.set_item("system_info", build::system_info())?;
     let devices = PyList::empty(py);
     for device in build::devices() {

@@ -107,6 +107,13 @@ extern "C" {
     /// specstate's patch 0011: chunks of Q4_K products the multi-column gemv
     /// has computed in this process.
     fn ggml_cpu_exact_q4_k_cols_chunks() -> i64;
+    /// specstate's patch 0012 (`ggml-cpu.c`): 1 when verification's
+    /// products of Q6_K weights take the multi-column kernel, 0 when vec_dot
+    /// runs once per column; -1 without such a kernel.
+    fn ggml_cpu_exact_q6_k() -> std::os::raw::c_int;
+    /// specstate's patch 0012: chunks of Q6_K products the multi-column
+    /// kernel has computed in this process.
+    fn ggml_cpu_exact_q6_k_cols_chunks() -> i64;
 }
 
 /// How the exact multi-column kernels of verification sum their integer products on this CPU: `avx2`
@@ -169,6 +176,27 @@ pub fn exact_q4_k() -> &'static str {
 pub fn exact_q4_k_cols_chunks() -> i64 {
     // SAFETY: a parameterless function of the patched ggml-cpu that reads an atomic counter.
     unsafe { ggml_cpu_exact_q4_k_cols_chunks() }
+}
+
+/// How verification's products of Q6_K weights (the output matrix and some others of Q4_K_M files) run: `cols`
+/// (every column of a batch of 2 to 17 at once, each weight row loaded and unpacked once for all of them), `rows`
+/// (`vec_dot` once per column: `GGML_CPU_EXACT_Q6_K=rows` in the environment), or `none` (no such kernel in this
+/// build: not x86 with AVX2). Both give the same bits.
+pub fn exact_q6_k() -> &'static str {
+    // SAFETY: a parameterless function of the patched ggml-cpu (every build
+    // applies the patches) that reads the environment once and returns a constant.
+    match unsafe { ggml_cpu_exact_q6_k() } {
+        1 => "cols",
+        0 => "rows",
+        _ => "none",
+    }
+}
+
+/// How many chunks of Q6_K products the multi-column kernel has computed in this process (0 until a verification of
+/// a model with Q6_K weights runs; tests check that the kernel is taken).
+pub fn exact_q6_k_cols_chunks() -> i64 {
+    // SAFETY: a parameterless function of the patched ggml-cpu that reads an atomic counter.
+    unsafe { ggml_cpu_exact_q6_k_cols_chunks() }
 }
 
 /// The backends compiled into this build.

@@ -68,6 +68,16 @@ def test_verify_cost_times_every_batch_size_against_one_row(tiny_map: dict[str, 
     lines = table(results)
     assert lines[2].startswith("| type | tensors | bound | 1 row | of the bound | 2 rows |")
     assert lines[4].startswith("| tiny |") and lines[4].count("|") == lines[3].count("|")
+    # Upstream's costs, where measured, in a row below the model's own.
+    ratio = {"median": 1.5, "low": 1.4, "high": 1.6}
+    models["tiny"]["upstream"] = {"seconds": {"1": 0.002, "2": 0.003}, "x_one_row": {"1": ratio, "2": ratio}}
+    lines = table(results)
+    assert lines[5].startswith("| tiny, upstream | | | 2.00 ms |") and lines[5].endswith("| x1.50 (1.40-1.60) |")
+    assert lines[5].count("|") == lines[3].count("|")
+    # Another model: as shipped (named by its file type), no copy for f32 weights.
+    from verify_cost import type_copies
+
+    assert list(type_copies(tiny_map["llama"]).values()) == [tiny_map["llama"]]
 
 
 def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Path]) -> None:
@@ -165,6 +175,25 @@ def test_report_renders_every_target_row(tmp_path: Path, tiny_map: dict[str, Pat
     assert "| quotes | ngram adaptive |" in speculation_markdown(speculation_results(results))
 
 
+def test_speculation_takes_a_draft_model_and_a_choice_of_contenders(tiny_map: dict[str, Path]) -> None:
+    from speculation import ADAPTIVE, DRAFT, DRAFT_ADAPTIVE, NONE, PROMPTS, markdown, prompt_figures, targets
+
+    model = Model(tiny_map["llama"])  # its own draft: same vocabulary
+    settings = argparse.Namespace(rounds=1, threads=1, tokens=12, contenders=[ADAPTIVE, DRAFT_ADAPTIVE])
+    rows = prompt_figures(model, PROMPTS["edit"], settings, {}, draft_model=model)
+    assert set(rows) == {NONE, ADAPTIVE, DRAFT_ADAPTIVE} and "best_fixed" not in rows[ADAPTIVE]
+    assert all(row["tokens_equal_to_none"] == row["tokens_of_none"] == 12 for row in rows.values())
+    results = {"date": "today", "model": "m.gguf", "draft_model": "d.gguf", "threads": 1, "tokens": 12, "rounds": 1}
+    text = markdown({**results, "prompts": {"edit": rows}})
+    assert text.startswith("m.gguf, draft model d.gguf, 1 threads") and "| edit | draft adaptive |" in text
+    # Without `ngram` adaptive there is no adaptive target to check; exactness still is.
+    settings.contenders = [DRAFT]
+    rows = prompt_figures(model, PROMPTS["edit"], settings, {}, draft_model=model, drafts=(DRAFT,))
+    assert set(rows) == {NONE, DRAFT}
+    assert [measure for measure, *_ in targets({"edit": rows})] == ["specstate runs: every token equal to none"]
+    assert "| edit | draft |" in markdown({**results, "prompts": {"edit": rows}})
+
+
 def check_run_history(latest: dict[str, Any], directory: Path) -> None:
     """A finished run is recorded once in runs.json, and the page's table shows its medians."""
     from report import _runs_fields, record_run
@@ -254,6 +283,16 @@ def test_serve_goals_and_tables_from_a_runs_figures() -> None:
     text = tables(results)
     assert f"| {LLAMA_SERVER} none | 8 | 400.0 | 50 | 90 | 300 | 75% |" in text
     assert text.count("| specstate ngram |") == 3 and len(SERVERS) == 5
+    # A draft model adds two servers; the tables show any server a run measured.
+    from serve_load import draft_servers, rss_bound
+
+    servers = draft_servers(Path("d.gguf"))
+    assert list(servers) == ["specstate draft", f"{LLAMA_SERVER} draft"] and draft_servers(None) == {}
+    command = servers["specstate draft"](Path("m.gguf"), 8000, 4)
+    assert command[command.index("--mode") + 1] == "draft" and command[command.index("--draft-model") + 1] == "d.gguf"
+    drafted = {c: {**by_server, "specstate draft": figures(90.0)} for c, by_server in by_clients.items()}
+    assert tables({**results, "rounds": [drafted]}).count("| specstate draft |") == 3
+    assert rss_bound({"model_bytes": 2**30, "kv_bytes_per_token": 2**10}) == 1024 + 8 + 200
     load = requests(16)
     assert len(load) == 16 and {r.temperature for r in load} == {0.0, 0.8} and len({r.seed for r in load}) == 16
     assert all(24 <= r.max_tokens <= 96 for r in load) and requests(16) == load  # seeded
