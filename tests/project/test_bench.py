@@ -258,7 +258,7 @@ def test_busy_tables_and_goals(tmp_path: Path, tiny_map: dict[str, Path]) -> Non
 
 
 def test_serve_goals_and_tables_from_a_runs_figures() -> None:
-    """benchmarks/serve_load.py (make bench-serve): issue 34's goals and the tables from a run's figures."""
+    """benchmarks/serve_load.py (make bench-serve): its goals and the tables from a run's figures."""
     from serve_load import ALONE, LLAMA_SERVER, PEER, SERVERS, goals, requests, tables
 
     def figures(speed: float, identical: float = 1.0, rss: float = 300.0) -> dict[str, float]:
