@@ -157,6 +157,15 @@ pub fn exact_tiles() -> &'static str {
     }
 }
 
+/// A multi-column K-quant kernel's answer to whether it runs: 1 `cols`, 0 `rows`, anything else `none`.
+fn kernel_way(code: std::os::raw::c_int) -> &'static str {
+    match code {
+        1 => "cols",
+        0 => "rows",
+        _ => "none",
+    }
+}
+
 /// How verification's products of repacked Q4_K weights (the bulk of Q4_K_M files) run: `cols` (every column of
 /// a batch of 2 to 17 at once, the weights unpacked once for all of them), `rows` (the single-column gemv once per
 /// column: `GGML_CPU_EXACT_Q4_K=rows` in the environment), or `none` (no such kernel in this build: not x86 with
@@ -164,11 +173,7 @@ pub fn exact_tiles() -> &'static str {
 pub fn exact_q4_k() -> &'static str {
     // SAFETY: a parameterless function of the patched ggml-cpu (every build
     // applies the patches) that reads the environment once and returns a constant.
-    match unsafe { ggml_cpu_exact_q4_k() } {
-        1 => "cols",
-        0 => "rows",
-        _ => "none",
-    }
+    kernel_way(unsafe { ggml_cpu_exact_q4_k() })
 }
 
 /// How many chunks of Q4_K products the multi-column gemv has computed in this process (0 until a verification of a
@@ -185,11 +190,7 @@ pub fn exact_q4_k_cols_chunks() -> i64 {
 pub fn exact_q6_k() -> &'static str {
     // SAFETY: a parameterless function of the patched ggml-cpu (every build
     // applies the patches) that reads the environment once and returns a constant.
-    match unsafe { ggml_cpu_exact_q6_k() } {
-        1 => "cols",
-        0 => "rows",
-        _ => "none",
-    }
+    kernel_way(unsafe { ggml_cpu_exact_q6_k() })
 }
 
 /// How many chunks of Q6_K products the multi-column kernel has computed in this process (0 until a verification of

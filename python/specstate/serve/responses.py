@@ -453,8 +453,11 @@ class ResponseStore:
         self._bytes = 0
         self._lock = threading.Lock()
         self._folder = None if folder is None else Path(folder) / "responses"
+        #: The ids of the responses in the folder, oldest written first (read from it once, then kept up to date).
+        self._files: OrderedDict[str, None] = OrderedDict()
         if self._folder is not None:
             self._folder.mkdir(parents=True, exist_ok=True)
+            self._files = OrderedDict.fromkeys(_stored_ids(self._folder))
 
     def put(self, tenant: str, answer: Mapping[str, Any], messages: list[Any]) -> None:
         """Keep ``answer`` and the chat ``messages`` it continues with, for ``tenant``."""
@@ -466,7 +469,7 @@ class ResponseStore:
             self._remember(ident, tenant, data)
         if self._folder is not None:
             _files.replace_atomically(self._folder / f"{ident}.json", data, 0o600)
-            self._trim_folder()
+            self._trim_folder(ident)
 
     def get(self, tenant: str, ident: str) -> tuple[dict[str, Any], list[Any]] | None:
         """The response ``ident`` of ``tenant`` and its conversation, or None."""
@@ -492,6 +495,8 @@ class ResponseStore:
             entry = self._entries.pop(ident, None)
             self._bytes -= len(entry[1]) if entry is not None else 0
         if self._folder is not None:
+            with self._lock:
+                self._files.pop(ident, None)
             (self._folder / f"{ident}.json").unlink(missing_ok=True)
         return True
 
@@ -511,8 +516,24 @@ class ResponseStore:
         except (OSError, ValueError):
             return None
 
-    def _trim_folder(self) -> None:
+    def _trim_folder(self, written: str) -> None:
+        """Count ``written`` as the newest file, and remove the oldest beyond :data:`STORED_FILES`."""
         assert self._folder is not None
-        stored = sorted(self._folder.glob("resp_*.json"), key=lambda path: path.stat().st_mtime)
-        for path in stored[: max(0, len(stored) - STORED_FILES)]:
-            path.unlink(missing_ok=True)
+        with self._lock:
+            self._files.pop(written, None)
+            self._files[written] = None
+            dropped = [self._files.popitem(last=False)[0] for _ in range(len(self._files) - STORED_FILES)]
+        for ident in dropped:
+            (self._folder / f"{ident}.json").unlink(missing_ok=True)
+
+
+def _stored_ids(folder: Path) -> list[str]:
+    """The ids of the responses stored in ``folder``, oldest written first (a file that went meanwhile, passed
+    over)."""
+    found = []
+    for path in folder.glob("resp_*.json"):
+        try:
+            found.append((path.stat().st_mtime, path.stem))
+        except OSError:
+            continue
+    return [ident for _, ident in sorted(found) if RESPONSE_ID.fullmatch(ident)]
