@@ -82,6 +82,13 @@ pub const MAX_EXACT_ROWS: usize = 17;
 /// chunks").
 pub const EXACT_PROMPT_ROWS: usize = 16;
 
+/// llama.cpp's default rows per compute pass: a native `Context`'s default
+/// `n_batch` and `n_ubatch`, and the most rows a restore allocates for when
+/// the caller names no `max_n_batch`. Batches of more than
+/// [`MAX_EXACT_ROWS`] rows take ggml's big-batch kernels, whose rows do not
+/// get their single decode's bits.
+pub const LLAMA_N_BATCH: u32 = 512;
+
 /// The longest grammar accepted, from a caller or a file (bytes); also the
 /// longest JSON schema converted into one (`native::json_schema_to_grammar`).
 pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;

@@ -363,10 +363,7 @@ impl Engine<'_> {
         };
         let draft = match request.n_draft {
             0 => Draft::default(),
-            _ => self
-                .drafter
-                .propose(self.target, request, self.sampler)?
-                .truncated(request.n_draft),
+            _ => self.timed_proposal(request)?,
         };
         let shadow = self.shadow_proposal(&request, n_draft)?;
         Ok(Some(Plan {
@@ -409,6 +406,28 @@ impl Engine<'_> {
         self.policy
             .as_deref()
             .map_or(n_draft, |policy| policy.choose(n_draft, freely))
+    }
+
+    /// The drafter's proposal; a drafter that does not propose for free
+    /// tells a live policy what its drafting cost.
+    fn timed_proposal(&mut self, request: DraftRequest<'_>) -> Result<Draft> {
+        let started = std::time::Instant::now();
+        let draft = self
+            .drafter
+            .propose(self.target, request, self.sampler)?
+            .truncated(request.n_draft);
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let greedy = self.sampler.is_greedy();
+        if let Some(policy) = self
+            .policy
+            .as_deref_mut()
+            .filter(|p| p.follows_timings(greedy))
+        {
+            if !self.drafter.proposes_freely() {
+                policy.observe_draft_cost(draft.tokens.len(), micros);
+            }
+        }
+        Ok(draft)
     }
 
     /// In a round the policy chose to keep plain, the first token a free

@@ -391,11 +391,12 @@ impl Generator {
         if self.started() {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
-        let kept = self.reuse_prefix(prompt)?;
+        let draft_share = self.draft_share();
         self.on_target(|target, batch, member, seq| {
-            member.measure_cost_curve(target, batch, seq, prompt)?;
+            member.prepare_cost_curve(target, batch, seq, prompt, draft_share)?;
             member.new_reply()
         })?;
+        let kept = self.reuse_prefix(prompt)?;
         let first = match &mut self.target {
             Target::Shared(attached) => {
                 prefill_shared(attached, &mut self.batch, &mut self.member, prompt, kept)?
@@ -407,11 +408,21 @@ impl Generator {
         Ok(first)
     }
 
+    /// What one decode of the draft model costs against one of the target,
+    /// until timed: its share of the target's weights, which a decode reads
+    /// once each (`None` without a draft model).
+    fn draft_share(&self) -> Option<f64> {
+        let DraftParts::Model { context, .. } = &self.parts else {
+            return None;
+        };
+        let target = self.target.model().size_bytes().max(1);
+        Some(context.model().size_bytes() as f64 / target as f64)
+    }
+
     /// On a shared engine, before `prompt`: the tokens of it whose exact
     /// cells an earlier generation of the same reuse key left (this
     /// generator moving onto that sequence), when this generation's own
-    /// decodes are exact too and it need not time its cost curve first;
-    /// else 0 (its sequence empty).
+    /// decodes are exact too; else 0 (its sequence empty).
     fn reuse_prefix(&mut self, prompt: &[i32]) -> Result<usize> {
         let Target::Shared(attached) = &mut self.target else {
             return Ok(0);
