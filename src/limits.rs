@@ -89,6 +89,10 @@ pub const EXACT_PROMPT_ROWS: usize = 16;
 /// get their single decode's bits.
 pub const LLAMA_N_BATCH: u32 = 512;
 
+/// An embedder's context length unless one is given: llama-cpp-python's
+/// default `n_ctx` (and `n_batch`, its longest embedding input).
+pub const EMBEDDING_N_CTX: u32 = 512;
+
 /// The longest grammar accepted, from a caller or a file (bytes); also the
 /// longest JSON schema converted into one (`native::json_schema_to_grammar`).
 pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
