@@ -98,6 +98,12 @@ pub trait Drafter {
     fn proposes_freely(&self) -> bool {
         false
     }
+    /// Whether its drafts carry the distributions they were sampled from,
+    /// which a sampled verification draws against (rejection sampling), so
+    /// that a sampled generation's text depends on its draft lengths.
+    fn samples_drafts(&self) -> bool {
+        false
+    }
     /// Propose up to `request.n_draft` tokens to follow the history.
     fn propose(
         &mut self,
@@ -417,11 +423,11 @@ impl Engine<'_> {
             .propose(self.target, request, self.sampler)?
             .truncated(request.n_draft);
         let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let greedy = self.sampler.is_greedy();
+        let free = self.lengths_leave_text_alone();
         if let Some(policy) = self
             .policy
             .as_deref_mut()
-            .filter(|p| p.follows_timings(greedy))
+            .filter(|p| p.follows_timings(free))
         {
             if !self.drafter.proposes_freely() {
                 policy.observe_draft_cost(draft.tokens.len(), micros);
@@ -470,13 +476,19 @@ impl Engine<'_> {
         policy.observe(round, evidence);
     }
 
+    /// Whether the text is the same whatever the draft lengths: greedy
+    /// choices, or drafts that carry no distributions to sample against.
+    fn lengths_leave_text_alone(&self) -> bool {
+        self.sampler.is_greedy() || !self.drafter.samples_drafts()
+    }
+
     /// Move the live cost curve's entry for a verify batch of `rows` rows toward its time.
     fn learn_cost(&mut self, rows: usize, micros: u64) {
-        let greedy = self.sampler.is_greedy();
+        let free = self.lengths_leave_text_alone();
         if let Some(policy) = self
             .policy
             .as_deref_mut()
-            .filter(|p| p.follows_timings(greedy))
+            .filter(|p| p.follows_timings(free))
         {
             policy.observe_cost(rows, micros);
         }

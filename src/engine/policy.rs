@@ -211,9 +211,11 @@ impl AdaptiveState {
         }
     }
 
-    /// Whether a round of a generation choosing greedily (`greedy`) moves the curve.
-    pub fn follows_timings(&self, greedy: bool) -> bool {
-        self.live && greedy && !cfg!(any(feature = "cuda", feature = "metal"))
+    /// Whether a round moves the curve, in a generation whose text does not
+    /// depend on its draft lengths (`lengths_free`: greedy, or drafts without
+    /// distributions).
+    pub fn follows_timings(&self, lengths_free: bool) -> bool {
+        self.live && lengths_free && !cfg!(any(feature = "cuda", feature = "metal"))
     }
 
     /// A round verified `rows` rows in `micros`. A verification of several

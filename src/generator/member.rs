@@ -72,9 +72,10 @@ impl Member {
     }
 
     /// An adaptive generation without a pinned cost curve gets one before its
-    /// prompt: a greedy one an estimate its rounds' timings replace
-    /// ([`AdaptiveState::estimated`]); a sampled one, whose text may depend on
-    /// its draft lengths and so on a curve fixed before it starts, times it on
+    /// prompt: a greedy one, or one that drafts without a model, an estimate
+    /// its rounds' timings replace ([`AdaptiveState::estimated`]); a sampled
+    /// one with a draft model, whose text depends on its draft lengths and so
+    /// on a curve fixed before it starts, times it on
     /// sequence `seq_id` of `target`, still empty (after as many cells as the
     /// prompt has, up to [`crate::engine::policy::MAX_TIMED_CONTEXT`]). A draft
     /// model's decode is priced at `draft_share` of a target decode until timed.
@@ -90,7 +91,9 @@ impl Member {
             return Ok(());
         }
         let rows = self.config.n_draft as usize + 1;
-        if self.sampler.is_greedy() {
+        let lengths_free =
+            self.sampler.is_greedy() || matches!(self.config.mode, Mode::None | Mode::Ngram(_));
+        if lengths_free {
             self.state.adaptive = Some(AdaptiveState::estimated(rows, draft_share));
             return Ok(());
         }

@@ -348,8 +348,8 @@ def test_a_conversation_continued_from_its_cache_equals_the_same_turns_decoded_f
     history: list[dict[str, str]] = []
     for question in questions:
         history.append({"role": "user", "content": question})
-        reply = held.create_chat_completion(history, max_tokens=24, temperature=0)  # type: ignore[arg-type]
+        reply = held.create_chat_completion(history, max_tokens=24, temperature=0)
         history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""})
     fresh = Llama(str(path), n_ctx=1024, n_threads=2, verbose=False)
-    again = fresh.create_chat_completion(history[:-1], max_tokens=24, temperature=0)  # type: ignore[arg-type]
+    again = fresh.create_chat_completion(history[:-1], max_tokens=24, temperature=0)
     assert again["choices"][0]["message"]["content"] == history[-1]["content"]
