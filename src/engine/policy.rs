@@ -8,9 +8,9 @@
 //!   starts from an estimate ([`AdaptiveState::estimated`]: a row adds an
 //!   eighth of a plain decode, a draft model's decode costs its share of the
 //!   target's weights) that its own rounds replace as they are timed, so it
-//!   spends nothing on measuring before its first token. A sampled one times
-//!   its curve on its own target context before its prompt
-//!   ([`measure_cost_curve`]).
+//!   spends nothing on measuring before its first token; so does a sampled
+//!   one drafting by prompt lookup. A sampled one with a draft model times its
+//!   curve on its own target context before its prompt ([`measure_cost_curve`]).
 //! - **The acceptance of recent rounds**: an exponentially decaying count of
 //!   accepted draft tokens (hits) over verified ones up to and including the
 //!   first rejection (trials), in fixed point. Under a geometric model (each
@@ -34,14 +34,16 @@
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve and the draft cost in microseconds, the counts in fixed point),
-//! and the choice is a pure function of it. A sampled `draft`-mode generation's text depends on
-//! its draft lengths (rejection sampling against the draft's distribution
-//! decides how the RNG is drawn), so a sampled generation's curve never changes
-//! after it is measured: a restored generation makes the same choices as the
-//! uninterrupted one, token for token. A greedy generation's text does not
-//! (verification gives each token its single decode's logits, on the CPU), so
-//! a measured curve is **live** there: each round's own verify time moves the
-//! entry for its row count an eighth of the way ([`AdaptiveState::observe_cost`]),
+//! and the choice is a pure function of it. A sampled `draft`-mode
+//! generation's text depends on its draft lengths (rejection sampling against
+//! the draft's distribution decides how the RNG is drawn), so its curve never
+//! changes after it is measured: a restored generation makes the same choices
+//! as the uninterrupted one, token for token. A greedy generation's text does
+//! not (verification gives each token its single decode's logits, on the CPU),
+//! nor does a sampled one's whose drafts carry no distributions (each row is
+//! drawn as plain sampling draws it), so the curve is **live** there: each
+//! round's own verify time moves the entry for its row count an eighth of the
+//! way ([`AdaptiveState::observe_cost`]), or replaces an estimate,
 //! keeping the policy current on a machine whose load changes. A verification
 //! also slows the plain decode after it (measured in
 //! `BatchTimer::between_plain`), so a plain round right after one charges
@@ -203,7 +205,7 @@ impl AdaptiveState {
             .unwrap_or(false)
     }
 
-    /// A measured curve, which follows the rounds' timings in greedy generations.
+    /// A measured curve, which follows the rounds' timings where the text allows it.
     pub fn measured(cost_us: Vec<u32>) -> Self {
         Self {
             live: true,
