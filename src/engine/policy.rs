@@ -28,9 +28,9 @@
 //! plain round is chosen, a drafter that proposes for free (prompt lookup) is
 //! still asked for one token, which is compared with the committed one; other
 //! drafters are probed with a one-token draft after [`PROBE_AFTER`] rounds
-//! without evidence, twice as many after each probe that failed (up to
-//! [`MAX_PROBE_AFTER`]), since a probe after a long pause makes the draft
-//! model catch up on every token of it.
+//! without evidence, twice as many after each probe after which drafting
+//! still does not pay (up to [`MAX_PROBE_AFTER`]), since a probe after a long
+//! pause makes the draft model catch up on every token of it.
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve and the draft cost in microseconds, the counts in fixed point),
@@ -72,7 +72,8 @@ const PRIOR: [(u32, u32); 2] = [(2 * SCALE, 3 * SCALE); 2];
 /// free is probed with a one-token draft (at first, and after a probe that
 /// found an accepted token).
 pub const PROBE_AFTER: u32 = 16;
-/// The longest pause between probes: each failed probe doubles the pause up to this.
+/// The longest pause between probes: each probe after which drafting still
+/// does not pay doubles the pause, up to this.
 pub const MAX_PROBE_AFTER: u32 = 256;
 /// The cost of a plain decode in an estimated curve before anything was timed
 /// (microseconds; only the ratios matter until the first timing scales them).
@@ -311,9 +312,15 @@ impl AdaptiveState {
     }
 
     /// A round's drafting took `micros` for `drafted` tokens (a draft model's
-    /// decodes, catching up included): the draft cost moves an eighth of the
-    /// way to its cost per token, or takes it while it is an estimate.
+    /// decodes, catching up on the last round's included): the draft cost
+    /// moves an eighth of the way to its cost per token, or takes it while it
+    /// is an estimate. A draft after plain rounds is not timed: the draft
+    /// model then catches up on all of them first, which drafting round after
+    /// round never does.
     pub fn observe_draft_cost(&mut self, drafted: usize, micros: u64) {
+        if self.idle > 0 {
+            return;
+        }
         let sample =
             clamp_micros(i64::try_from(micros / drafted.max(1) as u64).unwrap_or(i64::MAX));
         let current = i64::from(self.draft_us);
@@ -399,13 +406,19 @@ impl AdaptiveState {
         f64::from(self.cost_us[rows - 1])
     }
 
+    /// The draft length in `0..=most` that pays best, a draft of `k` tokens
+    /// costing its verification and `k` draft-model decodes.
+    fn best_length(&self, most: usize) -> usize {
+        let draft = f64::from(self.draft_us);
+        best_draft_length(self.acceptance(), most, |rows| {
+            self.cost(rows) + draft * (rows - 1) as f64
+        })
+    }
+
     /// How many tokens to draft this round, at most `n_draft`.
     pub fn choose(&self, n_draft: usize, proposes_freely: bool) -> usize {
         let most = n_draft.min(self.cost_us.len() - 1);
-        let draft = f64::from(self.draft_us);
-        let best = best_draft_length(self.acceptance(), most, |rows| {
-            self.cost(rows) + draft * (rows - 1) as f64
-        });
+        let best = self.best_length(most);
         if best == 0 && most > 0 && !proposes_freely && self.idle >= self.probe_after {
             return 1;
         }
@@ -427,15 +440,17 @@ impl AdaptiveState {
             Evidence::Verified | Evidence::Forced => return,
         };
         let probed = self.idle >= self.probe_after;
-        self.probe_after = match (probed, hits) {
-            (true, 0) => (self.probe_after * 2).min(MAX_PROBE_AFTER),
-            _ => PROBE_AFTER,
-        };
         self.idle = 0;
         let at = usize::from(self.streak);
         self.trials[at] = (decayed(self.trials[at]) + trials * SCALE).clamp(1, MAX_TRIALS);
         self.hits[at] = (decayed(self.hits[at]) + hits * SCALE).min(self.trials[at]);
         self.streak = hits == trials;
+        let pays = self.best_length(self.cost_us.len() - 1) > 0;
+        self.probe_after = if probed && !pays {
+            (self.probe_after * 2).min(MAX_PROBE_AFTER)
+        } else {
+            PROBE_AFTER
+        };
     }
 }
 
@@ -854,6 +869,10 @@ mod tests {
         assert_eq!(state.choose(8, false), 0);
         // Timed drafting takes the place of the estimate at once, then moves an eighth of the way.
         state.draft_estimated = true;
+        state.idle = 3; // a draft after plain rounds: its catching up is not timed
+        state.observe_draft_cost(4, 8_000);
+        assert_eq!(state.draft_us, 5_500);
+        state.idle = 0;
         state.observe_draft_cost(4, 8_000);
         assert_eq!(state.draft_us, 2_000);
         state.observe_draft_cost(2, 20_000);
@@ -875,10 +894,12 @@ mod tests {
             state.observe(&round(1, 0), Evidence::Verified);
         }
         assert_eq!(pauses, vec![16, 32, 64, 128, 256, 256]);
-        // A probe that finds an accepted token brings the first pause back.
+        // A probe after which drafting pays brings the first pause back.
         while state.choose(4, false) == 0 {
             state.observe(&round(0, 0), Evidence::Nothing);
         }
+        state.hits = [4 * SCALE, 4 * SCALE];
+        state.trials = [4 * SCALE, 4 * SCALE];
         state.observe(&round(1, 1), Evidence::Verified);
         assert_eq!(state.probe_after, PROBE_AFTER);
     }
