@@ -584,7 +584,7 @@ pub(crate) fn decode_in_chunks(
     seq_id: i32,
     mut each: impl FnMut(&Context, &Batch) -> Result<()>,
 ) -> Result<()> {
-    let chunk = batch.capacity();
+    let chunk = crate::limits::prompt_chunk_rows(batch.capacity());
     for (index, piece) in rows.chunks(chunk).enumerate() {
         batch.fill(piece, position(start + index * chunk)?, seq_id, false)?;
         target.decode(batch)?;

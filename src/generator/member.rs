@@ -71,6 +71,15 @@ impl Member {
         self.config.adaptive && self.state.adaptive.is_none()
     }
 
+    /// Whether the generation times its cost curve before its prompt: an
+    /// adaptive one without a curve whose text depends on its draft lengths
+    /// (sampled, with a draft model).
+    pub fn times_cost_curve(&self) -> bool {
+        let lengths_free =
+            self.sampler.is_greedy() || matches!(self.config.mode, Mode::None | Mode::Ngram(_));
+        self.needs_cost_curve() && !lengths_free
+    }
+
     /// An adaptive generation without a pinned cost curve gets one before its
     /// prompt: a greedy one, or one that drafts without a model, an estimate
     /// its rounds' timings replace ([`AdaptiveState::estimated`]); a sampled
@@ -91,9 +100,7 @@ impl Member {
             return Ok(());
         }
         let rows = self.config.n_draft as usize + 1;
-        let lengths_free =
-            self.sampler.is_greedy() || matches!(self.config.mode, Mode::None | Mode::Ngram(_));
-        if lengths_free {
+        if !self.times_cost_curve() {
             self.state.adaptive = Some(AdaptiveState::estimated(rows, draft_share));
             return Ok(());
         }

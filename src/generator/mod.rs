@@ -391,12 +391,12 @@ impl Generator {
         if self.started() {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
+        let kept = self.reuse_prefix(prompt)?;
         let draft_share = self.draft_share();
         self.on_target(|target, batch, member, seq| {
             member.prepare_cost_curve(target, batch, seq, prompt, draft_share)?;
             member.new_reply()
         })?;
-        let kept = self.reuse_prefix(prompt)?;
         let first = match &mut self.target {
             Target::Shared(attached) => {
                 prefill_shared(attached, &mut self.batch, &mut self.member, prompt, kept)?
@@ -422,7 +422,8 @@ impl Generator {
     /// On a shared engine, before `prompt`: the tokens of it whose exact
     /// cells an earlier generation of the same reuse key left (this
     /// generator moving onto that sequence), when this generation's own
-    /// decodes are exact too; else 0 (its sequence empty).
+    /// decodes are exact too and it need not time its cost curve first;
+    /// else 0 (its sequence empty).
     fn reuse_prefix(&mut self, prompt: &[i32]) -> Result<usize> {
         let Target::Shared(attached) = &mut self.target else {
             return Ok(0);
@@ -431,7 +432,7 @@ impl Generator {
         let Some(key) = member.reuse_key.as_deref() else {
             return Ok(0);
         };
-        if !member.config.decodes_exactly() || member.needs_cost_curve() {
+        if !member.config.decodes_exactly() || member.times_cost_curve() {
             return Ok(0);
         }
         attached.reuse(prompt, key)
@@ -578,7 +579,8 @@ fn prefill_shared(
         })?;
     }
     let rest = prompt.get(kept..).unwrap_or_default();
-    let chunks: Vec<&[i32]> = rest.chunks(member.config.n_batch as usize).collect();
+    let rows = crate::limits::prompt_chunk_rows(member.config.n_batch as usize);
+    let chunks: Vec<&[i32]> = rest.chunks(rows).collect();
     let Some((last, before)) = chunks.split_last() else {
         return Err(crate::engine::nothing_to_decode(kept, prompt.len()));
     };
