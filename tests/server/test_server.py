@@ -23,7 +23,6 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from specstate import Generator, Llama, Model
 from specstate.serve import RequestLimits, ServerConfig, build_app
-from specstate.serve.ray import _unsupported
 from specstate.serve.request import read_request
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
@@ -400,7 +399,7 @@ def test_ray_workers_rebalance_when_generations_end_unevenly(tiny_chat: Path) ->
 
 def test_completions_of_several_prompts_answer_a_choice_each_streamed_and_whole(live: Live, tiny_chat: Path) -> None:
     """OpenAI's list of prompts (LangChain's completions class always sends one): a choice per prompt, in order,
-    the usage summed; a list of token-id lists too; the Ray workers refuse it, and the number is bounded."""
+    the usage summed; a list of token-id lists too; the number is bounded."""
     client = live.client()
     prompts = ["Once upon a time", "The sea"]
     alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0) for p in prompts]
@@ -419,4 +418,4 @@ def test_completions_of_several_prompts_answer_a_choice_each_streamed_and_whole(
     status, error, _ = live.post("/v1/completions", json.dumps({"prompt": ["x"] * 33}).encode())
     assert status == 400 and error["error"]["param"] == "prompt"  # type: ignore[index]
     several = read_request("completion", {"prompt": prompts}, RequestLimits(), model_name=MODEL, template_source="")
-    assert _unsupported(several) == "prompt"
+    assert several.prompts == tuple(prompts)

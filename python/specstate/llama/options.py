@@ -632,6 +632,39 @@ def _tool_message(index: int, message: object) -> dict[str, object]:
     return entry
 
 
+@dataclass(frozen=True)
+class ChatInput:
+    """A chat's messages, read once (:func:`read_chat`): what :meth:`Llama.chat_stream` generates a reply to."""
+
+    #: Each message's ``(role, text)`` (a call's or tool result's text for a message with tools): what a held or
+    #: cached conversation is compared with.
+    pairs: tuple[tuple[str, str], ...]
+    #: A chat with tools (its tools, or tool calls and results in its messages): the messages as the template
+    #: receives them (:func:`tool_messages`), rendered whole; None for a plain chat, rendered from :attr:`pairs`.
+    rendered: tuple[dict[str, object], ...] | None = None
+
+    @property
+    def tools(self) -> bool:
+        """Whether the chat is rendered with the tools' machinery (not continued from a held conversation)."""
+        return self.rendered is not None
+
+
+def read_chat(messages: object, template_source: str, *, tools: bool) -> ChatInput:
+    """A chat's messages, each checked (see :meth:`Llama.create_chat_completion`): rendered with the tools'
+    machinery when the call gives ``tools`` or the messages hold tool calls or results, else as
+    :func:`chat_pairs` reads them (``template_source``: the chat template's)."""
+    if tools or uses_tools(messages):
+        rendered = tool_messages(messages)
+        return ChatInput(tuple((str(m["role"]), _text_of(m)) for m in rendered), tuple(rendered))
+    return ChatInput(tuple(chat_pairs(messages, template_source)))
+
+
+def _text_of(message: Mapping[str, object]) -> str:
+    """A message of a chat with tools as the text its conversation key reads: its content, or its calls."""
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(message.get("tool_calls"), sort_keys=True)
+
+
 def chat_pairs(messages: object, template_source: str) -> list[tuple[str, str]]:
     """``(role, content)`` of each message, checked (see :meth:`Llama.create_chat_completion`); ``template_source``:
     the chat template's (a message's ``name`` is refused when it reads it)."""

@@ -61,9 +61,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from specstate import Model, SharedEngine
-from specstate.chat import chat_template, render_tools
+from specstate.chat import chat_template
 from specstate.errors import ChatTemplateError
-from specstate.llama import ChatStream
+from specstate.llama.api import tool_prompt
 from specstate.serve import messages, responses
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.config import ServerConfig
@@ -71,7 +71,7 @@ from specstate.serve.embeddings import EmbeddingJob, Embeddings, read_embedding_
 from specstate.serve.jobs import DONE, Job, Metrics
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
-from specstate.serve.slots import Slot, shared_engine
+from specstate.serve.slots import Slot, start_slots
 
 if TYPE_CHECKING:
     from specstate.serve.ray import PoolDriver
@@ -148,28 +148,18 @@ class Server:
         if self.config.ray_workers:
             from specstate.serve.ray import PoolDriver
 
-            self.driver = PoolDriver(self.config, self.metrics, self.config.ray_workers, self.config.ray_address)
+            self.driver = PoolDriver(
+                self.config, self.metrics, self.cache, self.config.ray_workers, self.config.ray_address
+            )
             self.driver.start()
             self.driver.loaded.wait()
             if self.driver.error is not None:
                 raise self.driver.error
+            assert self.driver.model is not None
             self.model = self.driver.model
             self.template = _template_source(self.model, self.config)
             return
-        self.engine = shared_engine(self.config)
-        cost_curve = None  # the adaptive policy's, measured by the first slot and pinned for every slot
-        for _ in range(self.config.slots):
-            loaded = threading.Event()
-            slot = Slot(
-                self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve, self.corpora
-            )
-            slot.start()
-            loaded.wait()
-            if slot.error is not None:
-                self.scheduler.close()
-                raise slot.error
-            self.slots.append(slot)
-            cost_curve = slot.cost_curve
+        self.slots, self.engine = start_slots(self.config, self.scheduler, self.metrics, self.cache, self.corpora, None)
         assert self.slots[0].llama is not None
         self.model = self.slots[0].llama.model
         self.template = _template_source(self.model, self.config)
@@ -246,15 +236,8 @@ class Server:
         assert self.model is not None
         if not read.tools:
             return len(chat_template(self.model, self.config.chat_template).prompt_tokens(list(read.pairs)))
-        options = read.options
-        choice = options.get("tool_choice", "auto")
-        prompt = render_tools(
-            self.model,
-            options["messages"],
-            options.get("tools"),
-            tool_choice=choice,
-            template=self.config.chat_template,
-        )
+        assert read.chat is not None and read.chat.rendered is not None
+        prompt = tool_prompt(self.model, read.chat.rendered, read.call, self.config.chat_template)
         return len(prompt.tokens())
 
     async def embed(self, request: Request) -> Response:
@@ -294,7 +277,7 @@ class Server:
     def health(self) -> tuple[dict[str, Any], int]:
         """``/health``'s body and status: 503 when nothing serves, "degraded" when a slot does not."""
         if self.driver is not None:
-            total = serving = int(self.driver.is_alive())
+            total, serving = self.config.ray_workers, self.driver.serving()
         else:
             total, serving = len(self.slots), sum(slot.serving() for slot in self.slots)
         status = "ok" if serving == total else "degraded" if serving else "unavailable"
@@ -652,7 +635,7 @@ async def _said(
 
 def _stop_sequence(job: Job) -> str | None:
     """The stop string that ended the job's reply, if one did."""
-    return job.chunks.stop_sequence if isinstance(job.chunks, ChatStream) else None
+    return job.stop_sequence
 
 
 def _event(payload: object) -> str:
