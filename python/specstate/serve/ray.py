@@ -28,12 +28,13 @@ import queue
 import threading
 import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specstate import Model
 from specstate.llama.results import joined_chat
-from specstate.serve.cache import ConversationCache, conversation_keys
+from specstate.serve.cache import ConversationCache, conversation_key, conversation_keys
 from specstate.serve.config import ServerConfig
 from specstate.serve.jobs import DONE, Job, Metrics, joined_prompts
 from specstate.serve.ray_worker import Conversation, Finished, Report, ServeWorker, worker_config
@@ -181,6 +182,10 @@ class PoolDriver(threading.Thread):
             index for index, worker in enumerate(self.workers) if any(r.job is job for r in worker.running.values())
         ]
         return found[0] if found else None
+
+    def holder_of(self, pairs: Sequence[tuple[str, str]], tenant: str) -> int | None:
+        """The worker that finished the conversation ``pairs`` of ``tenant`` (None: none the driver remembers)."""
+        return self._holders.get(conversation_key(pairs, tenant))
 
     # --- the driver's loop -----------------------------------------------------------------------------
 
@@ -344,7 +349,7 @@ class PoolDriver(threading.Thread):
         self.metrics.merge(report.counts)
         for pairs, checkpoint, tenant in report.conversations:
             self.cache.put(pairs, checkpoint, tenant)
-            key = [key for _, key in conversation_keys(pairs, tenant)][-1]
+            key = conversation_key(pairs, tenant)
             self._holders[key] = index
             self._holders.move_to_end(key)
             while len(self._holders) > HELD_CONVERSATIONS:
