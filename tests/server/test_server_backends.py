@@ -28,7 +28,7 @@ COLOURS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name t
 
 def chats(server: Live) -> list[Any]:
     """What the chat completions of the script answer (ids and times left out)."""
-    client = server.client()
+    client: Any = server.client()  # untyped: the requests below pass plain dictionaries
     whole = client.chat.completions.create(messages=COLOURS, max_tokens=16, **GREEDY)
     text = whole.choices[0].message.content or ""
     chunks = list(
@@ -60,7 +60,7 @@ def chats(server: Live) -> list[Any]:
 
 def tools(server: Live) -> list[Any]:
     """A chat whose tools must be called (``tool_choice: "required"``), whole and streamed."""
-    client = server.client()
+    client: Any = server.client()  # untyped: the requests below pass plain dictionaries
     asked: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
     options: dict[str, Any] = {"tools": [WEATHER], "tool_choice": "required", "max_tokens": 48, **GREEDY}
     whole = client.chat.completions.create(messages=asked, **options)
@@ -76,7 +76,7 @@ def tools(server: Live) -> list[Any]:
 
 def completions(server: Live) -> list[Any]:
     """Completions: the prompt echoed with its log-probabilities, and several prompts, whole and streamed."""
-    client = server.client()
+    client: Any = server.client()  # untyped: the requests below pass plain dictionaries
     echoed = client.completions.create(prompt="Once upon a time", max_tokens=6, echo=True, logprobs=2, **GREEDY)
     prompts = ["Once upon a time", "The sea"]
     several = client.completions.create(prompt=prompts, max_tokens=6, **GREEDY)
@@ -98,7 +98,7 @@ def agents(server: Live) -> list[Any]:
     deltas = "".join(event.delta for event in streamed if event.type == "response.output_text.delta")
     text = made["output"][0]["content"][0]["text"]  # type: ignore[index]
     assert deltas == text
-    return [said["content"], said["stop_reason"], text]  # type: ignore[index]
+    return [said["content"], said["stop_reason"], text]
 
 
 def test_an_openai_client_script_gets_the_same_replies_from_both_backends(smollm2_file: Path) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from specstate._native import LookupCorpus, Model, SharedEngine
 from specstate._text import StopScanner
 from specstate._typing import DraftPolicy, GeneratorSettings, Mode
-from specstate.chat import ToolPrompt, as_messages, chat_template, render_tools, template_sha256
+from specstate.chat import as_messages, chat_template, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
 from specstate.errors import ChatTemplateError
 from specstate.generator import Generator, encode_prompt
@@ -44,6 +44,7 @@ from specstate.llama.options import (
     call_defaults,
     call_settings,
     read_chat,
+    tool_prompt,
 )
 from specstate.llama.results import (
     ChatStream,
@@ -732,23 +733,6 @@ class LlamaTokenizer:
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.detokenize(tokens).decode("utf-8", errors="ignore")
-
-
-def tool_prompt(
-    model: Model, messages: Sequence[Mapping[str, object]], call: CallSettings, template: str | None
-) -> ToolPrompt:
-    """The prompt of a chat with tools (:attr:`ChatInput.rendered`) with ``call``'s tools, choice and parallelism,
-    rendered by the chat template (``template``: a Jinja source or a format's name; None: the model's own), as
-    :meth:`Llama.chat_stream` decodes it (``specstate serve`` counts its tokens for Anthropic's
-    ``count_tokens``)."""
-    return render_tools(
-        model,
-        list(messages),
-        call.tools,
-        tool_choice=call.tool_choice if call.tools is not None else "none",
-        parallel_tool_calls=call.parallel_tool_calls,
-        template=template,
-    )
 
 
 def _corpus(corpus: LookupCorpus | None, mode: str) -> LookupCorpus | None:

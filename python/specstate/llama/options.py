@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from specstate import _defaults
-from specstate._native import check_sampling, json_schema_to_grammar
+from specstate._native import Model, check_sampling, json_schema_to_grammar
 from specstate._typing import GeneratorConfig, GeneratorSettings, SamplingSettings
+from specstate.chat import ToolPrompt, render_tools
 
 if TYPE_CHECKING:
     pass
@@ -657,6 +658,23 @@ def read_chat(messages: object, template_source: str, *, tools: bool) -> ChatInp
         rendered = tool_messages(messages)
         return ChatInput(tuple((str(m["role"]), _text_of(m)) for m in rendered), tuple(rendered))
     return ChatInput(tuple(chat_pairs(messages, template_source)))
+
+
+def tool_prompt(
+    model: Model, messages: Sequence[Mapping[str, object]], call: CallSettings, template: str | None
+) -> ToolPrompt:
+    """The prompt of a chat with tools (:attr:`ChatInput.rendered`) with ``call``'s tools, choice and parallelism,
+    rendered by the chat template (``template``: a Jinja source or a format's name; None: the model's own), as
+    :meth:`Llama.chat_stream` decodes it (``specstate serve`` counts its tokens for Anthropic's
+    ``count_tokens``)."""
+    return render_tools(
+        model,
+        list(messages),
+        call.tools,
+        tool_choice=call.tool_choice if call.tools is not None else "none",
+        parallel_tool_calls=call.parallel_tool_calls,
+        template=template,
+    )
 
 
 def _text_of(message: Mapping[str, object]) -> str:

@@ -63,7 +63,7 @@ from starlette.routing import Route
 from specstate import Model, SharedEngine
 from specstate.chat import chat_template
 from specstate.errors import ChatTemplateError
-from specstate.llama.api import tool_prompt
+from specstate.llama.options import tool_prompt
 from specstate.serve import messages, responses
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.config import ServerConfig
@@ -74,7 +74,7 @@ from specstate.serve.scheduler import Scheduler
 from specstate.serve.slots import Slot, start_slots
 
 if TYPE_CHECKING:
-    from specstate.serve.ray import PoolDriver
+    from specstate.serve.ray import RayDriver
 
 __all__ = ["Server", "build_app", "running", "serve"]
 
@@ -103,7 +103,7 @@ class Server:
         self.slots: list[Slot] = []
         #: The engine the slots' generations decode on together (None: separate slots, or the Ray pool).
         self.engine: SharedEngine | None = None
-        self.driver: PoolDriver | None = None
+        self.driver: RayDriver | None = None
         self.started = int(time.time())
         #: The chat template's source, once the model is loaded ("" for a model without one).
         self.template = ""
@@ -146,9 +146,9 @@ class Server:
     def start(self) -> None:
         """Start the slots (or the Ray pool) and wait until each has loaded its model (raising the first failure)."""
         if self.config.ray_workers:
-            from specstate.serve.ray import PoolDriver
+            from specstate.serve.ray import RayDriver
 
-            self.driver = PoolDriver(
+            self.driver = RayDriver(
                 self.config, self.metrics, self.cache, self.config.ray_workers, self.config.ray_address
             )
             self.driver.start()

@@ -40,7 +40,7 @@ from specstate.serve.jobs import DONE, Job, Metrics, joined_prompts
 from specstate.serve.ray_worker import Conversation, Finished, Report, ServeWorker, worker_config
 from specstate.serve.request import RequestError
 
-__all__ = ["PoolDriver"]
+__all__ = ["RayDriver"]
 
 #: Seconds a worker waits for its slots' next results before it reports none.
 POLL_SECONDS = 0.05
@@ -125,7 +125,7 @@ class _Running:
         return call.sampling.seed is not None and call.top_logprobs is None
 
 
-class PoolDriver(threading.Thread):
+class RayDriver(threading.Thread):
     """The thread that runs the server's requests on Ray workers (see the module's docstring); ``cache``: the
     server's conversation cache, which keeps every worker's finished conversations."""
 
