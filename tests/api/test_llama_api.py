@@ -17,7 +17,15 @@ from openai.types.chat import ChatCompletion as OpenAIChatCompletion
 from openai.types.chat import ChatCompletionChunk as OpenAIChatCompletionChunk
 
 from specstate import Generator, Llama, LlamaGrammar, Model
-from specstate.llama import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, UnsupportedParameterError
+from specstate.llama import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    UnsupportedParameterError,
+    call_settings,
+    read_chat,
+)
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
@@ -642,3 +650,21 @@ def test_the_llama_cpp_python_chat_example_runs(tmp_path: Path) -> None:
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "> What is the capital of France?" and "Paris" in lines[1]
     assert set(json.loads(lines[-1])) == {"topic", "questions"}
+
+
+def test_the_calls_run_what_their_arguments_read_into(tiny_chat: Path) -> None:
+    """``create_chat_completion`` and ``create_completion`` read their arguments once (``call_settings``,
+    ``read_chat``) and run ``chat_stream`` and ``completion_stream`` on what they read: a caller that has read them
+    (``specstate serve``) gets the same chunks."""
+    messages = [{"role": "user", "content": "Hi"}]
+    options: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "stop": ["x"], "logprobs": True, "top_logprobs": 2}
+    asked = tiny_llama(tiny_chat).create_chat_completion(messages, stream=True, **options)
+    llama = tiny_llama(tiny_chat)
+    chat = read_chat(messages, llama.template_source, tools=False)
+    assert chat.pairs == (("user", "Hi"),) and not chat.tools
+    typed = llama.chat_stream(chat, call_settings(options, chat=True))
+    assert [c["choices"] for c in typed] == [c["choices"] for c in asked]
+    prompt: dict[str, Any] = {"max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 2}
+    whole = tiny_llama(tiny_chat).create_completion("Once upon", **prompt)
+    streamed = tiny_llama(tiny_chat).completion_stream("Once upon", call_settings(prompt, chat=False)).whole()
+    assert whole["choices"] == streamed["choices"]

@@ -23,6 +23,7 @@ generation stopped before its next token.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import queue
 import threading
@@ -176,13 +177,6 @@ class RayDriver(threading.Thread):
         """The process id of a worker."""
         return self.workers[worker].pid
 
-    def worker_of(self, job: Job) -> int | None:
-        """The worker running ``job`` (None: not placed, or done)."""
-        found = [
-            index for index, worker in enumerate(self.workers) if any(r.job is job for r in worker.running.values())
-        ]
-        return found[0] if found else None
-
     def holder_of(self, pairs: Sequence[tuple[str, str]], tenant: str) -> int | None:
         """The worker that finished the conversation ``pairs`` of ``tenant`` (None: none the driver remembers)."""
         return self._holders.get(conversation_key(pairs, tenant))
@@ -194,6 +188,7 @@ class RayDriver(threading.Thread):
             self._open()
         except BaseException as error:
             self.error = error
+            self._close()
             return
         finally:
             self.loaded.set()
@@ -204,6 +199,7 @@ class RayDriver(threading.Thread):
             self._close()
 
     def _open(self) -> None:
+        importlib.import_module("specstate.cluster")  # first: without Ray, its error says how to install it
         import ray
 
         from specstate.cluster.pool import _quiet_raylet
@@ -226,6 +222,7 @@ class RayDriver(threading.Thread):
             self.workers.append(_Worker(handle, described["pid"]))
 
     def _close(self) -> None:
+        """Stop the workers (their requests hear why), and the local Ray instance if the driver started it."""
         import ray
 
         from specstate.cluster.pool import _quiet_raylet
