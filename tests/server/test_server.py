@@ -342,7 +342,8 @@ def test_a_higher_priority_request_parks_a_running_reply_that_then_resumes_exact
 def test_ray_workers_lose_nothing_when_a_worker_dies(tiny_chat: Path) -> None:
     """``--ray-workers 3``: the worker of a running stream is killed, and the stream goes on from another worker,
     its text the uninterrupted reply; the follow-up turn goes to the worker that finished the first; that one is
-    killed too, and the next turn continues the conversation from its checkpoint on the last worker, exactly."""
+    killed too, and the next turn continues the conversation from its checkpoint on the last worker, exactly; the
+    same conversation from another tenant (another ``user``) is neither continued nor restored."""
     server = Live(config(tiny_chat, ray_workers=3, n_ctx=4096, limits=RequestLimits(max_tokens=600)))
     driver = server.state.driver
     assert driver is not None
@@ -376,6 +377,8 @@ def test_ray_workers_lose_nothing_when_a_worker_dies(tiny_chat: Path) -> None:
                 while driver.workers[holder].alive:  # the driver finds it dead at its next poll
                     assert time.monotonic() < deadline
                     time.sleep(0.02)
+        other = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, user="u")
+        assert other.choices[0].message.content is not None  # another tenant: nothing of the conversation reused
         metrics = server.get("/metrics")[1]
     finally:
         server.stop()

@@ -22,11 +22,13 @@ generation stopped before its next token.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -43,8 +45,11 @@ from specstate.serve.request import RequestError
 
 __all__ = ["RayDriver"]
 
-#: Seconds a worker waits for its slots' next results before it reports none.
-POLL_SECONDS = 0.05
+#: Seconds a worker waits for its slots' next results before it reports none (it reports as soon as it has some).
+POLL_SECONDS = 0.5
+
+#: Seconds the driver waits for a worker's report before it looks at its queue again.
+WAIT_SECONDS = 0.02
 
 #: Conversations whose worker the driver remembers (the least recently finished forgotten beyond them: a follow-up
 #: turn of a forgotten one goes to any worker, with its checkpoint when the cache has it).
@@ -214,12 +219,13 @@ class RayDriver(threading.Thread):
         )
         nodes = [node for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
         config = worker_config(self.config, -(-self.count // max(len(nodes), 1)))  # the workers of one node
-        curve = None
-        for _ in range(self.count):
-            handle: Any = actor.remote(config, curve)
-            described: dict[str, Any] = ray.get(handle.describe.remote())
-            curve = described["cost_curve"]  # the first worker's, pinned in the others
-            self.workers.append(_Worker(handle, described["pid"]))
+        first: Any = actor.remote(config, None)
+        described: dict[str, Any] = ray.get(first.describe.remote())
+        others: list[Any] = [actor.remote(config, described["cost_curve"]) for _ in range(self.count - 1)]
+        # the first worker measures the cost curve, the others, started together, pin it
+        descriptions: list[dict[str, Any]] = [described, *ray.get([other.describe.remote() for other in others])]
+        for handle, each in zip([first, *others], descriptions):
+            self.workers.append(_Worker(handle, each["pid"]))
 
     def _close(self) -> None:
         """Stop the workers (their requests hear why), and the local Ray instance if the driver started it."""
@@ -231,7 +237,8 @@ class RayDriver(threading.Thread):
             if worker.alive:
                 ray.kill(worker.actor, no_restart=True)
             for running in worker.running.values():
-                running.job.deliver(RequestError(503, "the server is stopping", "server_error"))
+                with contextlib.suppress(RuntimeError):  # its event loop is closed already
+                    running.job.deliver(RequestError(503, "the server is stopping", "server_error"))
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             _quiet_raylet(False)
@@ -326,10 +333,10 @@ class RayDriver(threading.Thread):
             if worker.alive and worker.poll is None:
                 worker.poll = worker.actor.poll.remote(POLL_SECONDS)
         polls = {worker.poll: worker for worker in self.workers if worker.alive}
-        if not polls:
-            self.closed = self.closed or not self.workers
+        if not polls:  # every worker died: requests are refused (503) until the server stops
+            time.sleep(WAIT_SECONDS)
             return
-        ready, _ = ray.wait(list(polls), num_returns=1, timeout=2 * POLL_SECONDS)
+        ready, _ = ray.wait(list(polls), num_returns=1, timeout=WAIT_SECONDS)
         for reference in ready:
             worker = polls[reference]
             worker.poll = None
