@@ -12,7 +12,9 @@ generator's contexts belong to the thread that made it) and take requests from
 one bounded queue, the highest ``priority`` first (a request field, an integer,
 default 0); a full queue answers 429 with ``Retry-After``. A client that
 disconnects stops its generation after the piece being made. The GIL is released
-in native compute, so slots run side by side.
+in native compute, so slots run side by side. With ``ray_workers``, each of that
+many Ray workers runs slots of its own, as these do, on the same requests
+(:mod:`specstate.serve.ray`).
 
 Preemption without loss: a request that finds every slot busy, one of them with
 a chat of lower priority, has that reply parked -- checkpointed between
@@ -101,7 +103,7 @@ class Server:
         self.scheduler = Scheduler(config.queue, config.slots, config.parked_bytes, config.spill_dir)
         self.cache = ConversationCache(config.cache_bytes, config.cache_dir, config.cache_dir_bytes)
         self.slots: list[Slot] = []
-        #: The engine the slots' generations decode on together (None: separate slots, or the Ray pool).
+        #: The engine the slots' generations decode on together (None: separate slots, or the Ray workers).
         self.engine: SharedEngine | None = None
         self.driver: RayDriver | None = None
         self.started = int(time.time())
@@ -131,7 +133,7 @@ class Server:
         self.keys = [(f"Bearer {key}".encode(), key_identity(key) if len(keys) > 1 else DEFAULT_TENANT) for key in keys]
 
     def submit(self, job: Job) -> None:
-        """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
+        """Queue ``job`` on the slots or the Ray workers (:class:`RequestError` 429 when full)."""
         if self.driver is not None:
             self.driver.submit(job)
         else:
@@ -144,7 +146,8 @@ class Server:
         return self.scheduler.depth(), self.scheduler.busy, self.scheduler.parked()
 
     def start(self) -> None:
-        """Start the slots (or the Ray pool) and wait until each has loaded its model (raising the first failure)."""
+        """Start the slots (or the Ray workers, each with slots of its own) and wait until each has loaded its model
+        (raising the first failure)."""
         if self.config.ray_workers:
             from specstate.serve.ray import RayDriver
 
