@@ -24,6 +24,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from specstate import Generator, Llama, Model
 from specstate.serve import RequestLimits, ServerConfig, build_app
 from specstate.serve.cache import DEFAULT_TENANT
+from specstate.serve.jobs import Job
+from specstate.serve.ray import _Running
 from specstate.serve.request import read_request
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
@@ -385,6 +387,33 @@ def test_ray_workers_lose_nothing_when_a_worker_dies(tiny_chat: Path) -> None:
     assert "specstate_ray_requests_rerun_total 1" in metrics and "specstate_conversations_restored_total 1" in metrics
     generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)  # the same turns in one process
     assert replies == [generator.chat(turn, max_tokens=400 if i == 0 else 12) for i, turn in enumerate(turns)]
+
+
+def test_a_rerun_sends_its_client_only_the_text_it_does_not_have() -> None:
+    """A request run again after its worker died: its chunks keep the first run's labels, and its client is sent
+    only the text after what it has (the role chunk once); a sampled stream without a seed is not run again."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "stream": True}
+    request = read_request("chat", body, RequestLimits(), model_name=MODEL, template_source="")
+    running = _Running(Job(request, lambda item: None), 0)
+
+    def chunk(delta: dict[str, str], ident: str) -> dict[str, Any]:
+        return {"id": ident, "created": 1, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+    for delta in ({"role": "assistant"}, {"content": "Hello"}, {"content": " wor"}):
+        assert running.news(chunk(delta, "first")) is not None
+    assert running.reproducible()
+    running.rerun()
+    again = [
+        running.news(chunk(d, "second"))
+        for d in ({"role": "assistant"}, {"content": "Hel"}, {"content": "lo world"}, {})
+    ]
+    assert again[:2] == [None, None]
+    assert again[2] is not None and again[2]["choices"][0]["delta"]["content"] == "ld" and again[2]["id"] == "first"
+    assert again[3] is not None and again[3]["id"] == "first"
+    sampled = read_request("chat", {**body, "temperature": 0.7}, RequestLimits(), model_name=MODEL, template_source="")
+    running = _Running(Job(sampled, lambda item: None), 0)
+    assert running.reproducible() and running.news(chunk({"content": "Hi"}, "first")) is not None
+    assert not running.reproducible()
 
 
 def test_completions_of_several_prompts_answer_a_choice_each_streamed_and_whole(live: Live, tiny_chat: Path) -> None:

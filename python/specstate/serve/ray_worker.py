@@ -118,6 +118,8 @@ class ServeWorker:
             self.scheduler.submit(job)
         except RequestError as error:
             self._deliver(ident, error)
+        except Exception as error:  # the worker outlives any request: its client hears what failed
+            self._deliver(ident, RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
 
     def cancel(self, ident: str) -> None:
         """Stop a request whose client left (its slot stops it before its next token; nothing more is reported)."""
