@@ -668,3 +668,18 @@ def test_the_calls_run_what_their_arguments_read_into(tiny_chat: Path) -> None:
     whole = tiny_llama(tiny_chat).create_completion("Once upon", **prompt)
     streamed = tiny_llama(tiny_chat).completion_stream("Once upon", call_settings(prompt, chat=False)).whole()
     assert whole["choices"] == streamed["choices"]
+
+
+def test_a_snapshot_of_a_chat_stream_goes_on_token_for_token_in_another_llama(tiny_chat: Path) -> None:
+    """``ChatStream.snapshot``: the reply between two chunks, the stream going on; another ``Llama`` resumes it
+    (``resume_chat``) with the chunks the stream went on with, sampled too."""
+    messages = [{"role": "user", "content": "Hi"}]
+    stream = tiny_llama(tiny_chat).create_chat_completion(
+        messages, stream=True, max_tokens=40, temperature=0.9, seed=5, stop=["\n\n"]
+    )
+    head = [next(stream) for _ in range(8)]
+    taken = stream.snapshot()
+    assert taken is not None and head[0]["choices"][0]["delta"] == {"role": "assistant"}
+    rest = list(stream)
+    resumed = list(tiny_llama(tiny_chat).resume_chat(taken))
+    assert [c["choices"] for c in resumed] == [c["choices"] for c in rest]

@@ -341,18 +341,35 @@ def test_a_higher_priority_request_parks_a_running_reply_that_then_resumes_exact
         assert answer.choices[0].message.content == expected and answer.usage.completion_tokens == 3000
 
 
+def sampled_stream(client: openai.OpenAI, driver: Any, kill_at: int | None) -> str:
+    """A seeded sampled chat's streamed text, its worker killed at its ``kill_at``-th chunk (None: not)."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Sing."}]
+    pieces: list[str] = []
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=300, temperature=1.0, seed=11, stream=True
+    ):
+        pieces.append(chunk.choices[0].delta.content or "")
+        if len(pieces) == kill_at:
+            (running,) = [index for index, worker in enumerate(driver.workers) if worker.running]
+            os.kill(driver.worker_pid(running), signal.SIGKILL)
+    return "".join(pieces)
+
+
 def test_ray_workers_lose_nothing_when_a_worker_dies(tiny_chat: Path) -> None:
-    """``--ray-workers 3``: the worker of a running stream is killed, and the stream goes on from another worker,
-    its text the uninterrupted reply; the follow-up turn goes to the worker that finished the first; that one is
-    killed too, and the next turn continues the conversation from its checkpoint on the last worker, exactly; the
-    same conversation from another tenant (another ``user``) is neither continued nor restored."""
-    server = Live(config(tiny_chat, ray_workers=3, n_ctx=4096, limits=RequestLimits(max_tokens=600)))
+    """``--ray-workers 4``: the worker of a running stream is killed, and the stream goes on from another worker,
+    its text the uninterrupted reply (a sampled one from its latest snapshot, a greedy one run again); the
+    follow-up turn goes to the worker that finished the first; that one is killed too, and the next turn continues
+    the conversation from its checkpoint on another worker, exactly; the same conversation from another tenant
+    (another ``user``) is neither continued nor restored."""
+    server = Live(config(tiny_chat, ray_workers=4, n_ctx=4096, limits=RequestLimits(max_tokens=600)))
     driver = server.state.driver
     assert driver is not None
     turns = ["Tell me a long story.", "Go on.", "And then?"]
     replies: list[str] = []
     try:
         client = server.client()
+        sampled = sampled_stream(client, driver, kill_at=40)  # resumed from its latest snapshot
+        assert sampled == sampled_stream(client, driver, kill_at=None)  # the reply it gets uninterrupted
         messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": turns[0]}]
         pieces: list[str] = []
         for chunk in client.chat.completions.create(
@@ -385,6 +402,7 @@ def test_ray_workers_lose_nothing_when_a_worker_dies(tiny_chat: Path) -> None:
     finally:
         server.stop()
     assert "specstate_ray_requests_rerun_total 1" in metrics and "specstate_conversations_restored_total 1" in metrics
+    assert "specstate_ray_requests_resumed_total 1" in metrics
     generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)  # the same turns in one process
     assert replies == [generator.chat(turn, max_tokens=400 if i == 0 else 12) for i, turn in enumerate(turns)]
 

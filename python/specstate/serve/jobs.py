@@ -43,6 +43,8 @@ class Job:
     last: Any = None
     #: The stop string that ended a chat's reply, once it is done (None: none did).
     stop_sequence: str | None = None
+    #: Chunks of a streamed chat between two :class:`Snapshot` s it delivers (0: none).
+    snapshot_every: int = 0
 
     @property
     def kind(self) -> str:
@@ -64,6 +66,15 @@ class Job:
 
 
 DONE = object()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A streamed chat's reply between two chunks (:meth:`ChatStream.snapshot`), delivered among its chunks when
+    the job asks (:attr:`Job.snapshot_every`): what the Ray driver resumes the reply from, exactly, on another
+    worker if the one running it dies."""
+
+    parked: ParkedChat
 
 
 class Completions(Iterator[Any]):

@@ -14,10 +14,12 @@ request of higher priority than a chat running there goes to that worker, whose 
 finished chat turn's checkpoint comes back to the driver and is kept in the server's conversation cache, so a
 follow-up turn whose worker is busy or died is given its conversation's checkpoint and continues it exactly on
 another worker. A worker that dies costs its requests nothing they can see where that can be done exactly: a
-request its client has seen nothing of yet runs again on another worker, and so does a streamed one whose
-generation is reproducible (greedy, or with a ``seed``, and without log-probabilities), its client sent only what
-comes after the text it has; another streamed request ends with a 500. A client that disconnects has its
-generation stopped before its next token.
+request its client has seen nothing of yet runs again on another worker; a sampled chat's stream goes on there
+from the latest snapshot its worker reported (every :data:`SNAPSHOT_CHUNKS` chunks: its checkpoint between two
+chunks), and a greedy or seeded stream runs again, its client sent only what comes after the text it has. A
+stream with log-probabilities that its client has begun, and a sampled one without a seed and with no snapshot
+yet (a chat with tools, or one within its first snapshot's chunks), end with a 500. A client that disconnects
+has its generation stopped before its next token.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specstate import Model
+from specstate.llama import ParkedChat
 from specstate.llama.results import joined_chat
 from specstate.serve.cache import ConversationCache, conversation_key, conversation_keys
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics, joined_prompts
+from specstate.serve.jobs import DONE, Job, Metrics, Snapshot, joined_prompts
 from specstate.serve.ray_worker import Conversation, Finished, Report, ServeWorker, worker_config
 from specstate.serve.request import RequestError
 
@@ -54,6 +57,10 @@ WAIT_SECONDS = 0.02
 #: Conversations whose worker the driver remembers (the least recently finished forgotten beyond them: a follow-up
 #: turn of a forgotten one goes to any worker, with its checkpoint when the cache has it).
 HELD_CONVERSATIONS = 4096
+
+#: Chunks of a sampled stream between two snapshots of it that the driver keeps (what it resumes from if its worker
+#: dies).
+SNAPSHOT_CHUNKS = 16
 
 #: Calls a worker runs at once: its results are asked for while requests are handed to it.
 WORKER_CONCURRENCY = 4
@@ -89,10 +96,27 @@ class _Running:
     #: Characters of each choice's text this run of the request has produced (a rerun's text up to ``sent`` is
     #: what the client has already).
     produced: Counter[int] = field(default_factory=Counter)
+    #: A sampled stream's latest snapshot, and the characters of each choice's text produced before it.
+    snapshot: tuple[ParkedChat, Counter[int]] | None = None
 
-    def rerun(self) -> None:
-        """Start over on another worker: what comes next is the request's text from its start."""
-        self.collected, self.usage, self.produced = [], None, Counter()
+    def snapshots(self) -> int:
+        """Chunks between the snapshots the request's worker reports: a sampled chat's stream (without a seed, its
+        rerun would not be the reply its client has begun; with one, it would be, after all its tokens again), with
+        no tools and no log-probabilities; 0: none."""
+        request = self.job.request
+        call = request.call
+        sampled = call.sampling.temperature > 0 and call.top_logprobs is None
+        return SNAPSHOT_CHUNKS if self.job.stream and request.chat is not None and not request.tools and sampled else 0
+
+    def rerun(self) -> ParkedChat | None:
+        """Go on on another worker: from the latest snapshot, if there is one (returned), else from the start."""
+        self.collected, self.usage = [], None
+        if self.snapshot is None:
+            self.produced = Counter()
+            return None
+        parked, produced = self.snapshot
+        self.produced = Counter(produced)
+        return parked
 
     def news(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
         """``chunk`` as its client is to get it (labelled as the first one; only the text it does not have yet),
@@ -123,10 +147,10 @@ class _Running:
         return {**chunk, "choices": [changed]}
 
     def reproducible(self) -> bool:
-        """Whether running the request again gives what its client was sent: nothing was sent, or the
-        generation is greedy or seeded and reports no log-probabilities."""
+        """Whether going on elsewhere gives what its client was sent: nothing was sent, or the request has a
+        snapshot, or its generation is greedy or seeded and reports no log-probabilities."""
         call = self.job.request.call
-        if not self.job.stream or (not self.sent and not self.role_sent):
+        if not self.job.stream or (not self.sent and not self.role_sent) or self.snapshot is not None:
             return True
         return call.sampling.seed is not None and call.top_logprobs is None
 
@@ -280,12 +304,19 @@ class RayDriver(threading.Thread):
             conversation = None if chosen == held else self._conversation(job)
             self._send(job, chosen, conversation, _Running(job, chosen))
 
-    def _send(self, job: Job, worker: int, conversation: Conversation | None, running: _Running) -> None:
+    def _send(
+        self,
+        job: Job,
+        worker: int,
+        conversation: Conversation | None,
+        running: _Running,
+        resume: ParkedChat | None = None,
+    ) -> None:
         ident = f"r{uuid.uuid4().hex}"
         running.worker = worker
         self.workers[worker].running[ident] = running
         request = dataclasses.replace(job.request, stream=True, include_usage=True)  # the driver joins whole ones
-        self.workers[worker].actor.submit.remote(ident, request, conversation)
+        self.workers[worker].actor.submit.remote(ident, request, conversation, resume, running.snapshots())
 
     def _choose(self, job: Job, held: int | None) -> int | None:
         """The worker for ``job``: the one that holds its conversation if it has a free slot, else the least loaded
@@ -380,6 +411,8 @@ class RayDriver(threading.Thread):
             if not job.stream:
                 job.deliver(_whole(running))
             job.deliver(DONE)
+        elif isinstance(item, Snapshot):
+            running.snapshot = item.parked, Counter(running.produced)
         elif not isinstance(item, dict):
             raise TypeError(f"a worker delivered {type(item).__name__}")
         elif not item["choices"] and "usage" in item:
@@ -395,22 +428,24 @@ class RayDriver(threading.Thread):
         self.metrics.add("ray_workers_lost")
         for running in worker.running.values():
             if running.reproducible():
-                running.rerun()
-                self.metrics.add("ray_requests_rerun")
-                self._requeue(running)
+                resume = running.rerun()
+                self.metrics.add("ray_requests_rerun" if resume is None else "ray_requests_resumed")
+                self._requeue(running, resume)
             else:
                 message = "the Ray worker running this request died and its reply cannot be reproduced exactly"
                 running.job.deliver(RequestError(500, message, "server_error"))
         worker.running.clear()
 
-    def _requeue(self, running: _Running) -> None:
-        """Run the request again on the least loaded live worker, with its conversation's checkpoint."""
+    def _requeue(self, running: _Running, resume: ParkedChat | None) -> None:
+        """Run the request again on the least loaded live worker, with its conversation's checkpoint (or from its
+        snapshot ``resume``)."""
         alive = [index for index, worker in enumerate(self.workers) if worker.alive]
         if not alive:
             running.job.deliver(RequestError(503, "no Ray worker is alive", "server_error"))
             return
         chosen = min(alive, key=lambda index: (len(self.workers[index].running), index))
-        self._send(running.job, chosen, self._conversation(running.job), running)
+        conversation = None if resume is not None else self._conversation(running.job)
+        self._send(running.job, chosen, conversation, running, resume)
 
 
 def _labelled(running: _Running) -> dict[str, Any]:

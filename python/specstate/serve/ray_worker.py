@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from specstate._native import default_threads
+from specstate.llama import ParkedChat
 from specstate.serve.cache import ConversationCache, Pairs, TenantCorpora
 from specstate.serve.config import ServerConfig
 from specstate.serve.jobs import DONE, Job, Metrics
@@ -106,12 +108,23 @@ class ServeWorker:
         """The worker's process id, and the cost curve its slots draft with (None: the fixed policy)."""
         return {"pid": os.getpid(), "cost_curve": self.slots[0].cost_curve}
 
-    def submit(self, ident: str, request: ServerRequest, conversation: Conversation | None = None) -> None:
+    def submit(
+        self,
+        ident: str,
+        request: ServerRequest,
+        conversation: Conversation | None = None,
+        resume: ParkedChat | None = None,
+        snapshot_every: int = 0,
+    ) -> None:
         """Run ``request`` (its results reported under ``ident``), after keeping ``conversation``, a checkpoint of
-        the conversation it continues that another worker finished (its slot restores it)."""
+        the conversation it continues that another worker finished (its slot restores it); or, with ``resume``,
+        the rest of its reply from that snapshot of it. ``snapshot_every``: chunks of a streamed chat between two
+        :class:`~specstate.serve.jobs.Snapshot` s reported (0: none)."""
         if conversation is not None:
             self.cache.keep(*conversation)
-        job = Job(request, lambda item: self._deliver(ident, item))
+        job = Job(request, lambda item: self._deliver(ident, item), snapshot_every=snapshot_every)
+        if resume is not None:
+            job.parked, job.parked_since = resume, time.monotonic()
         with self._ready:
             self._jobs[ident] = job
         try:

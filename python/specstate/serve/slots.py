@@ -18,7 +18,7 @@ from specstate.llama.results import joined_chat, usage_chunk
 from specstate.llama.types import CompletionUsage
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Completions, Job, Metrics
+from specstate.serve.jobs import DONE, Completions, Job, Metrics, Snapshot
 from specstate.serve.request import RequestError
 from specstate.serve.scheduler import Scheduler, unspilled
 
@@ -129,12 +129,16 @@ class Slot(threading.Thread):
         """Deliver the chunks; True if the job stopped early (its client left, or it was parked). A stream may
         hold its text back for many tokens (a tool call, a stop string that could be starting): the generation
         of a client that left ends before its next token (:attr:`Llama.interrupt`), and the stream with it."""
-        for chunk in chunks:
+        for count, chunk in enumerate(chunks, 1):
             job.last = chunk
             if job.stream:
                 job.deliver(chunk)
             else:
                 job.collected.append(chunk)
+            if job.snapshot_every and count % job.snapshot_every == 0 and isinstance(chunks, ChatStream):
+                taken = chunks.snapshot()
+                if taken is not None:
+                    job.deliver(Snapshot(taken))
             if job.cancelled.is_set():
                 break
             if job.preempt.is_set() and isinstance(chunks, ChatStream) and (parked := chunks.park()) is not None:
