@@ -375,7 +375,8 @@ impl GeneratorConfig {
     /// [`crate::limits::MAX_EXACT_ROWS`] rows (verifications of up to 16
     /// drafted tokens, prompts in exact chunks of
     /// [`crate::limits::EXACT_PROMPT_ROWS`]: a reply is the same whatever was
-    /// cached or how it was chunked), the fixed draft policy. The Python constructor's signature and
+    /// cached or how it was chunked), the adaptive draft policy (a speculative
+    /// mode's rounds draft only what pays; `none` has no drafts to choose). The Python constructor's signature and
     /// `_native.GENERATOR_DEFAULTS`, the native `Context`'s signature and a
     /// restore's default `max_n_batch` read them here.
     pub const DEFAULT: Self = Self {
@@ -384,7 +385,7 @@ impl GeneratorConfig {
         sampling: SamplingParams::DEFAULT,
         n_ctx: 2048,
         n_batch: crate::limits::MAX_EXACT_ROWS as u32,
-        adaptive: false,
+        adaptive: true,
     };
 }
 

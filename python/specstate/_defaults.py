@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import cast
 
 from specstate._native import GENERATOR_DEFAULTS
-from specstate._typing import Mode
+from specstate._typing import DraftPolicy, Mode
 
-__all__ = ["MODE", "N_BATCH", "N_CTX", "N_DRAFT", "N_THREADS", "REPEAT_LAST_N"]
+__all__ = ["DRAFT_POLICY", "MODE", "N_BATCH", "N_CTX", "N_DRAFT", "N_THREADS", "REPEAT_LAST_N"]
 
 
 def _count(name: str) -> int:
@@ -20,6 +20,8 @@ def _count(name: str) -> int:
 
 #: Speculative mode.
 MODE = cast(Mode, GENERATOR_DEFAULTS["mode"])
+#: How long each round's draft is in speculative modes.
+DRAFT_POLICY = cast(DraftPolicy, GENERATOR_DEFAULTS["draft_policy"])
 #: Most tokens drafted per round.
 N_DRAFT = _count("n_draft")
 #: Context length in tokens.

@@ -177,14 +177,16 @@ class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     n_draft: int
     #: Context length in tokens (default 2048; 0: the target model's trained length).
     n_ctx: int
-    #: Rows per decode (default 512; at most ``n_ctx``, a larger one is clamped to it).
+    #: Rows per decode (default: the most whose rows get their single decode's bits, so that a reply does not
+    #: depend on how its prompt was chunked or cached; at most ``n_ctx``, a larger one is clamped to it).
     n_batch: int
     #: Threads per context (default 0: the default thread count, docs/threads.md).
     n_threads: int
-    #: ``fixed`` (the default: every round drafts up to ``n_draft``) or ``adaptive`` (speculative modes only).
+    #: ``adaptive`` (the default: each round drafts what pays) or ``fixed`` (every round drafts up to
+    #: ``n_draft``); ``none`` mode's is ``fixed``.
     draft_policy: DraftPolicy
-    #: The adaptive policy's cost curve, pinned instead of measured: microseconds to verify 1, 2, ...
-    #: ``n_draft + 1`` rows (default None: measured before the prompt). Two runs pinned alike choose alike.
+    #: The adaptive policy's cost curve, pinned instead of estimated or timed: microseconds to verify 1, 2, ...
+    #: ``n_draft + 1`` rows (default None: see docs/adaptive-draft.md). Two runs pinned alike choose alike.
     cost_curve: Sequence[int] | None
     #: A :class:`~specstate.SharedEngine` to decode on (default None: a context of its own). The generator
     #: takes one of its sequences and its rounds are decoded together with those of the other generators

@@ -249,7 +249,7 @@ impl PyGenerator {
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
                              logit_bias=None, grammar=None, ngram_max=4, ngram_min=3, n_threads=0, \
-                             draft_policy='fixed', cost_curve=None, engine=None)")]
+                             draft_policy='adaptive', cost_curve=None, engine=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -282,8 +282,9 @@ impl PyGenerator {
             n_max: ngram_max.narrow("ngram_max")?,
             n_min: ngram_min.narrow("ngram_min")?,
         };
+        let mode = Mode::parse(mode, ngram)?;
         let config = GeneratorConfig {
-            mode: Mode::parse(mode, ngram)?,
+            mode,
             n_draft: n_draft.narrow("n_draft")?,
             sampling: SamplingArguments {
                 temperature,
@@ -302,7 +303,8 @@ impl PyGenerator {
             .params()?,
             n_ctx: n_ctx.narrow("n_ctx")?,
             n_batch: n_batch.narrow("n_batch")?,
-            adaptive: parse_draft_policy(draft_policy)?,
+            // `none` drafts nothing: it has no draft lengths to choose.
+            adaptive: parse_draft_policy(draft_policy)? && mode.is_speculative(),
         };
         let cost_curve = cost_curve
             .map(|costs| {

@@ -102,4 +102,4 @@ def test_the_mode_and_draft_policy_lists_are_the_cores() -> None:
     assert get_args(Mode) == _native.MODES
     assert get_args(DraftPolicy) == _native.DRAFT_POLICIES
     assert _native.GENERATOR_DEFAULTS["mode"] == _native.MODES[0]
-    assert _native.GENERATOR_DEFAULTS["draft_policy"] == _native.DRAFT_POLICIES[0]
+    assert _native.GENERATOR_DEFAULTS["draft_policy"] in _native.DRAFT_POLICIES

@@ -56,6 +56,7 @@ def test_both_entry_points_commit_the_same_tokens(
         n_ctx=N_CTX,
         n_batch=N_BATCH,
         n_threads=1,
+        draft_policy="fixed",
     )
     generator.generate(prompt, max_tokens=len(generation.tokens))
     assert generator.tokens == generation.tokens

@@ -178,14 +178,31 @@ GRAMMARS: dict[str, str | None] = {
 }
 MAX_ABS_LOGIT_BIAS = 1.0e4
 I32 = (-(1 << 31), (1 << 31) - 1)
-ADAPTIVE_FIELDS = ("cost_us", "hits", "trials", "streak", "idle", "live", "unsettled")
-#: ``live`` (whether the curve follows the rounds' timings) and ``unsettled`` (a live curve's last verification
-#: of several rows) may be left out: serde's defaults, false and [0, 0].
-ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:-2]
+ADAPTIVE_FIELDS = (
+    "cost_us",
+    "hits",
+    "trials",
+    "streak",
+    "idle",
+    "live",
+    "unsettled",
+    "draft_us",
+    "estimated",
+    "draft_estimated",
+    "probe_after",
+)
+#: ``live`` (whether the curve follows the rounds' timings), ``unsettled`` (a live curve's last verification
+#: of several rows), ``draft_us`` (a draft model's decode), ``estimated`` (the curve's entries still estimates),
+#: ``draft_estimated`` and ``probe_after`` (the pause before the next probe) may be left out: serde's defaults,
+#: false, [0, 0], 0, [], false and 16.
+ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:5]
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
 MAX_TRIALS = (4096 + 2) * 8 * 256
 PROBE_AFTER = 16
+#: llama.cpp rounds a context's length up to a multiple of this (llama-context.cpp): the length a history must fit.
+CONTEXT_PADDING = 256
+MAX_PROBE_AFTER = 256
 VERSION_KEYS = META_KEYS[:4]
 OPTIONAL_KEYS = frozenset({"ngram", "draft_model", "n_threads"})
 #: The most threads (src/settings.rs, MAX_THREADS; 0 is the default thread count).
@@ -401,9 +418,16 @@ def adaptive_problem(value: Any, version: int) -> str | None:
         return "an adaptive policy before version 4"
     adaptive = _adaptive_struct(value)
     if adaptive is None or not set(ADAPTIVE_REQUIRED) <= set(adaptive) <= set(ADAPTIVE_FIELDS):
-        return "adaptive is not an object of cost_us, hits, trials, streak, idle and (optional) live and unsettled"
-    if not isinstance(adaptive.get("live", False), bool):
-        return "live is not a boolean"
+        return "adaptive is not an object of cost_us, hits, trials, streak, idle and its optional fields"
+    if not all(isinstance(adaptive.get(flag, False), bool) for flag in ("live", "draft_estimated")):
+        return "live or draft_estimated is not a boolean"
+    estimated = adaptive.get("estimated", [])
+    if not isinstance(estimated, list) or not all(isinstance(mark, bool) for mark in estimated):
+        return "estimated is not a list of booleans"
+    if not all(
+        _is_int(adaptive.get(name, 0)) and 0 <= adaptive.get(name, 0) <= U32 for name in ("draft_us", "probe_after")
+    ):
+        return "draft_us or probe_after is not a u32"
 
     def u32s(value: Any, length: int | None = None) -> bool:
         if not isinstance(value, list) or (length is not None and len(value) != length):
@@ -507,8 +531,13 @@ def adaptive_fit_problem(adaptive: dict[str, Any], n_draft: int) -> str | None:
     rows, micros = adaptive.get("unsettled", [0, 0])
     if [rows, micros] != [0, 0] and not (2 <= rows <= n_draft + 1 and 1 <= micros <= MAX_COST_MICROS):
         return "an unsettled verification outside the curve"
-    if adaptive["idle"] > PROBE_AFTER:
+    probe_after = adaptive.get("probe_after", PROBE_AFTER)
+    if not PROBE_AFTER <= probe_after <= MAX_PROBE_AFTER:
+        return "a probe interval out of range"
+    if adaptive["idle"] > probe_after:
         return "idle rounds beyond the probe interval"
+    if adaptive.get("draft_us", 0) > MAX_COST_MICROS or len(adaptive.get("estimated", [])) not in (0, n_draft + 1):
+        return "a draft cost or estimate marks out of range"
     return None
 
 
@@ -649,7 +678,7 @@ def meta_problem(value: Any, base: Base, history: int, version: int = 5, threads
         return "n_ctx below 2 or n_batch 0"
     if n_ctx > base.n_ctx_train:
         return "n_ctx beyond the model's trained context"
-    if history > n_ctx:
+    if history > -(-n_ctx // CONTEXT_PADDING) * CONTEXT_PADDING:
         return "the history exceeds the context"
     if mode != "none" and not 1 <= n_draft <= MAX_DRAFT:
         return "n_draft out of range"

@@ -70,8 +70,8 @@ def add_draft_policy(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-policy",
         choices=get_args(DraftPolicy),
-        help="fixed: draft up to --n-draft every round (the default); adaptive: choose each round's length "
-        "from a measured cost curve and the recent acceptance (speculative modes)",
+        help="adaptive: choose each round's length from a cost curve and the recent acceptance; fixed: draft up to "
+        "--n-draft every round (speculative modes)" + _default("draft_policy"),
     )
 
 

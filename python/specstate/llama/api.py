@@ -24,6 +24,7 @@ from specstate.llama.compat import (
     keyword_signature,
 )
 from specstate.llama.options import (
+    DRAFT_POLICY,
     LAST_N_TOKENS_SIZE,
     LLAMA_DEFAULT_SEED,
     N_BATCH,
@@ -95,9 +96,9 @@ class Llama:
         mode: specstate's speculative mode: ``none`` (default), ``ngram``, ``draft``, ``mtp``, ``eagle3``.
         draft_model_path: the draft model of the ``draft`` and ``eagle3`` modes.
         n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
-        draft_policy: ``fixed`` (default: every round drafts up to ``n_draft``) or ``adaptive`` (each round's
-            length chosen from a cost curve and the recent acceptance; speculative modes), as for a
-            :class:`~specstate.Generator`.
+        draft_policy: ``adaptive`` (default :data:`DRAFT_POLICY`: each round's length chosen from a cost curve
+            and the recent acceptance; speculative modes) or ``fixed`` (every round drafts up to ``n_draft``), as
+            for a :class:`~specstate.Generator`.
         cost_curve: the adaptive policy's cost curve, pinned for every generation (microseconds to verify 1, 2,
             ... ``n_draft + 1`` rows; default None: each generation measures its own before its prompt). One
             curve for all makes each reply's draft lengths, and so a sampled reply, the same in every generation.
@@ -179,7 +180,7 @@ class Llama:
         mode: Mode = "none",
         draft_model_path: str | os.PathLike[str] | None = None,
         n_draft: int = N_DRAFT,
-        draft_policy: DraftPolicy = "fixed",
+        draft_policy: DraftPolicy = DRAFT_POLICY,
         cost_curve: Sequence[int] | None = None,
         last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
@@ -230,16 +231,18 @@ class Llama:
     # --- state and cache, llama-cpp-python's way -------------------------------------------------
 
     def pin_cost_curve(self) -> list[int] | None:
-        """With the adaptive draft policy, measure its cost curve once (a one-token generation on this object's
-        contexts, or a sequence of its engine) and pin it for every later generation; return the pinned curve
-        (None with the fixed policy). ``specstate serve`` does this at its start and gives the curve to every
-        slot: no request waits for a measurement, and each drafts from the same curve (a sampled ``draft``-mode
-        reply, whose text depends on its draft lengths, is then the same from every slot)."""
-        if self._settings.get("draft_policy") != "adaptive":
-            return None
-        if "cost_curve" not in self._settings:
+        """With the adaptive draft policy in ``draft`` mode, time its cost curve once (a one-token sampled
+        generation on this object's contexts, or a sequence of its engine) and pin it for every later generation;
+        return the pinned curve (None otherwise). ``specstate serve`` does this at its start and gives the curve
+        to every slot: no request waits for a measurement, and each drafts from the same curve (a sampled
+        ``draft``-mode reply, whose text depends on its draft lengths, is then the same from every slot). In the
+        other modes a reply's text does not depend on its draft lengths, so each generation starts from an
+        estimate its own rounds' timings correct, and nothing is timed or pinned."""
+        timed = self._settings.get("draft_policy") == "adaptive" and self._settings.get("mode") == "draft"
+        if timed and "cost_curve" not in self._settings:
             self._let_go()
-            probe = Generator(self.model, **self._settings)
+            sampled: GeneratorSettings = {**self._settings, "temperature": 1.0}
+            probe = Generator(self.model, **sampled)  # a sampled draft-mode generation times its curve
             probe.generate(self._probe_prompt(probe.context_length), max_tokens=1)
             curve = probe.cost_curve
             if self.engine is not None:

@@ -43,8 +43,11 @@ LAST_N_TOKENS_SIZE = _defaults.REPEAT_LAST_N
 #: Context length in tokens: the generator's default (llama-cpp-python's is 512: specstate keeps its own, so that
 #: a chat has room by default).
 N_CTX = _defaults.N_CTX
-#: Rows per decode: the generator's default (llama-cpp-python's is the same, 512).
+#: Rows per decode: the generator's default (llama-cpp-python's is 512, whose big batches take kernels that make a
+#: reply depend on how its prompt was chunked).
 N_BATCH = _defaults.N_BATCH
+#: How long each round's draft is in the speculative modes: the generator's default.
+DRAFT_POLICY = _defaults.DRAFT_POLICY
 #: Most tokens drafted per round in the speculative modes: the generator's default.
 N_DRAFT = _defaults.N_DRAFT
 

@@ -55,11 +55,10 @@ class ServerConfig:
         default=_defaults.N_DRAFT, metadata=_option("most tokens drafted per round", low=1, high=U32_MAX)
     )
     #: How long each round's draft is in speculative modes: ``adaptive`` (the default: chosen each round from the
-    #: cost curve measured once when the server starts and the request's recent acceptance) or ``fixed`` (up to
-    #: ``n_draft`` every round).
+    #: cost curve and the request's recent acceptance) or ``fixed`` (up to ``n_draft`` every round).
     draft_policy: DraftPolicy = field(
-        default="adaptive",
-        metadata=_option("adaptive: each round's draft length from a cost curve measured at the start; fixed: n_draft"),
+        default=_defaults.DRAFT_POLICY,
+        metadata=_option("adaptive: each round's draft length from a cost curve and the acceptance; fixed: n_draft"),
     )
     #: Context length of each slot (0: the model's trained length).
     n_ctx: int = field(default=_defaults.N_CTX, metadata=_option("context length of each slot (0: the model's)"))
@@ -183,10 +182,6 @@ class ServerConfig:
     def batched(self) -> bool:
         """Whether the slots' generations decode together on one :class:`~specstate.SharedEngine`."""
         return not self.separate_slots and self.mode in BATCHED_MODES
-
-    def policy(self) -> DraftPolicy:
-        """The draft policy the slots' generations run: ``draft_policy`` when speculating, else ``fixed``."""
-        return "fixed" if self.mode == "none" else self.draft_policy
 
     def engine_threads(self) -> int:
         """Threads of the batched engine: ``n_threads``, or the default thread count (docs/threads.md)."""

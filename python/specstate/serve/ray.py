@@ -5,8 +5,8 @@ Ray: ``slots`` slots, their generations batched on one engine where the mode bat
 priorities and parking, a conversation cache and the tenants' lookup corpora. A request is read once, by the
 server's request reader, and the worker's slot runs the :class:`~specstate.serve.request.ServerRequest` as it is,
 with :class:`specstate.Llama`'s own calls and result builder: stop strings, log-probabilities, ``echo``, tools,
-``response_format`` and grammars, several prompts, the adaptive draft policy (the cost curve measured by the first
-worker and pinned in every other), tenants, and both agent APIs, as the slot backend serves them.
+``response_format`` and grammars, several prompts, the adaptive draft policy (in ``draft`` mode the cost curve timed by
+the first worker and pinned in every other), tenants, and both agent APIs, as the slot backend serves them.
 
 One driver thread places requests and streams their results back: the highest priority first, each on the worker
 that holds its conversation when that worker has a free slot, else on the least loaded one with a free slot (a
