@@ -219,7 +219,10 @@ def native_info() -> NativeInfo:
     ``exact_q5_0_cols_chunks``, the same for Q5_0 weights (the bulk of
     Qwen2.5's and Gemma 3's Q4_K_M files: ``cols``: every column at once,
     each weight block unpacked once; ``rows``: vec_dot once per column,
-    ``GGML_CPU_EXACT_Q5_0=rows``; ``none``);
+    ``GGML_CPU_EXACT_Q5_0=rows``; ``none``); ``exact_q4_0``, ``exact_q5_1``,
+    ``exact_q5_k`` and their ``..._cols_chunks``, the same for Q4_0 weights
+    (repacked on AVX2: the gemv), Q5_1 and Q5_K ones
+    (``GGML_CPU_EXACT_Q4_0=rows``, ``..._Q5_1=rows``, ``..._Q5_K=rows``);
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (name, description, type, memory in bytes): the
     CPU, then each GPU of a backend compiled in that finds one. A CUDA build on

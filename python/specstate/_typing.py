@@ -86,7 +86,10 @@ class NativeInfo(TypedDict):
     ``exact_q5_0_cols_chunks``, the same for Q5_0 weights (the bulk of
     Qwen2.5's and Gemma 3's Q4_K_M files: ``cols``: every column at once,
     each weight block unpacked once; ``rows``: vec_dot once per column,
-    ``GGML_CPU_EXACT_Q5_0=rows``; ``none``);
+    ``GGML_CPU_EXACT_Q5_0=rows``; ``none``); ``exact_q4_0``, ``exact_q5_1``,
+    ``exact_q5_k`` and their ``..._cols_chunks``, the same for Q4_0 weights
+    (repacked on AVX2: the gemv), Q5_1 and Q5_K ones
+    (``GGML_CPU_EXACT_Q4_0=rows``, ``..._Q5_1=rows``, ``..._Q5_K=rows``);
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
@@ -108,6 +111,12 @@ class NativeInfo(TypedDict):
     exact_q6_k_cols_chunks: int
     exact_q5_0: str
     exact_q5_0_cols_chunks: int
+    exact_q4_0: str
+    exact_q4_0_cols_chunks: int
+    exact_q5_1: str
+    exact_q5_1_cols_chunks: int
+    exact_q5_k: str
+    exact_q5_k_cols_chunks: int
     system_info: str
     devices: list[DeviceInfo]
 

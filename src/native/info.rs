@@ -115,7 +115,8 @@ extern "C" {
     /// kernel has computed in this process.
     fn ggml_cpu_exact_q6_k_cols_chunks() -> i64;
     /// specstate's patch 0013 (`ggml-cpu.c`): for a ggml type whose
-    /// multi-column kernel comes with a switch (Q5_0), 1 when verification's
+    /// multi-column kernel comes with a switch (Q5_0; Q4_0 repacked, patch
+    /// 0014; Q5_1 and Q5_K, patch 0015), 1 when verification's
     /// products take it, 0 when the single-column kernel runs once per
     /// column; -1 without such a kernel.
     fn ggml_cpu_exact_type(ty: std::os::raw::c_int) -> std::os::raw::c_int;
@@ -208,9 +209,10 @@ pub fn exact_q6_k_cols_chunks() -> i64 {
     unsafe { ggml_cpu_exact_q6_k_cols_chunks() }
 }
 
-/// The weight types whose multi-column kernels of patch 0013 on come with a switch, by the name native info gives
+/// The weight types whose multi-column kernels of patches 0013 to 0015 come with a switch, by the name native info gives
 /// them (`exact_<name>` and `exact_<name>_cols_chunks`) and their `ggml_type` (ggml.h).
-pub const SWITCHED_KERNELS: [(&str, std::os::raw::c_int); 1] = [("q5_0", 6)];
+pub const SWITCHED_KERNELS: [(&str, std::os::raw::c_int); 4] =
+    [("q5_0", 6), ("q4_0", 2), ("q5_1", 7), ("q5_k", 13)];
 
 /// How verification's products of one of [`SWITCHED_KERNELS`]' types run: `cols` (every column of a batch of 2 to
 /// 17 at once, each weight block loaded and unpacked once for all of them), `rows` (the single-column kernel once
