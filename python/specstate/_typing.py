@@ -72,7 +72,7 @@ class NativeInfo(TypedDict):
     K/V head convert each cell once for all of them; ``rows``: each query
     alone; the same bits either way); ``exact_tiles``, the registers of
     verification's exact tiles (``avx512``: two weight rows per 512-bit
-    register, Q4_1 and Q8_0, Q4_1 products of up to 4 columns in 256-bit
+    register, Q4_1, Q8_0 and Q5_0, Q4_1 products of up to 4 columns in 256-bit
     ones; ``avx2``: 256-bit, Q4_1; ``none``; the same bits either way);
     ``exact_q4_k``, how verification's products of repacked Q4_K weights
     run (``cols``: every column at once, the weights unpacked once;
@@ -82,7 +82,14 @@ class NativeInfo(TypedDict):
     process; ``exact_q6_k`` and ``exact_q6_k_cols_chunks``, the same for
     verification's products of Q6_K weights (``cols``: every column at once,
     each weight row unpacked once; ``rows``: vec_dot once per column,
-    ``GGML_CPU_EXACT_Q6_K=rows``; ``none``);
+    ``GGML_CPU_EXACT_Q6_K=rows``; ``none``); ``exact_q5_0`` and
+    ``exact_q5_0_cols_chunks``, the same for Q5_0 weights (the bulk of
+    Qwen2.5's and Gemma 3's Q4_K_M files: ``cols``: every column at once,
+    each weight block unpacked once; ``rows``: vec_dot once per column,
+    ``GGML_CPU_EXACT_Q5_0=rows``; ``none``); ``exact_q4_0``, ``exact_q5_1``,
+    ``exact_q5_k`` and their ``..._cols_chunks``, the same for Q4_0 weights
+    (repacked on AVX2: the gemv), Q5_1 and Q5_K ones
+    (``GGML_CPU_EXACT_Q4_0=rows``, ``..._Q5_1=rows``, ``..._Q5_K=rows``);
     ``system_info``, llama.cpp's own summary; ``devices``,
     the devices llama.cpp sees (:class:`DeviceInfo`; a CUDA build on a
     machine without a GPU or driver lists the CPU alone).
@@ -102,6 +109,14 @@ class NativeInfo(TypedDict):
     exact_q4_k_cols_chunks: int
     exact_q6_k: str
     exact_q6_k_cols_chunks: int
+    exact_q5_0: str
+    exact_q5_0_cols_chunks: int
+    exact_q4_0: str
+    exact_q4_0_cols_chunks: int
+    exact_q5_1: str
+    exact_q5_1_cols_chunks: int
+    exact_q5_k: str
+    exact_q5_k_cols_chunks: int
     system_info: str
     devices: list[DeviceInfo]
 

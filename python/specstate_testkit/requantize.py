@@ -2,10 +2,10 @@
 
 Every 2-D weight is dequantized and quantized to the target with the `gguf` package (0.19.0),
 a block of rows at a time (a copy of a 1.5B model stays within a few hundred MB beyond the file);
-1-D tensors (norms) stay F32. The `gguf` package cannot quantize K-quants, so Q4_K and Q6_K blocks
+1-D tensors (norms) stay F32. The `gguf` package cannot quantize K-quants, so Q4_K, Q5_K and Q6_K blocks
 are made here (a plain min/max or absolute-maximum fit per sub-block; any valid bits exercise the
 same kernels). A row whose length is not a multiple of 256 cannot be a K-quant: such tensors take
-llama.cpp's own fallback (llama-quant.cpp): Q5_0 for Q4_K, Q8_0 for Q6_K.
+llama.cpp's own fallback (llama-quant.cpp): Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for Q6_K.
 """
 
 from __future__ import annotations
@@ -48,6 +48,38 @@ def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
     return out.reshape(rows.shape[0], -1)
 
 
+def quantize_q5_k(rows: np.ndarray) -> np.ndarray:
+    """Blocks of 256: d, dmin (f16), 12 bytes of 6-bit scales/mins (as Q4_K), 32 bytes of fifth bits, 128 of nibbles.
+
+    Value l of sub-block k (32 values) is ``d * sc[k] * q - dmin * m[k]``, q's low nibble in byte ``32 * (k // 2) + l``
+    of the nibbles (the high nibble for odd k) and its fifth bit at bit k of byte l of the fifth bits (ggml's
+    dequantize_row_q5_K)."""
+    blocks = rows.reshape(-1, 8, 32).astype(np.float32)
+    nb = blocks.shape[0]
+    lo = np.minimum(blocks.min(axis=-1), 0.0)
+    hi = blocks.max(axis=-1)
+    scale = (hi - lo) / 31.0
+    d = (scale.max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
+    dmin = ((-lo).max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
+        m = np.where(dmin[:, None] > 0, np.rint(-lo / dmin[:, None]), 0).clip(0, 63).astype(np.uint8)
+        step = (d[:, None] * sc)[..., None]
+        off = (dmin[:, None] * m)[..., None]
+        q = np.where(step > 0, np.rint((blocks + off) / step), 0).clip(0, 31).astype(np.uint8)
+    scales = np.zeros((nb, 12), dtype=np.uint8)
+    scales[:, 0:4] = (sc[:, 0:4] & 0x3F) | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = (m[:, 0:4] & 0x3F) | ((m[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
+    qh = np.zeros((nb, 32), dtype=np.uint8)
+    for k in range(8):
+        qh |= (q[:, k, :] >> 4) << k
+    low = (q & 0x0F).reshape(nb, 4, 2, 32)
+    qs = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(nb, 128)
+    out = np.concatenate([fp16(d), fp16(dmin), scales, qh, qs], axis=-1)
+    return out.reshape(rows.shape[0], -1)
+
+
 def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
     """Blocks of 256: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 values), d (f16).
 
@@ -79,10 +111,11 @@ QUANTIZERS: dict[T, Callable[[np.ndarray], np.ndarray] | None] = {
     T.Q5_1: None,
     T.Q8_0: None,
     T.Q4_K: quantize_q4_k,
+    T.Q5_K: quantize_q5_k,
     T.Q6_K: quantize_q6_k,
 }
 #: llama.cpp's fallback for a K-quant whose rows are not a multiple of 256 long.
-K_QUANT_FALLBACK = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}
+K_QUANT_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 #: Weights dequantized at a time (as f32) while a tensor is requantized.
 CHUNK_VALUES = 1 << 24
 

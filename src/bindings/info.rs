@@ -24,6 +24,13 @@ pub(crate) fn native_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("exact_q4_k_cols_chunks", build::exact_q4_k_cols_chunks())?;
     info.set_item("exact_q6_k", build::exact_q6_k())?;
     info.set_item("exact_q6_k_cols_chunks", build::exact_q6_k_cols_chunks())?;
+    for (name, ty) in build::SWITCHED_KERNELS {
+        info.set_item(format!("exact_{name}"), build::exact_type(ty))?;
+        info.set_item(
+            format!("exact_{name}_cols_chunks"),
+            build::exact_type_cols_chunks(ty),
+        )?;
+    }
     info.set_item("system_info", build::system_info())?;
     let devices = PyList::empty(py);
     for device in build::devices() {

@@ -114,6 +114,15 @@ extern "C" {
     /// specstate's patch 0012: chunks of Q6_K products the multi-column
     /// kernel has computed in this process.
     fn ggml_cpu_exact_q6_k_cols_chunks() -> i64;
+    /// specstate's patch 0013 (`ggml-cpu.c`): for a ggml type whose
+    /// multi-column kernel comes with a switch (Q5_0; Q4_0 repacked, patch
+    /// 0014; Q5_1 and Q5_K, patch 0015), 1 when verification's
+    /// products take it, 0 when the single-column kernel runs once per
+    /// column; -1 without such a kernel.
+    fn ggml_cpu_exact_type(ty: std::os::raw::c_int) -> std::os::raw::c_int;
+    /// specstate's patch 0013: chunks of that type's products its
+    /// multi-column kernel has computed in this process.
+    fn ggml_cpu_exact_type_cols_chunks(ty: std::os::raw::c_int) -> i64;
 }
 
 /// How the exact multi-column kernels of verification sum their integer products on this CPU: `avx2`
@@ -144,9 +153,9 @@ pub fn exact_attention() -> &'static str {
 }
 
 /// The registers verification's exact tiles (four weight rows against several columns) run in on this CPU:
-/// `avx512` (two weight rows per 512-bit register, Q4_1 and Q8_0, where the CPU has AVX512-VNNI and the integer sums
-/// are VNNI's; Q4_1's products of 2 to 4 columns keep 256-bit tiles), `avx2` (256-bit, Q4_1 only), or `none` (no
-/// such kernels in this build). Both give the same bits.
+/// `avx512` (two weight rows per 512-bit register, Q4_1, Q8_0 and Q5_0, where the CPU has AVX512-VNNI and the
+/// integer sums are VNNI's; Q4_1's products of 2 to 4 columns keep 256-bit tiles), `avx2` (256-bit, Q4_1 only), or
+/// `none` (no such kernels in this build). Both give the same bits.
 pub fn exact_tiles() -> &'static str {
     // SAFETY: a parameterless function of the patched ggml-cpu (every build
     // applies the patches) that reads the CPU once and returns a constant.
@@ -198,6 +207,28 @@ pub fn exact_q6_k() -> &'static str {
 pub fn exact_q6_k_cols_chunks() -> i64 {
     // SAFETY: a parameterless function of the patched ggml-cpu that reads an atomic counter.
     unsafe { ggml_cpu_exact_q6_k_cols_chunks() }
+}
+
+/// The weight types whose multi-column kernels of patches 0013 to 0015 come with a switch, by the name native info gives
+/// them (`exact_<name>` and `exact_<name>_cols_chunks`) and their `ggml_type` (ggml.h).
+pub const SWITCHED_KERNELS: [(&str, std::os::raw::c_int); 4] =
+    [("q5_0", 6), ("q4_0", 2), ("q5_1", 7), ("q5_k", 13)];
+
+/// How verification's products of one of [`SWITCHED_KERNELS`]' types run: `cols` (every column of a batch of 2 to
+/// 17 at once, each weight block loaded and unpacked once for all of them), `rows` (the single-column kernel once
+/// per column: `GGML_CPU_EXACT_<TYPE>=rows` in the environment, e.g. `GGML_CPU_EXACT_Q5_0=rows`), or `none` (no
+/// such kernel in this build: not x86 with AVX2). Both give the same bits.
+pub fn exact_type(ty: std::os::raw::c_int) -> &'static str {
+    // SAFETY: a function of the patched ggml-cpu (every build applies the patches) that takes any integer, reads
+    // the environment once per type and returns a constant.
+    kernel_way(unsafe { ggml_cpu_exact_type(ty) })
+}
+
+/// How many chunks of products of that type its multi-column kernel has computed in this process (0 until a
+/// verification of a model with such weights runs; tests check that the kernel is taken).
+pub fn exact_type_cols_chunks(ty: std::os::raw::c_int) -> i64 {
+    // SAFETY: a function of the patched ggml-cpu that takes any integer and reads an atomic counter.
+    unsafe { ggml_cpu_exact_type_cols_chunks(ty) }
 }
 
 /// The backends compiled into this build.

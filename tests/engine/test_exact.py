@@ -4,7 +4,8 @@ specstate's llama.cpp patch (llama-cpp-sys-4/patches) runs batches of up to 17 r
 kernels and gives flash attention a KV chunk shape that does not depend on the thread count. So:
 
 * the logits of every row of a batch of 2..17 equal, byte for byte, those of decoding the same tokens one at
-  a time, for Q4_1 (SmolLM2 as shipped), Q4_0 (repacked for AVX2), Q8_0 (tinyBLAS for prefill), Q4_K and Q6_K weights,
+  a time, for Q4_1 (SmolLM2 as shipped), Q4_0 (repacked for AVX2), Q8_0 (tinyBLAS for prefill), Q5_0, Q4_K, Q5_K
+  (with Q5_1) and Q6_K weights,
   at 1 and 2 threads (3 and 4 outside the suite), after a prompt long enough (300 tokens) that the KV cache
   spans several chunks;
 so speculative greedy output can equal plain greedy output token for token, and a checkpoint continue
@@ -35,14 +36,23 @@ THREADS = (1, 2)
 ROWS = 17
 #: Batch sizes checked: both sides of the repacked kernels' groups of 4, and the largest.
 BATCHES = (2, 3, 4, 5, 8, 9, 16, 17)
-QUANTS = {"Q4_1": None, "Q4_0": T.Q4_0, "Q8_0": T.Q8_0, "Q4_K": T.Q4_K, "Q6_K": T.Q6_K}
+QUANTS = {
+    "Q4_1": None,
+    "Q4_0": T.Q4_0,
+    "Q8_0": T.Q8_0,
+    "Q5_0": T.Q5_0,
+    "Q4_K": T.Q4_K,
+    "Q5_K": T.Q5_K,
+    "Q6_K": T.Q6_K,
+}
 VERIFIED = " and the minutes were approved without a single vote by all of the members who were present there"
 LONG_TEXT = "The committee met on Tuesday to review the budget, the schedule and the open questions. " * 25
 
 
 @pytest.fixture(scope="module")
 def quantized(smollm2_file: Path) -> dict[str, Model]:
-    """SmolLM2 as shipped (Q4_1) and copies requantized to Q4_0, Q8_0, Q4_K and Q6_K (built once, cached)."""
+    """SmolLM2 as shipped (Q4_1) and copies requantized to Q4_0, Q8_0, Q5_0, Q4_K, Q5_K and Q6_K (built once,
+    cached)."""
     directory = cache_dir() / "requantized"
     return {
         name: Model(smollm2_file if kind is None else cached_copy(smollm2_file, kind, directory))
@@ -151,39 +161,48 @@ def test_attention_sharing_each_cell_gives_the_same_bits(quantized: dict[str, Mo
     assert len(set(digests.values())) == 1, digests
 
 
-#: Each multi-column K-quant kernel: the patch, the switch back to the single-column kernel, where the worker's
-#: output gives its way and chunk count (from the end), and the ways of summing the model's other tensors run with.
-K_KERNELS = {
-    "Q4_K": ("GGML_CPU_EXACT_Q4_K", -7, ("avx2", "avx512vnni")),
-    "Q6_K": ("GGML_CPU_EXACT_Q6_K", -9, ("avx2",)),
+#: The multi-column kernels with a switch each copy runs: the switch back to the single-column kernel and where the
+#: worker's output gives its way and chunk count (from the end), for each; and the ways of summing the model's
+#: tensors run with (Q5_0's ``avx512vnni`` takes its AVX-512 tiles, ``avx2`` its multi-column kernel; a CPU without
+#: AVX512-VNNI falls back to AVX2, so the Q5_K copy's one way runs the best kernel each CPU has). The Q4_K
+#: copy's 576-wide tensors are Q5_0 (its kernels are checked there, in the same processes), the Q5_K copy's Q5_1.
+COLUMN_KERNELS: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
+    "Q4_K": ({"GGML_CPU_EXACT_Q4_K": -7, "GGML_CPU_EXACT_Q5_0": -11}, ("avx2", "avx512vnni")),
+    "Q6_K": ({"GGML_CPU_EXACT_Q6_K": -9}, ("avx2",)),
+    "Q4_0": ({"GGML_CPU_EXACT_Q4_0": -13}, ("avx2",)),
+    "Q5_K": ({"GGML_CPU_EXACT_Q5_K": -17, "GGML_CPU_EXACT_Q5_1": -15}, ("avx512vnni",)),
 }
 
 
-@pytest.mark.parametrize("quant", K_KERNELS)
-def test_k_quant_columns_at_once_give_the_same_bits(quantized: dict[str, Model], quant: str) -> None:
-    """Patches 0011 (Q4_K, repacked) and 0012 (Q6_K): a verification's products take every column of a weight row
-    at once (each weight block loaded and unpacked once for all of them), each column with the bits of the
-    single-column kernel a decode runs (the repacked gemv, ``vec_dot``). Each way, in its own process, keeps batch
-    rows equal to single decodes at 1 and 2 threads, the multi-column kernel really runs (its chunk counter), and
-    both give the logits of the single-column kernel once per column (``GGML_CPU_EXACT_Q4_K=rows``,
-    ``..._Q6_K=rows``); the other exact kernels' ways of summing change no bit either (a way the CPU lacks falls
-    back to AVX2). The SmolLM2 copies' K-quant matrices are their 1,536-wide ``ffn_down`` (the 576-wide rest falls
-    back to Q8_0)."""
-    switch, field, ways_of_summing = K_KERNELS[quant]
+@pytest.mark.parametrize("quant", COLUMN_KERNELS)
+def test_columns_at_once_give_the_same_bits(quantized: dict[str, Model], quant: str) -> None:
+    """Patches 0011 (Q4_K, repacked), 0012 (Q6_K), 0013 (Q5_0), 0014 (Q4_0, repacked) and 0015 (Q5_1, Q5_K): a
+    verification's products take every column of a weight row at once (each weight block loaded and unpacked once
+    for all of them), each column with the bits of the single-column kernel a decode runs (the repacked gemv,
+    ``vec_dot``). Each way, in its own process, keeps batch rows equal to single decodes (the multi-column one at 1
+    and 2 threads, the reference at 1), the multi-column kernel really runs (its chunk counter), and both give the
+    logits of the single-column kernel once per column (``GGML_CPU_EXACT_Q4_K=rows``, ``..._Q6_K=rows``,
+    ``..._Q5_0=rows`` and so on); the other exact kernels' ways of summing change no bit either (a way the CPU lacks
+    falls back to AVX2). The SmolLM2 copies' K-quant matrices are their 1,536-wide ``ffn_down`` (the 576-wide rest
+    falls back to Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for Q6_K); the Q4_0 copy is Q4_0 throughout."""
+    switches, ways_of_summing = COLUMN_KERNELS[quant]
     worker = [sys.executable, str(SUPPORT / "exact_sums_worker.py"), str(quantized[quant].path)]
     digests = {}
     for way in ("cols", "rows"):
-        for n_threads in THREADS:
+        # the reference once: the multi-column way at every thread count must give its bits
+        for n_threads in THREADS if way == "cols" else THREADS[:1]:
             for sums in ways_of_summing if way == "cols" else ("avx2",):
-                env = {key: value for key, value in os.environ.items() if key != switch}
+                env = {key: value for key, value in os.environ.items() if key not in switches}
                 env["GGML_CPU_EXACT_SUMS"] = sums
                 if way == "rows":
-                    env[switch] = "rows"
+                    env.update(dict.fromkeys(switches, "rows"))
                 result = subprocess.run([*worker, str(n_threads)], env=env, capture_output=True, text=True, check=True)
                 output = result.stdout.split()
-                ran, chunks, digests[way, n_threads, sums] = output[field], output[field + 1], output[-1]
-                assert ran == way
-                assert (int(chunks) > 0) == (way == "cols"), f"the multi-column {quant} kernel ran {chunks} chunks"
+                digests[way, n_threads, sums] = output[-1]
+                for switch, field in switches.items():
+                    ran, chunks = output[field], output[field + 1]
+                    assert ran == way, switch
+                    assert (int(chunks) > 0) == (way == "cols"), f"{switch}: the multi-column kernel ran {chunks}"
     assert len(set(digests.values())) == 1, digests
 
 

@@ -172,3 +172,18 @@ def test_q6_k_copies_decode_to_the_weights() -> None:
     back = quants.dequantize(packed, T.Q6_K).reshape(weights.shape)
     assert np.abs(back - weights).max() <= 0.02 * np.abs(weights).max()
     assert target_type(T.Q6_K, (8, 896)) == T.Q8_0 and target_type(T.Q4_K, (8, 896)) == T.Q5_0
+
+
+def test_q5_k_copies_decode_to_the_weights() -> None:
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    from specstate_testkit.requantize import quantize_q5_k, target_type
+
+    rng = np.random.default_rng(0)
+    weights = (rng.standard_normal((8, 512)) * rng.random((8, 1))).astype(np.float32)
+    packed = quantize_q5_k(weights)
+    assert packed.shape == (8, 2 * 176)
+    back = quants.dequantize(packed, T.Q5_K).reshape(weights.shape)
+    assert np.abs(back - weights).max() <= 0.04 * np.abs(weights).max()
+    assert target_type(T.Q5_K, (8, 896)) == T.Q5_1 and target_type(T.Q5_K, (8, 512)) == T.Q5_K

@@ -2,12 +2,13 @@
 ``GGML_CPU_EXACT_SUMS`` picks and the attention that ``GGML_CPU_EXACT_ATTN`` picks (used by test_exact.py).
 
 Usage: [GGML_CPU_EXACT_SUMS=avx2|avxvnni|avx512vnni] [GGML_CPU_EXACT_ATTN=rows] [GGML_CPU_EXACT_Q4_K=rows] \
-    [GGML_CPU_EXACT_Q6_K=rows] python exact_sums_worker.py MODEL N_THREADS
-Checks that every batch row equals its single decode; prints how Q6_K and Q4_K products ran (``cols`` or ``rows``)
-and how many chunks each multi-column kernel computed, the way of summing, the tiles' registers and the way of
-attending that ran, and the SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two of attention's
-chunks of 256 cells, so a single decode spreads its heads' chunks over the threads while a batch's rows walk theirs
-whole.
+    [GGML_CPU_EXACT_Q6_K=rows] [GGML_CPU_EXACT_Q5_0=rows] [GGML_CPU_EXACT_Q4_0=rows] [GGML_CPU_EXACT_Q5_1=rows] \
+    [GGML_CPU_EXACT_Q5_K=rows] python exact_sums_worker.py MODEL N_THREADS
+Checks that every batch row equals its single decode; prints how Q5_K, Q5_1, Q4_0, Q5_0, Q6_K and Q4_K products ran
+(``cols`` or ``rows``) and how many chunks each multi-column kernel computed, the way of summing, the tiles' registers
+and the way of attending that ran, and the SHA-256 of all the rows' logits. The prompt (about 330 tokens) spans two
+of attention's chunks of 256 cells, so a single decode spreads its heads' chunks over the threads while a batch's rows
+walk theirs whole.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def main() -> None:
         digest.update(b"".join(rows))
     info = native_info()
     print(
+        info["exact_q5_k"],
+        info["exact_q5_k_cols_chunks"],
+        info["exact_q5_1"],
+        info["exact_q5_1_cols_chunks"],
+        info["exact_q4_0"],
+        info["exact_q4_0_cols_chunks"],
+        info["exact_q5_0"],
+        info["exact_q5_0_cols_chunks"],
         info["exact_q6_k"],
         info["exact_q6_k_cols_chunks"],
         info["exact_q4_k"],
