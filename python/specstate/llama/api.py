@@ -98,6 +98,8 @@ class Llama:
         cost_curve: the adaptive policy's cost curve, pinned for every generation (microseconds to verify 1, 2,
             ... ``n_draft + 1`` rows; default None: each generation measures its own before its prompt). One
             curve for all makes each reply's draft lengths, and so a sampled reply, the same in every generation.
+        grammar_drafts: draft the tokens a grammar (``response_format``, a required tool call, ``grammar``)
+            forces, in every mode (default True); the replies are the same either way (docs/generating.md).
         last_n_tokens_size: tokens of the history the repetition penalties count
             (default :data:`LAST_N_TOKENS_SIZE`; 0: none, -1: the whole history).
         chat_format: None (the model's own template; ChatML, with a warning, for a model without one), or a
@@ -178,6 +180,7 @@ class Llama:
         n_draft: int = N_DRAFT,
         draft_policy: DraftPolicy = "fixed",
         cost_curve: Sequence[int] | None = None,
+        grammar_drafts: bool = True,
         last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
         chat_template: str | None = None,
@@ -210,6 +213,7 @@ class Llama:
             "n_ctx": n_ctx if engine is None else engine.n_ctx,
             "n_batch": n_batch if engine is None else min(n_batch, engine.n_batch),
             "n_threads": threads,
+            "grammar_drafts": _flag("grammar_drafts", grammar_drafts),
             "draft_policy": draft_policy,
             **({} if curve is None else {"cost_curve": curve}),
             **({} if engine is None else {"engine": engine}),
@@ -404,7 +408,11 @@ class Llama:
         engine, with one, once the held generations have let go of their sequences)."""
         settings = self._settings
         generator = Generator.restore(
-            checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
+            checkpoint,
+            self.model,
+            draft_model=settings["draft_model"],
+            n_threads=settings["n_threads"],
+            grammar_drafts=settings.get("grammar_drafts", True),
         )
         if self.engine is not None:
             self._let_go()
