@@ -541,14 +541,23 @@ impl Engine<'_> {
     }
 
     /// Most tokens this round may draft from the grammar: its
-    /// `grammar_drafts`, within the context, the batch and `max_commit`.
+    /// `grammar_drafts`, within the context, the batch and `max_commit`, and
+    /// on a recurrent or hybrid target within the recurrent-state snapshots
+    /// it keeps to roll back (none in `none` mode).
     fn grammar_room(&self, at: &Cursor<'_>, max_commit: usize) -> usize {
         let room = (self.target.n_ctx_seq() as usize).saturating_sub(at.n_past + 1);
         let rows = self.batch.capacity().saturating_sub(1);
+        let capacity = self.target.capacity();
+        let snapshots = if capacity.recurrent_or_hybrid {
+            capacity.recurrent_slots as usize
+        } else {
+            usize::MAX
+        };
         self.grammar_drafts
             .min(room.saturating_sub(1))
             .min(rows)
             .min(max_commit.saturating_sub(1))
+            .min(snapshots)
     }
 
     /// Move the live cost curve's entry for a verify batch of `rows` rows toward its time.
