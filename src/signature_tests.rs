@@ -53,6 +53,11 @@ fn string(value: &str) -> String {
     format!("'{value}'")
 }
 
+/// A boolean as Python writes it.
+fn boolean(value: bool) -> String {
+    if value { "True" } else { "False" }.into()
+}
+
 /// `(lead, name=value, ...)`.
 fn render(lead: &str, parameters: &[(&str, String)]) -> String {
     let defaults: Vec<String> = parameters
@@ -101,6 +106,10 @@ fn the_generators_text_signature_states_the_cores_defaults() {
         ("draft_policy", string(draft_policy_name(config.adaptive))),
         ("cost_curve", "None".into()),
         ("engine", "None".into()),
+        (
+            "grammar_drafts",
+            boolean(RuntimeOptions::DEFAULT.grammar_drafts),
+        ),
     ]);
     assert_eq!(
         signature_starting(GENERATOR_BINDINGS, "(target, *,"),

@@ -481,12 +481,7 @@ impl Engine<'_> {
     /// RNG (drafting more would move its later draws, and so the reply); nor
     /// when probing the grammar fails (verification reports that error if
     /// the reply reaches it).
-    fn with_grammar_draft(
-        &self,
-        at: &Cursor<'_>,
-        own: Draft,
-        max_commit: usize,
-    ) -> (Draft, usize) {
+    fn with_grammar_draft(&self, at: &Cursor<'_>, own: Draft, max_commit: usize) -> (Draft, usize) {
         let n_own = own.tokens.len();
         let limit = self.grammar_room(at, max_commit);
         let sampled = own.distributions.is_some() && !self.sampler.is_greedy();
@@ -534,7 +529,9 @@ impl Engine<'_> {
             kept += 1;
         }
         let room = limit.saturating_sub(kept);
-        let lookback = history.len().saturating_sub(grammar_drafts::LOOKBACK_TOKENS);
+        let lookback = history
+            .len()
+            .saturating_sub(grammar_drafts::LOOKBACK_TOKENS);
         let after = [&history[lookback..], own].concat();
         let forced = grammar_drafts::forced_tokens(model, &state, &after, room)?;
         Ok((kept, forced))

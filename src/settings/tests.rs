@@ -180,9 +180,7 @@ fn thread_counts_are_bounded() {
     };
     assert!(threads(0).validate().is_ok());
     assert!(threads(-1).validate().is_err());
-    assert!(threads(MAX_THREADS + 1)
-    .validate()
-    .is_err());
+    assert!(threads(MAX_THREADS + 1).validate().is_err());
     assert_eq!(check_threads(MAX_THREADS.into()), Ok(MAX_THREADS));
     assert_eq!(
         check_threads(1 << 40).unwrap_err().to_string(),
