@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specstate import Generator, Model, json_schema_to_grammar
+from specstate._typing import Mode
 from specstate.bench import STORY_PROMPT, interleave, pair_ratio
 from specstate.smollm2 import smollm2_path
 
@@ -48,16 +49,16 @@ SCHEMA: dict[str, Any] = {
 }
 #: Most tokens of one reply (the schema's reply ends where the grammar ends, well before).
 MAX_TOKENS = 160
-MODES = ("none", "ngram")
+MODES: tuple[Mode, ...] = ("none", "ngram")
 
 
-def timed(model: Model, prompt: list[int], threads: int, mode: str, grammar: str | None, on: bool) -> Callable[[], float]:
+def timed(
+    model: Model, prompt: list[int], threads: int, mode: Mode, grammar: str | None, on: bool
+) -> Callable[[], float]:
     """A contender: one greedy generation, its tokens per second after the first token (kept in ``replies``)."""
 
     def once() -> float:
-        generator = Generator(
-            model, mode=mode, n_ctx=1024, n_threads=threads, grammar=grammar, grammar_drafts=on  # type: ignore[arg-type]
-        )
+        generator = Generator(model, mode=mode, n_ctx=1024, n_threads=threads, grammar=grammar, grammar_drafts=on)
         generator.generate(prompt, max_tokens=1)
         started = time.perf_counter()
         generator.generate(max_tokens=MAX_TOKENS - 1)
@@ -69,7 +70,7 @@ def timed(model: Model, prompt: list[int], threads: int, mode: str, grammar: str
 
 
 #: The last reply of each contender: tokens, drafted and accepted counts.
-replies: dict[tuple[str, bool, bool], tuple[list[int], int, int]] = {}
+replies: dict[tuple[Mode, bool, bool], tuple[list[int], int, int]] = {}
 
 
 def measure(rounds: int, threads: int) -> dict[str, Any]:

@@ -48,6 +48,18 @@ pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> 
     Ok(defaults)
 }
 
+/// A cost curve's entries as microseconds (each narrowed to `u32`).
+fn narrow_cost_curve(costs: Option<Vec<WideInt>>) -> PyResult<Option<Vec<u32>>> {
+    costs
+        .map(|costs| {
+            costs
+                .into_iter()
+                .map(|c| c.narrow::<u32>("cost_curve"))
+                .collect()
+        })
+        .transpose()
+}
+
 /// The sampler's arguments as `Generator(...)` and `check_sampling` take them, made into parameters in one way
 /// (the narrowing of each integer, the logit bias's entries, `""` for no grammar), so both refuse a value with
 /// the same message.
@@ -307,14 +319,7 @@ impl PyGenerator {
             n_batch: n_batch.narrow("n_batch")?,
             adaptive: parse_draft_policy(draft_policy)?,
         };
-        let cost_curve = cost_curve
-            .map(|costs| {
-                costs
-                    .into_iter()
-                    .map(|c| c.narrow::<u32>("cost_curve"))
-                    .collect()
-            })
-            .transpose()?;
+        let cost_curve = narrow_cost_curve(cost_curve)?;
         let runtime = RuntimeOptions {
             n_threads: n_threads.narrow("n_threads")?,
             grammar_drafts,

@@ -27,6 +27,7 @@ import checkpoint_codec as codec
 from conftest import examples
 from generator_worker import resume_elsewhere
 from specstate import CorruptCheckpointError, Generator, Model, inspect_checkpoint, json_schema_to_grammar
+from specstate._typing import Mode
 from specstate_testkit.generator_support import MODES, tiny_generator
 
 TESTS = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
@@ -331,7 +332,7 @@ def test_the_tokens_a_grammar_forces_are_drafted_in_none_mode(smollm2: Model) ->
 )
 @settings(max_examples=examples(ci=5, dev=20), deadline=None)
 def test_grammar_drafts_keep_every_reply_under_small_schemas(
-    smollm2: Model, keys: list[str], values: list[int], mode: str, seed: int | None
+    smollm2: Model, keys: list[str], values: list[int], mode: Mode, seed: int | None
 ) -> None:
     """Greedy (no seed) or seeded: the reply under a schema is the same with grammar drafts on and off."""
     schema = {

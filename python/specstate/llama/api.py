@@ -194,7 +194,6 @@ class Llama:
         check_llama_cpp_options(llama_cpp_options)
         _one_of(mode=(mode, Mode), draft_policy=(draft_policy, DraftPolicy))
         threads = _counts(n_ctx=n_ctx, n_batch=n_batch, n_draft=n_draft, n_threads=n_threads)
-        curve = None if cost_curve is None else [_integer("cost_curve's entries", cost) for cost in cost_curve]
         #: Earlier texts ``ngram`` mode's prompt lookup copies; every finished generation adds its prompt and reply.
         self.lookup_corpus = _corpus(lookup_corpus, mode)
         self._embedding, self._pooling = _flag("embedding", embedding), _pooling(pooling_type)
@@ -202,8 +201,7 @@ class Llama:
         self._seed, self._last_n = _seed(seed), _integer("last_n_tokens_size", last_n_tokens_size)
         self._template = _template_source(chat_format, chat_template)
         self.verbose = verbose  #: Accepted for compatibility; nothing reads it.
-        #: The path the model was loaded from.
-        self.model_path = os.fspath(model_path)
+        self.model_path = os.fspath(model_path)  #: The path the model was loaded from.
         #: The target model (the engine's, with one).
         self.model = _target(model_path, engine, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
         self._settings: GeneratorSettings = {
@@ -215,7 +213,7 @@ class Llama:
             "n_threads": threads,
             "grammar_drafts": _flag("grammar_drafts", grammar_drafts),
             "draft_policy": draft_policy,
-            **({} if curve is None else {"cost_curve": curve}),
+            **({} if cost_curve is None else {"cost_curve": [_integer("cost_curve's entries", c) for c in cost_curve]}),
             **({} if engine is None else {"engine": engine}),
         }
         #: The shared engine the generations decode on (None: each its own context).
