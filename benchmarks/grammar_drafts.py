@@ -123,7 +123,8 @@ def grammar_fields(results: dict[str, Any]) -> dict[str, Any]:
         lines.append(
             f"| {name} | {entry['on_tokens_per_second']:.1f} | {entry['off_tokens_per_second']:.1f} "
             f"| x{ratio['median']:.2f} ({ratio['low']:.2f}-{ratio['high']:.2f}) | "
-            f"{'yes' if entry['identical'] else '**no**'} | {entry['tokens']} | {entry['drafted']} | {entry['accepted']} |"
+            f"{'yes' if entry['identical'] else '**no**'} | {entry['tokens']} | {entry['drafted']} "
+            f"| {entry['accepted']} |"
         )
     verdicts = []
     for mode in MODES:
