@@ -483,11 +483,11 @@ impl Engine<'_> {
     /// the reply reaches it).
     fn with_grammar_draft(&self, at: &Cursor<'_>, own: Draft, max_commit: usize) -> (Draft, usize) {
         let n_own = own.tokens.len();
-        let limit = self.grammar_room(at, max_commit);
-        let sampled = own.distributions.is_some() && !self.sampler.is_greedy();
-        let Some(grammar) = self.sampler.grammar() else {
+        let Some(grammar) = self.sampler.grammar().filter(|_| self.grammar_drafts > 0) else {
             return (own, n_own);
         };
+        let sampled = own.distributions.is_some() && !self.sampler.is_greedy();
+        let limit = self.grammar_room(at, max_commit);
         if limit == 0 || sampled || !self.drafter.follows_foreign_drafts() {
             return (own, n_own);
         }
