@@ -220,7 +220,7 @@ impl Batched {
             return Err(Error::Usage("the sequence already has a prompt".into()));
         }
         seq.member
-            .measure_cost_curve(target, &mut seq.batch, seq_id, prompt)?;
+            .prepare_cost_curve(target, &mut seq.batch, seq_id, prompt, None)?;
         seq.member.new_reply()?;
         let first = history_engine(
             target,

@@ -82,6 +82,29 @@ pub const MAX_EXACT_ROWS: usize = 17;
 /// chunks").
 pub const EXACT_PROMPT_ROWS: usize = 16;
 
+/// The rows of one prompt chunk decoded through a batch of `capacity` rows:
+/// [`EXACT_PROMPT_ROWS`] for a batch of [`MAX_EXACT_ROWS`] (every row is exact
+/// either way, and a seventeenth row would be a lone column), else the whole
+/// batch.
+pub fn prompt_chunk_rows(capacity: usize) -> usize {
+    if capacity == MAX_EXACT_ROWS {
+        EXACT_PROMPT_ROWS
+    } else {
+        capacity
+    }
+}
+
+/// llama.cpp's default rows per compute pass: a native `Context`'s default
+/// `n_batch` and `n_ubatch`, and the most rows a restore allocates for when
+/// the caller names no `max_n_batch`. Batches of more than
+/// [`MAX_EXACT_ROWS`] rows take ggml's big-batch kernels, whose rows do not
+/// get their single decode's bits.
+pub const LLAMA_N_BATCH: u32 = 512;
+
+/// An embedder's context length unless one is given: llama-cpp-python's
+/// default `n_ctx` (and `n_batch`, its longest embedding input).
+pub const EMBEDDING_N_CTX: u32 = 512;
+
 /// The longest grammar accepted, from a caller or a file (bytes); also the
 /// longest JSON schema converted into one (`native::json_schema_to_grammar`).
 pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
@@ -89,6 +112,13 @@ pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_of_the_most_exact_rows_takes_prompts_in_exact_chunks() {
+        assert_eq!(prompt_chunk_rows(MAX_EXACT_ROWS), EXACT_PROMPT_ROWS);
+        assert_eq!(prompt_chunk_rows(9), 9);
+        assert_eq!(prompt_chunk_rows(LLAMA_N_BATCH as usize), 512);
+    }
 
     #[test]
     fn thread_counts_are_bounded_with_one_message() {

@@ -371,8 +371,11 @@ impl GeneratorConfig {
     /// The generator's defaults, the one place each is written (with
     /// [`SamplingParams::DEFAULT`], [`NgramConfig::DEFAULT`] for `ngram` mode
     /// and [`RuntimeOptions::DEFAULT`]): no drafts (`none`), up to 8 drafted
-    /// tokens per round, a 2048-token context, 512 rows per decode, the fixed
-    /// draft policy. The Python constructor's signature and
+    /// tokens per round, a 2048-token context, decodes of at most
+    /// [`crate::limits::MAX_EXACT_ROWS`] rows (verifications of up to 16
+    /// drafted tokens, prompts in exact chunks of
+    /// [`crate::limits::EXACT_PROMPT_ROWS`]: a reply is the same whatever was
+    /// cached or how it was chunked), the fixed draft policy. The Python constructor's signature and
     /// `_native.GENERATOR_DEFAULTS`, the native `Context`'s signature and a
     /// restore's default `max_n_batch` read them here.
     pub const DEFAULT: Self = Self {
@@ -380,7 +383,7 @@ impl GeneratorConfig {
         n_draft: 8,
         sampling: SamplingParams::DEFAULT,
         n_ctx: 2048,
-        n_batch: 512,
+        n_batch: crate::limits::MAX_EXACT_ROWS as u32,
         adaptive: false,
     };
 }

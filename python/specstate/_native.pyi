@@ -733,7 +733,7 @@ class BatchEngine:
     :class:`specstate.BatchEngine`). Use from the creating thread only."""
 
     def __new__(
-        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 0
+        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 17, n_threads: int = 0
     ) -> BatchEngine: ...
     def join(self, generator: Generator) -> int:
         """A copy of ``generator``'s generation (prefilled or not) as a new sequence; returns its id."""
@@ -783,7 +783,7 @@ class SharedEngine:
         *,
         n_seq: int = 4,
         n_ctx: int = 2048,
-        n_batch: int = 512,
+        n_batch: int = 17,
         n_threads: int = 0,
         prompt_cache_bytes: int = 0,
     ) -> SharedEngine: ...

@@ -138,7 +138,7 @@ class Generator:
 
         The contexts' other allocations are bounded before they are created:
         their compute buffers hold ``n_batch`` rows per pass, at most
-        ``max_n_batch`` (default 512, the generator's default ``n_batch``);
+        ``max_n_batch`` (default 512, llama.cpp's default batch);
         and on a recurrent or hybrid target, whose contexts keep one rollback
         snapshot of the recurrent state per drafted token (``n_draft``), the
         snapshots may take at most as much memory as the model's weights,

@@ -45,7 +45,7 @@ impl PyBatchEngine {
     #[new]
     #[pyo3(signature = (target, *, n_seq = WideInt(4), n_ctx = WideInt(DEFAULTS.n_ctx.into()),
                         n_batch = WideInt(DEFAULTS.n_batch.into()), n_threads = WideInt(0)),
-           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=512, n_threads=0)")]
+           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=17, n_threads=0)")]
     fn new(
         py: Python<'_>,
         target: Py<PyModel>,

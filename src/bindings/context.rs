@@ -11,6 +11,7 @@ use super::errors::ensure_thread;
 use super::guarded::Guarded;
 use super::model::PyModel;
 use super::validators::ContextCapacity;
+use crate::limits::LLAMA_N_BATCH;
 use crate::native::{Batch, Context, ContextKind, ContextParams, NativeResult};
 use crate::settings::{GeneratorConfig, RuntimeOptions};
 use crate::speculative::SpeculativeContextCapacity;
@@ -160,11 +161,11 @@ impl PyContext {
 #[pymethods]
 impl PyContext {
     #[new]
-    // A generator's context sizes by default (`GeneratorConfig::DEFAULT`); the text signature is checked
-    // against them by `crate::signature_tests`.
+    // A generator's context length and llama.cpp's batch by default; the text signature is checked against
+    // them by `crate::signature_tests`.
     #[pyo3(signature = (model, *, n_ctx = WideInt(GeneratorConfig::DEFAULT.n_ctx.into()),
-                        n_batch = WideInt(GeneratorConfig::DEFAULT.n_batch.into()),
-                        n_ubatch = WideInt(GeneratorConfig::DEFAULT.n_batch.into()), n_seq_max = WideInt(1),
+                        n_batch = WideInt(LLAMA_N_BATCH.into()),
+                        n_ubatch = WideInt(LLAMA_N_BATCH.into()), n_seq_max = WideInt(1),
                         n_rs_seq = WideInt(0), kind = "default",
                         n_threads = WideInt(RuntimeOptions::DEFAULT.n_threads.into()), other = None),
            text_signature = "(model, *, n_ctx=2048, n_batch=512, n_ubatch=512, n_seq_max=1, n_rs_seq=0, \

@@ -13,10 +13,7 @@ use crate::native::{
     MAX_EMBEDDING_FLOATS, MAX_EMBEDDING_INPUTS,
 };
 
-/// An embedder's context length unless one is given: llama-cpp-python's
-/// default `n_ctx` (and `n_batch`, its longest embedding input). The text
-/// signature below says the same (checked by a Python test).
-const EMBEDDING_N_CTX: u32 = 512;
+use crate::limits::EMBEDDING_N_CTX;
 
 /// An embedding context over a model: usable from any thread, one call at a
 /// time (each runs with the GIL released; others wait for it).

@@ -259,7 +259,7 @@ impl PyGenerator {
                         ngram_min = WideInt(NGRAM.n_min as i128), n_threads = WideInt(RUNTIME.n_threads.into()),
                         draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None, engine = None,
                         grammar_drafts = RUNTIME.grammar_drafts),
-           text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=512, \
+           text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=17, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
                              logit_bias=None, grammar=None, ngram_max=4, ngram_min=3, n_threads=0, \

@@ -16,16 +16,8 @@ use crate::Error;
 pub const DEFAULT_MAX_N_CTX: u32 = 8192;
 
 /// The most rows per compute pass a restore allocates when the caller names
-/// no `max_n_batch`: the generator's default `n_batch`
-/// ([`GeneratorConfig::DEFAULT`]).
-pub const DEFAULT_MAX_N_BATCH: u32 = {
-    let defaults = GeneratorConfig::DEFAULT;
-    let n_batch = defaults.n_batch;
-    // A constant cannot drop the rest (an empty `Vec`, no `String`): nothing
-    // to free, so it is forgotten.
-    std::mem::forget(defaults);
-    n_batch
-};
+/// no `max_n_batch`: llama.cpp's default batch ([`crate::limits::LLAMA_N_BATCH`]).
+pub const DEFAULT_MAX_N_BATCH: u32 = crate::limits::LLAMA_N_BATCH;
 
 /// The caller's limits on what a restore may allocate (`None`: the defaults).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

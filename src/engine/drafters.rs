@@ -106,6 +106,10 @@ impl Drafter for DraftModelDrafter<'_> {
         self.n_draft
     }
 
+    fn samples_drafts(&self) -> bool {
+        true
+    }
+
     fn propose(
         &mut self,
         _target: &Context,

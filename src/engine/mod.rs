@@ -99,6 +99,12 @@ pub trait Drafter {
     fn proposes_freely(&self) -> bool {
         false
     }
+    /// Whether its drafts carry the distributions they were sampled from,
+    /// which a sampled verification draws against (rejection sampling), so
+    /// that a sampled generation's text depends on its draft lengths.
+    fn samples_drafts(&self) -> bool {
+        false
+    }
     /// Whether its state stays right when a round verifies tokens after its
     /// own draft (the grammar's): it is told of its own tokens only.
     fn follows_foreign_drafts(&self) -> bool {
@@ -373,10 +379,7 @@ impl Engine<'_> {
         };
         let draft = match request.n_draft {
             0 => Draft::default(),
-            _ => self
-                .drafter
-                .propose(self.target, request, self.sampler)?
-                .truncated(request.n_draft),
+            _ => self.timed_proposal(request)?,
         };
         let shadow = self.shadow_proposal(&request, n_draft)?;
         let (draft, own) = self.with_grammar_draft(at, draft, max_commit);
@@ -425,6 +428,28 @@ impl Engine<'_> {
             .map_or(n_draft, |policy| policy.choose(n_draft, freely))
     }
 
+    /// The drafter's proposal; a drafter that does not propose for free
+    /// tells a live policy what its drafting cost.
+    fn timed_proposal(&mut self, request: DraftRequest<'_>) -> Result<Draft> {
+        let started = std::time::Instant::now();
+        let draft = self
+            .drafter
+            .propose(self.target, request, self.sampler)?
+            .truncated(request.n_draft);
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let free = self.lengths_leave_text_alone();
+        if let Some(policy) = self
+            .policy
+            .as_deref_mut()
+            .filter(|p| p.follows_timings(free))
+        {
+            if !self.drafter.proposes_freely() {
+                policy.observe_draft_cost(draft.tokens.len(), micros);
+            }
+        }
+        Ok(draft)
+    }
+
     /// In a round the policy chose to keep plain, the first token a free
     /// drafter would have proposed (to compare with the committed one).
     fn shadow_proposal(
@@ -471,6 +496,12 @@ impl Engine<'_> {
         policy.observe(round, evidence);
     }
 
+    /// Whether the text is the same whatever the draft lengths: greedy
+    /// choices, or drafts that carry no distributions to sample against.
+    fn lengths_leave_text_alone(&self) -> bool {
+        self.sampler.is_greedy() || !self.drafter.samples_drafts()
+    }
+
     /// `own`, the drafter's draft, followed by the tokens the grammar forces
     /// after it ([`grammar_drafts`]), and how many of the draft's first
     /// tokens are the drafter's. A drafter's token the grammar forbids ends
@@ -486,9 +517,9 @@ impl Engine<'_> {
         let Some(grammar) = self.sampler.grammar().filter(|_| self.grammar_drafts > 0) else {
             return (own, n_own);
         };
-        let sampled = own.distributions.is_some() && !self.sampler.is_greedy();
         let limit = self.grammar_room(at, max_commit);
-        if limit == 0 || sampled || !self.drafter.follows_foreign_drafts() {
+        let moves_text = !self.lengths_leave_text_alone();
+        if limit == 0 || moves_text || !self.drafter.follows_foreign_drafts() {
             return (own, n_own);
         }
         match self.grammar_draft(grammar, at.history, &own.tokens, limit) {
@@ -559,11 +590,11 @@ impl Engine<'_> {
 
     /// Move the live cost curve's entry for a verify batch of `rows` rows toward its time.
     fn learn_cost(&mut self, rows: usize, micros: u64) {
-        let greedy = self.sampler.is_greedy();
+        let free = self.lengths_leave_text_alone();
         if let Some(policy) = self
             .policy
             .as_deref_mut()
-            .filter(|p| p.follows_timings(greedy))
+            .filter(|p| p.follows_timings(free))
         {
             policy.observe_cost(rows, micros);
         }
@@ -659,7 +690,7 @@ pub(crate) fn decode_in_chunks(
     seq_id: i32,
     mut each: impl FnMut(&Context, &Batch) -> Result<()>,
 ) -> Result<()> {
-    let chunk = batch.capacity();
+    let chunk = crate::limits::prompt_chunk_rows(batch.capacity());
     for (index, piece) in rows.chunks(chunk).enumerate() {
         batch.fill(piece, position(start + index * chunk)?, seq_id, false)?;
         target.decode(batch)?;

@@ -2,10 +2,15 @@
 //! maximises the expected committed tokens per second of verification.
 //!
 //! Two inputs decide it:
-//! - **A cost curve**, measured once on the generation's own target context
-//!   and backend before its prompt ([`measure_cost_curve`]): how long a
-//!   decode of `r` rows takes, for `r` from 1 (a plain decode) to the longest
-//!   verify batch (`n_draft + 1`).
+//! - **A cost curve**: how long a decode of `r` rows takes, for `r` from 1
+//!   (a plain decode) to the longest verify batch (`n_draft + 1`), and what
+//!   one decode of a draft model adds per drafted token. A greedy generation
+//!   starts from an estimate ([`AdaptiveState::estimated`]: a row adds an
+//!   eighth of a plain decode, a draft model's decode costs its share of the
+//!   target's weights) that its own rounds replace as they are timed, so it
+//!   spends nothing on measuring before its first token; so does a sampled
+//!   one drafting by prompt lookup. A sampled one with a draft model times its
+//!   curve on its own target context before its prompt ([`measure_cost_curve`]).
 //! - **The acceptance of recent rounds**: an exponentially decaying count of
 //!   accepted draft tokens (hits) over verified ones up to and including the
 //!   first rejection (trials), in fixed point. Under a geometric model (each
@@ -18,21 +23,27 @@
 //!   updates the count of its situation.
 //!
 //! The draft length is the `k` in `0..=limit` with the most expected tokens
-//! per microsecond, `0` (decode plainly) included. When a plain round is
-//! chosen, a drafter that proposes for free (prompt lookup) is still asked for
-//! one token, which is compared with the committed one; other drafters are
-//! probed with a one-token draft after [`PROBE_AFTER`] rounds without evidence.
+//! per microsecond, `0` (decode plainly) included; a draft of `k` tokens
+//! costs its verification and, with a draft model, `k` of its decodes. When a
+//! plain round is chosen, a drafter that proposes for free (prompt lookup) is
+//! still asked for one token, which is compared with the committed one; other
+//! drafters are probed with a one-token draft after [`PROBE_AFTER`] rounds
+//! without evidence, twice as many after each probe after which drafting
+//! still does not pay (up to [`MAX_PROBE_AFTER`]), since a probe after a long
+//! pause makes the draft model catch up on every token of it.
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
-//! (the curve in microseconds, the counts in fixed point), and the choice is a
-//! pure function of it. A sampled `draft`-mode generation's text depends on
-//! its draft lengths (rejection sampling against the draft's distribution
-//! decides how the RNG is drawn), so a sampled generation's curve never changes
-//! after it is measured: a restored generation makes the same choices as the
-//! uninterrupted one, token for token. A greedy generation's text does not
-//! (verification gives each token its single decode's logits, on the CPU), so
-//! a measured curve is **live** there: each round's own verify time moves the
-//! entry for its row count an eighth of the way ([`AdaptiveState::observe_cost`]),
+//! (the curve and the draft cost in microseconds, the counts in fixed point),
+//! and the choice is a pure function of it. A sampled `draft`-mode
+//! generation's text depends on its draft lengths (rejection sampling against
+//! the draft's distribution decides how the RNG is drawn), so its curve never
+//! changes after it is measured: a restored generation makes the same choices
+//! as the uninterrupted one, token for token. A greedy generation's text does
+//! not (verification gives each token its single decode's logits, on the CPU),
+//! nor does a sampled one's whose drafts carry no distributions (each row is
+//! drawn as plain sampling draws it), so the curve is **live** there: each
+//! round's own verify time moves the entry for its row count an eighth of the
+//! way ([`AdaptiveState::observe_cost`]), or replaces an estimate,
 //! keeping the policy current on a machine whose load changes. A verification
 //! also slows the plain decode after it (measured in
 //! `BatchTimer::between_plain`), so a plain round right after one charges
@@ -58,8 +69,20 @@ const DECAY_SHIFT: u32 = 3;
 /// "Adaptive draft length").
 const PRIOR: [(u32, u32); 2] = [(2 * SCALE, 3 * SCALE); 2];
 /// Rounds without evidence after which a drafter that does not propose for
-/// free is probed with a one-token draft.
+/// free is probed with a one-token draft (at first, and after a probe that
+/// found an accepted token).
 pub const PROBE_AFTER: u32 = 16;
+/// The longest pause between probes: each probe after which drafting still
+/// does not pay doubles the pause, up to this.
+pub const MAX_PROBE_AFTER: u32 = 256;
+/// The cost of a plain decode in an estimated curve before anything was timed
+/// (microseconds; only the ratios matter until the first timing scales them).
+const NOMINAL_MICROS: u32 = 10_000;
+/// An estimated curve's cost of each row beyond the first, as a share of a
+/// plain decode: what the exact multi-column kernels cost, or a little less,
+/// so that a draft is tried and its timing corrects the estimate (an estimate
+/// too high would never be tried, and never corrected).
+const ESTIMATED_ROW_SHARE: f64 = 0.125;
 /// The largest cost a curve may hold: one minute, in microseconds.
 pub const MAX_COST_MICROS: u32 = 60_000_000;
 /// The largest trial count the decaying counts can reach (a round adds at
@@ -97,6 +120,25 @@ pub struct AdaptiveState {
     /// what it cost the round after it (`[0, 0]`: none).
     #[serde(default)]
     pub unsettled: [u32; 2],
+    /// Microseconds one decode of the draft model adds to a round per drafted
+    /// token (0: drafting costs nothing beside the verification).
+    #[serde(default)]
+    pub draft_us: u32,
+    /// Which entries of the curve are still estimates (empty: none): the
+    /// first timing of an entry replaces it, and the first timing of all
+    /// scales every estimate.
+    #[serde(default)]
+    pub estimated: Vec<bool>,
+    /// Whether `draft_us` is still an estimate (the first drafting timed replaces it).
+    #[serde(default)]
+    pub draft_estimated: bool,
+    /// Rounds without evidence before the next probe ([`PROBE_AFTER`] to [`MAX_PROBE_AFTER`]).
+    #[serde(default = "first_probe_after")]
+    pub probe_after: u32,
+}
+
+fn first_probe_after() -> u32 {
+    PROBE_AFTER
 }
 
 /// What a round drafted, for the policy to learn from.
@@ -123,10 +165,48 @@ impl AdaptiveState {
             idle: 0,
             live: false,
             unsettled: [0, 0],
+            draft_us: 0,
+            estimated: Vec::new(),
+            draft_estimated: false,
+            probe_after: PROBE_AFTER,
         }
     }
 
-    /// A measured curve, which follows the rounds' timings in greedy generations.
+    /// An estimated curve of `rows` entries that follows the rounds' timings:
+    /// each row beyond the first adds [`ESTIMATED_ROW_SHARE`] of a plain
+    /// decode, and a draft model's decode costs `draft_share` of one (its
+    /// weights' share of the target's; `None`: a drafter that costs nothing).
+    pub fn estimated(rows: usize, draft_share: Option<f64>) -> Self {
+        let plain = f64::from(NOMINAL_MICROS);
+        let cost_us = (0..rows)
+            .map(|extra| (plain * (1.0 + ESTIMATED_ROW_SHARE * extra as f64)).round() as u32)
+            .collect();
+        Self {
+            estimated: vec![true; rows],
+            draft_estimated: draft_share.is_some(),
+            ..Self::measured(cost_us).priced(draft_share)
+        }
+    }
+
+    /// This curve pricing a draft model's decode at `draft_share` of its
+    /// plain decode (`None`: a drafter that costs nothing).
+    pub fn priced(mut self, draft_share: Option<f64>) -> Self {
+        let plain = f64::from(self.cost_us.first().copied().unwrap_or(0));
+        self.draft_us = draft_share.map_or(0, |share| {
+            clamp_micros((plain * share.clamp(0.0, 1e3)).round() as i64)
+        });
+        self
+    }
+
+    /// Whether the entry for `rows` rows is still an estimate.
+    fn is_estimate(&self, rows: usize) -> bool {
+        self.estimated
+            .get(rows.wrapping_sub(1))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// A measured curve, which follows the rounds' timings where the text allows it.
     pub fn measured(cost_us: Vec<u32>) -> Self {
         Self {
             live: true,
@@ -134,9 +214,11 @@ impl AdaptiveState {
         }
     }
 
-    /// Whether a round of a generation choosing greedily (`greedy`) moves the curve.
-    pub fn follows_timings(&self, greedy: bool) -> bool {
-        self.live && greedy && !cfg!(any(feature = "cuda", feature = "metal"))
+    /// Whether a round moves the curve, in a generation whose text does not
+    /// depend on its draft lengths (`lengths_free`: greedy, or drafts without
+    /// distributions).
+    pub fn follows_timings(&self, lengths_free: bool) -> bool {
+        self.live && lengths_free && !cfg!(any(feature = "cuda", feature = "metal"))
     }
 
     /// A round verified `rows` rows in `micros`. A verification of several
@@ -169,12 +251,84 @@ impl AdaptiveState {
         }
     }
 
-    /// The entry for `rows` rows moves an eighth of the way to `sample` microseconds.
+    /// The entry for `rows` rows moves an eighth of the way to `sample`
+    /// microseconds; an estimate is replaced by it ([`AdaptiveState::timed`]).
     fn move_entry(&mut self, rows: usize, sample: i64) {
-        if let Some(cost) = self.cost_us.get_mut(rows.wrapping_sub(1)) {
-            let moved = i64::from(*cost) + (sample - i64::from(*cost)) / 8;
-            *cost = moved.clamp(1, i64::from(MAX_COST_MICROS)) as u32;
+        if self.is_estimate(rows) {
+            return self.timed(rows, clamp_micros(sample));
         }
+        if let Some(cost) = self.cost_us.get_mut(rows.wrapping_sub(1)) {
+            *cost = clamp_micros(i64::from(*cost) + (sample - i64::from(*cost)) / 8);
+        }
+    }
+
+    /// The first timing of the entry for `rows` rows: while every entry is
+    /// an estimate it scales them all (and an estimated draft cost) to it;
+    /// then it replaces its entry, and each estimate left is derived anew from
+    /// the timed entries around it ([`AdaptiveState::reestimate`]).
+    fn timed(&mut self, rows: usize, micros: u32) {
+        if self.estimated.iter().all(|&estimate| estimate) {
+            let scale = f64::from(micros) / f64::from(self.cost_us[rows - 1].max(1));
+            let scaled = |cost: u32| clamp_micros((f64::from(cost) * scale).round() as i64);
+            self.cost_us
+                .iter_mut()
+                .for_each(|cost| *cost = scaled(*cost));
+            if self.draft_estimated {
+                self.draft_us = scaled(self.draft_us);
+            }
+        }
+        self.cost_us[rows - 1] = micros;
+        self.estimated[rows - 1] = false;
+        self.reestimate();
+        if !self.estimated.contains(&true) {
+            self.estimated.clear();
+        }
+    }
+
+    /// Each estimated entry from its nearest timed entries: linear between
+    /// one below and one above, else along the estimate's slope from the
+    /// nearest one.
+    fn reestimate(&mut self) {
+        let timed: Vec<(usize, f64)> = (1..=self.cost_us.len())
+            .filter(|&rows| !self.is_estimate(rows))
+            .map(|rows| (rows, f64::from(self.cost_us[rows - 1])))
+            .collect();
+        let shape = |rows: usize| 1.0 + ESTIMATED_ROW_SHARE * (rows - 1) as f64;
+        let estimates: Vec<usize> = (1..=self.cost_us.len())
+            .filter(|&rows| self.is_estimate(rows))
+            .collect();
+        for rows in estimates {
+            let below = timed.iter().rev().find(|&&(r, _)| r < rows);
+            let above = timed.iter().find(|&&(r, _)| r > rows);
+            let cost = match (below, above) {
+                (Some(&(r0, c0)), Some(&(r1, c1))) => {
+                    c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64
+                }
+                (Some(&(r, c)), None) | (None, Some(&(r, c))) => c * shape(rows) / shape(r),
+                (None, None) => continue,
+            };
+            self.cost_us[rows - 1] = clamp_micros(cost.round() as i64);
+        }
+    }
+
+    /// A round's drafting took `micros` for `drafted` tokens (a draft model's
+    /// decodes, catching up on the last round's included): the draft cost
+    /// moves an eighth of the way to its cost per token, or takes it while it
+    /// is an estimate. A draft after plain rounds is not timed: the draft
+    /// model then catches up on all of them first, which drafting round after
+    /// round never does.
+    pub fn observe_draft_cost(&mut self, drafted: usize, micros: u64) {
+        if self.idle > 0 {
+            return;
+        }
+        let sample =
+            clamp_micros(i64::try_from(micros / drafted.max(1) as u64).unwrap_or(i64::MAX));
+        let current = i64::from(self.draft_us);
+        self.draft_us = if std::mem::take(&mut self.draft_estimated) || current == 0 {
+            sample
+        } else {
+            clamp_micros(current + (i64::from(sample) - current) / 8)
+        };
     }
 
     /// Check a state from a caller or a file against the generation's draft
@@ -215,10 +369,26 @@ impl AdaptiveState {
                 self.unsettled
             ));
         }
-        if self.idle > PROBE_AFTER {
+        if !(PROBE_AFTER..=MAX_PROBE_AFTER).contains(&self.probe_after) {
             return Err(format!(
-                "{} idle rounds exceed the probe interval {PROBE_AFTER}",
-                self.idle
+                "the probe interval {} is not between {PROBE_AFTER} and {MAX_PROBE_AFTER}",
+                self.probe_after
+            ));
+        }
+        if self.idle > self.probe_after {
+            return Err(format!(
+                "{} idle rounds exceed the probe interval {}",
+                self.idle, self.probe_after
+            ));
+        }
+        if self.draft_us > MAX_COST_MICROS
+            || !(self.estimated.is_empty() || self.estimated.len() == rows)
+        {
+            return Err(format!(
+                "the draft cost {} microseconds (at most {MAX_COST_MICROS}) or the {} estimate marks (none or \
+                 {rows}) are out of range",
+                self.draft_us,
+                self.estimated.len()
             ));
         }
         Ok(())
@@ -236,11 +406,20 @@ impl AdaptiveState {
         f64::from(self.cost_us[rows - 1])
     }
 
+    /// The draft length in `0..=most` that pays best, a draft of `k` tokens
+    /// costing its verification and `k` draft-model decodes.
+    fn best_length(&self, most: usize) -> usize {
+        let draft = f64::from(self.draft_us);
+        best_draft_length(self.acceptance(), most, |rows| {
+            self.cost(rows) + draft * (rows - 1) as f64
+        })
+    }
+
     /// How many tokens to draft this round, at most `n_draft`.
     pub fn choose(&self, n_draft: usize, proposes_freely: bool) -> usize {
         let most = n_draft.min(self.cost_us.len() - 1);
-        let best = best_draft_length(self.acceptance(), most, |rows| self.cost(rows));
-        if best == 0 && most > 0 && !proposes_freely && self.idle >= PROBE_AFTER {
+        let best = self.best_length(most);
+        if best == 0 && most > 0 && !proposes_freely && self.idle >= self.probe_after {
             return 1;
         }
         best
@@ -255,17 +434,29 @@ impl AdaptiveState {
             }
             Evidence::Shadow(hit) => (u32::from(hit), 1),
             Evidence::Nothing => {
-                self.idle = (self.idle + 1).min(PROBE_AFTER);
+                self.idle = (self.idle + 1).min(self.probe_after);
                 return;
             }
             Evidence::Verified | Evidence::Forced => return,
         };
+        let probed = self.idle >= self.probe_after;
         self.idle = 0;
         let at = usize::from(self.streak);
         self.trials[at] = (decayed(self.trials[at]) + trials * SCALE).clamp(1, MAX_TRIALS);
         self.hits[at] = (decayed(self.hits[at]) + hits * SCALE).min(self.trials[at]);
         self.streak = hits == trials;
+        let pays = self.best_length(self.cost_us.len() - 1) > 0;
+        self.probe_after = if probed && !pays {
+            (self.probe_after * 2).min(MAX_PROBE_AFTER)
+        } else {
+            PROBE_AFTER
+        };
     }
+}
+
+/// A cost in microseconds within `1..=MAX_COST_MICROS`.
+fn clamp_micros(micros: i64) -> u32 {
+    micros.clamp(1, i64::from(MAX_COST_MICROS)) as u32
 }
 
 fn decayed(count: u32) -> u32 {
@@ -594,6 +785,22 @@ mod tests {
                 unsettled: [2, 0],
                 ..good.clone()
             },
+            AdaptiveState {
+                probe_after: PROBE_AFTER - 1,
+                ..good.clone()
+            },
+            AdaptiveState {
+                probe_after: MAX_PROBE_AFTER + 1,
+                ..good.clone()
+            },
+            AdaptiveState {
+                draft_us: MAX_COST_MICROS + 1,
+                ..good.clone()
+            },
+            AdaptiveState {
+                estimated: vec![true; 4],
+                ..good.clone()
+            },
         ];
         for state in cases {
             assert!(state.validate(4).is_err(), "{state:?}");
@@ -620,6 +827,81 @@ mod tests {
             !AdaptiveState::new(vec![1, 2]).follows_timings(true),
             "a pinned curve never moves"
         );
+    }
+
+    #[test]
+    fn an_estimated_curve_is_scaled_by_its_first_timing_and_replaced_by_the_next() {
+        let mut state = AdaptiveState::estimated(5, Some(0.5));
+        assert_eq!(state.cost_us, vec![10_000, 11_250, 12_500, 13_750, 15_000]);
+        assert_eq!(state.draft_us, 5_000);
+        assert!(state.validate(4).is_ok() && state.follows_timings(true));
+        // The first timing (a plain decode after a plain decode) scales every estimate.
+        state.observe_cost(1, 20_000);
+        assert_eq!(state.cost_us, vec![20_000, 22_500, 25_000, 27_500, 30_000]);
+        assert_eq!(state.draft_us, 10_000);
+        // A verification of 5 rows, settled by the plain round after it: it replaces its
+        // estimate, and the estimates between the timed entries lie on the line between them.
+        state.observe_cost(5, 60_000);
+        state.observe_cost(1, 20_000);
+        assert_eq!(state.cost_us, vec![20_000, 30_000, 40_000, 50_000, 60_000]);
+        assert_eq!(state.estimated, vec![false, true, true, true, false]);
+        state.observe_cost(3, 30_000);
+        state.observe_cost(1, 20_000);
+        assert_eq!(state.cost_us, vec![20_000, 25_000, 30_000, 45_000, 60_000]);
+        // A timed entry then moves an eighth of the way, as a measured curve's does.
+        state.observe_cost(3, 38_000);
+        state.observe_cost(1, 20_000);
+        assert_eq!(state.cost_us[2], 31_000);
+        assert!(state.validate(4).is_ok());
+    }
+
+    #[test]
+    fn a_draft_models_decodes_are_priced_and_timed() {
+        let mut state = AdaptiveState::new(cpu_curve(9)).priced(Some(0.5));
+        state.hits = [6 * SCALE, 6 * SCALE];
+        state.trials = [8 * SCALE, 8 * SCALE];
+        let free = AdaptiveState {
+            draft_us: 0,
+            ..state.clone()
+        };
+        assert!(free.choose(8, false) > 0);
+        assert_eq!(state.draft_us, 5_500);
+        assert_eq!(state.choose(8, false), 0);
+        // Timed drafting takes the place of the estimate at once, then moves an eighth of the way.
+        state.draft_estimated = true;
+        state.idle = 3; // a draft after plain rounds: its catching up is not timed
+        state.observe_draft_cost(4, 8_000);
+        assert_eq!(state.draft_us, 5_500);
+        state.idle = 0;
+        state.observe_draft_cost(4, 8_000);
+        assert_eq!(state.draft_us, 2_000);
+        state.observe_draft_cost(2, 20_000);
+        assert_eq!(state.draft_us, 3_000);
+    }
+
+    #[test]
+    fn each_failed_probe_doubles_the_pause_before_the_next() {
+        let mut state = AdaptiveState::new(cpu_curve(5));
+        state.hits = [0, 0];
+        let mut pauses = Vec::new();
+        for _ in 0..6 {
+            let mut idle_rounds = 0;
+            while state.choose(4, false) == 0 {
+                state.observe(&round(0, 0), Evidence::Nothing);
+                idle_rounds += 1;
+            }
+            pauses.push(idle_rounds);
+            state.observe(&round(1, 0), Evidence::Verified);
+        }
+        assert_eq!(pauses, vec![16, 32, 64, 128, 256, 256]);
+        // A probe after which drafting pays brings the first pause back.
+        while state.choose(4, false) == 0 {
+            state.observe(&round(0, 0), Evidence::Nothing);
+        }
+        state.hits = [4 * SCALE, 4 * SCALE];
+        state.trials = [4 * SCALE, 4 * SCALE];
+        state.observe(&round(1, 1), Evidence::Verified);
+        assert_eq!(state.probe_after, PROBE_AFTER);
     }
 
     #[test]

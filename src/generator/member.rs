@@ -84,26 +84,45 @@ impl Member {
         self.config.adaptive && self.state.adaptive.is_none()
     }
 
-    /// An adaptive generation without a pinned cost curve measures it on
-    /// sequence `seq_id` of `target`, still empty, before its prompt (after
-    /// as many cells as the prompt has, up to [`crate::engine::policy::MAX_TIMED_CONTEXT`]).
-    pub fn measure_cost_curve(
+    /// Whether the generation times its cost curve before its prompt: an
+    /// adaptive one without a curve whose text depends on its draft lengths
+    /// (sampled, with a draft model).
+    pub fn times_cost_curve(&self) -> bool {
+        let lengths_free =
+            self.sampler.is_greedy() || matches!(self.config.mode, Mode::None | Mode::Ngram(_));
+        self.needs_cost_curve() && !lengths_free
+    }
+
+    /// An adaptive generation without a pinned cost curve gets one before its
+    /// prompt: a greedy one, or one that drafts without a model, an estimate
+    /// its rounds' timings replace ([`AdaptiveState::estimated`]); a sampled
+    /// one with a draft model, whose text depends on its draft lengths and so
+    /// on a curve fixed before it starts, times it on
+    /// sequence `seq_id` of `target`, still empty (after as many cells as the
+    /// prompt has, up to [`crate::engine::policy::MAX_TIMED_CONTEXT`]). A draft
+    /// model's decode is priced at `draft_share` of a target decode until timed.
+    pub fn prepare_cost_curve(
         &mut self,
         target: &mut Context,
         batch: &mut Batch,
         seq_id: i32,
         prompt: &[i32],
+        draft_share: Option<f64>,
     ) -> Result<()> {
         if !self.needs_cost_curve() {
+            return Ok(());
+        }
+        let rows = self.config.n_draft as usize + 1;
+        if !self.times_cost_curve() {
+            self.state.adaptive = Some(AdaptiveState::estimated(rows, draft_share));
             return Ok(());
         }
         let token = *prompt
             .first()
             .ok_or_else(|| Error::Invalid("the prompt is empty".into()))?;
         target.model().check_tokens(&[token])?;
-        let rows = self.config.n_draft as usize + 1;
         let curve = measure_cost_curve(target, batch, seq_id, token, rows, prompt.len())?;
-        self.state.adaptive = Some(AdaptiveState::measured(curve));
+        self.state.adaptive = Some(AdaptiveState::measured(curve).priced(draft_share));
         Ok(())
     }
 

@@ -403,8 +403,9 @@ impl Generator {
             return Err(Error::Usage("the generator already has a prompt".into()));
         }
         let kept = self.reuse_prefix(prompt)?;
+        let draft_share = self.draft_share();
         self.on_target(|target, batch, member, seq| {
-            member.measure_cost_curve(target, batch, seq, prompt)?;
+            member.prepare_cost_curve(target, batch, seq, prompt, draft_share)?;
             member.new_reply()
         })?;
         let first = match &mut self.target {
@@ -416,6 +417,17 @@ impl Generator {
         self.member.state.history = prompt.to_vec();
         self.commit_first(first);
         Ok(first)
+    }
+
+    /// What one decode of the draft model costs against one of the target,
+    /// until timed: its share of the target's weights, which a decode reads
+    /// once each (`None` without a draft model).
+    fn draft_share(&self) -> Option<f64> {
+        let DraftParts::Model { context, .. } = &self.parts else {
+            return None;
+        };
+        let target = self.target.model().size_bytes().max(1);
+        Some(context.model().size_bytes() as f64 / target as f64)
     }
 
     /// On a shared engine, before `prompt`: the tokens of it whose exact
@@ -431,7 +443,7 @@ impl Generator {
         let Some(key) = member.reuse_key.as_deref() else {
             return Ok(0);
         };
-        if !member.config.decodes_exactly() || member.needs_cost_curve() {
+        if !member.config.decodes_exactly() || member.times_cost_curve() {
             return Ok(0);
         }
         attached.reuse(prompt, key)
@@ -578,7 +590,8 @@ fn prefill_shared(
         })?;
     }
     let rest = prompt.get(kept..).unwrap_or_default();
-    let chunks: Vec<&[i32]> = rest.chunks(member.config.n_batch as usize).collect();
+    let rows = crate::limits::prompt_chunk_rows(member.config.n_batch as usize);
+    let chunks: Vec<&[i32]> = rest.chunks(rows).collect();
     let Some((last, before)) = chunks.split_last() else {
         return Err(crate::engine::nothing_to_decode(kept, prompt.len()));
     };

@@ -330,3 +330,26 @@ def test_llama_cpp_pythons_pooling_constants_choose_the_pooling(tiny_chat: Path)
         assert llm.embed("hello world") == Embedder(model, n_ctx=N_CTX, pooling=name, n_threads=1).embed("hello world")
     with pytest.raises(UnsupportedParameterError, match="LLAMA_POOLING_TYPE"):
         tiny_llama(tiny_chat, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK)
+
+
+def test_a_conversation_continued_from_its_cache_equals_the_same_turns_decoded_fresh(smollm2_file: Path) -> None:
+    """By default prompts are decoded in exact chunks, so a reply is a function of the request alone: the third
+    turn of a chat continued on the `Llama` that holds the first two equals the same turns sent whole to a fresh
+    one. On SmolLM2 requantized to Q4_0, whose batches of more than 17 rows take ggml's repacked gemm, whose bits
+    depend on how a prompt is chunked."""
+    from gguf import GGMLQuantizationType
+
+    from specstate.smollm2 import cache_dir
+    from specstate_testkit.requantize import cached_copy
+
+    path = cached_copy(smollm2_file, GGMLQuantizationType.Q4_0, cache_dir() / "requantized")
+    questions = ["Name three rivers of Europe.", "Which one is the longest?", "Write two sentences about it."]
+    held = Llama(str(path), n_ctx=1024, n_threads=2, verbose=False)
+    history: list[dict[str, str]] = []
+    for question in questions:
+        history.append({"role": "user", "content": question})
+        reply = held.create_chat_completion(history, max_tokens=24, temperature=0)
+        history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""})
+    fresh = Llama(str(path), n_ctx=1024, n_threads=2, verbose=False)
+    again = fresh.create_chat_completion(history[:-1], max_tokens=24, temperature=0)
+    assert again["choices"][0]["message"]["content"] == history[-1]["content"]

@@ -123,7 +123,7 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
         "draft_model": None,
         "n_draft": 8,
         "n_ctx": 2048,
-        "n_batch": 512,
+        "n_batch": 17,
         "temperature": 0.0,
         "top_k": 0,
         "top_p": 1.0,

@@ -124,23 +124,33 @@ def test_a_measured_curve_leaves_no_trace(smollm2: Model) -> None:
     assert pinned.tokens == measured.tokens  # greedy: the same text, whatever the draft lengths
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_a_measured_curve_follows_the_rounds_timings_only_when_greedy(smollm2: Model, sampled: bool) -> None:
-    """A greedy generation's measured curve moves toward each round's own verify time (its text does not
-    depend on draft lengths); a sampled one's never does (its text does). A curve of one-minute costs, forged
-    into a checkpoint as measured, shows it: the entries the rounds used come down, or stay."""
-    settings: GeneratorSettings = {"mode": "ngram", "draft_policy": "adaptive", "n_ctx": 512, "n_threads": 1}
+@pytest.mark.parametrize(
+    ("mode", "sampled"),
+    [("ngram", False), ("ngram", True), ("draft", True)],
+    ids=["greedy", "sampled", "sampled-draft"],
+)
+def test_a_curve_follows_the_rounds_timings_unless_the_text_depends_on_draft_lengths(
+    smollm2: Model, mode: str, sampled: bool
+) -> None:
+    """A curve moves toward each round's own verify time where the text does not depend on draft lengths (greedy
+    choices, or prompt lookup's drafts, which carry no distributions); a sampled draft model's never does (rejection
+    sampling draws against its draft's distributions). A curve of one-minute costs, forged into a checkpoint as
+    live, shows it: the entries the rounds used come down, or stay."""
+    settings: GeneratorSettings = {"mode": mode, "draft_policy": "adaptive", "n_ctx": 512, "n_threads": 1}  # type: ignore[typeddict-item]
     settings.update(sampling(sampled))  # type: ignore[typeddict-item]
-    generator = Generator(smollm2, **settings)
+    draft = {"draft_model": smollm2} if mode == "draft" else {}
+    generator = Generator(smollm2, **settings, **draft)
     generator.generate(REPEATING, max_tokens=4)
     adaptive = codec.meta(generator.checkpoint())["adaptive"]
     slow = [UNAFFORDABLE] * len(adaptive["cost_us"])
-    forged = codec.rewrite_meta(generator.checkpoint(), adaptive={**adaptive, "cost_us": slow, "live": True})
-    restored = Generator.restore(forged, smollm2, n_threads=1)
+    forged = codec.rewrite_meta(
+        generator.checkpoint(), adaptive={**adaptive, "cost_us": slow, "live": True, "estimated": [], "draft_us": 1}
+    )
+    restored = Generator.restore(forged, smollm2, n_threads=1, **draft)  # type: ignore[arg-type]
     restored.generate(max_tokens=40)
     curve = restored.cost_curve
     assert curve is not None and len(curve) == len(slow)
-    if sampled:
+    if mode == "draft":
         assert curve == slow
     else:
         assert min(curve) < UNAFFORDABLE and restored.rounds > 0

@@ -83,7 +83,10 @@ class Llama:
         model_path: the GGUF model.
         n_ctx: context length in tokens of each generation (default :data:`N_CTX`, 2048;
             llama-cpp-python's is 512).
-        n_batch: rows per decode (default :data:`N_BATCH`).
+        n_batch: rows per decode (default :data:`N_BATCH`, 17: verifications of up to 16 drafted tokens, and
+            prompts decoded in chunks whose rows get their single decode's bits, so a reply is the same whether
+            its prefix was cached or not; above 17, llama.cpp's big-batch kernels, whose results depend on how a
+            prompt was chunked).
         n_threads: threads per context (None: the CPUs available).
         seed: the seed of every call that does not give one; :data:`LLAMA_DEFAULT_SEED` (the default)
             or -1: a random seed for each call, as in llama-cpp-python.
