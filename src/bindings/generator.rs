@@ -7,7 +7,7 @@ use std::thread::ThreadId;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use super::arguments::{TokenIds, WideInt};
+use super::arguments::{bias_entries, narrow_cost_curve, TokenIds, WideInt};
 use super::chat::{messages as chat_messages, pairs, Pairs};
 use super::corpus::PyLookupCorpus;
 use super::errors::ensure_thread;
@@ -46,18 +46,6 @@ pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> 
     defaults.set_item("draft_policy", draft_policy_name(DEFAULTS.adaptive))?;
     defaults.set_item("grammar_drafts", RUNTIME.grammar_drafts)?;
     Ok(defaults)
-}
-
-/// A cost curve's entries as microseconds (each narrowed to `u32`).
-fn narrow_cost_curve(costs: Option<Vec<WideInt>>) -> PyResult<Option<Vec<u32>>> {
-    costs
-        .map(|costs| {
-            costs
-                .into_iter()
-                .map(|c| c.narrow::<u32>("cost_curve"))
-                .collect()
-        })
-        .transpose()
 }
 
 /// The sampler's arguments as `Generator(...)` and `check_sampling` take them, made into parameters in one way
@@ -207,33 +195,6 @@ fn checked_conversation(conversation: Option<(Pairs, String)>) -> PyResult<Optio
     };
     conversation.validate()?;
     Ok(Some(conversation))
-}
-
-/// A logit bias from Python (`{token: bias}`) as ascending entries; the
-/// generator checks the values and the tokens against the vocabulary.
-fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
-    let bias = bias.unwrap_or_default();
-    if bias.len() > SamplingParams::MAX_LOGIT_BIAS {
-        return Err(crate::limits::SettingError {
-            field: "logit_bias",
-            reason: format!(
-                "has {} entries, more than {}",
-                bias.len(),
-                SamplingParams::MAX_LOGIT_BIAS
-            ),
-        }
-        .into());
-    }
-    bias.into_iter()
-        .map(|(token, value)| match i32::try_from(token) {
-            Ok(token) if token >= 0 => Ok((token, value)),
-            _ => Err(crate::limits::SettingError {
-                field: "logit_bias",
-                reason: format!("token {token} is not a token id"),
-            }
-            .into()),
-        })
-        .collect()
 }
 
 /// A log-probability record as Python sees it: `(logprob, [(token, logprob), ...])`.

@@ -642,3 +642,20 @@ def test_the_llama_cpp_python_chat_example_runs(tmp_path: Path) -> None:
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "> What is the capital of France?" and "Paris" in lines[1]
     assert set(json.loads(lines[-1])) == {"topic", "questions"}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded"])
+def test_grammar_drafts_leave_a_schema_reply_as_it_is(tiny_chat: Path, temperature: float) -> None:
+    """``Llama(grammar_drafts=...)``: a reply under a response format's schema is the same on and off."""
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}, "size": {"type": "integer"}}}
+    schema["required"] = ["colour", "size"]
+    response_format: Any = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema}}
+    messages: Any = [{"role": "user", "content": "Describe a thing."}]
+    replies = []
+    for on in (True, False):
+        llm = tiny_llama(tiny_chat, grammar_drafts=on)
+        reply = llm.create_chat_completion(
+            messages, max_tokens=30, temperature=temperature, seed=3, response_format=response_format
+        )
+        replies.append(reply["choices"][0]["message"]["content"])
+    assert replies[0] == replies[1]
