@@ -17,7 +17,15 @@ from openai.types.chat import ChatCompletion as OpenAIChatCompletion
 from openai.types.chat import ChatCompletionChunk as OpenAIChatCompletionChunk
 
 from specstate import Generator, Llama, LlamaGrammar, Model
-from specstate.llama import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, UnsupportedParameterError
+from specstate.llama import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    UnsupportedParameterError,
+    call_settings,
+    read_chat,
+)
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
 
@@ -642,6 +650,39 @@ def test_the_llama_cpp_python_chat_example_runs(tmp_path: Path) -> None:
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "> What is the capital of France?" and "Paris" in lines[1]
     assert set(json.loads(lines[-1])) == {"topic", "questions"}
+
+
+def test_the_calls_run_what_their_arguments_read_into(tiny_chat: Path) -> None:
+    """``create_chat_completion`` and ``create_completion`` read their arguments once (``call_settings``,
+    ``read_chat``) and run ``chat_stream`` and ``completion_stream`` on what they read: a caller that has read them
+    (``specstate serve``) gets the same chunks."""
+    messages = [{"role": "user", "content": "Hi"}]
+    options: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "stop": ["x"], "logprobs": True, "top_logprobs": 2}
+    asked = tiny_llama(tiny_chat).create_chat_completion(messages, stream=True, **options)
+    llama = tiny_llama(tiny_chat)
+    chat = read_chat(messages, llama.template_source, tools=False)
+    assert chat.pairs == (("user", "Hi"),) and not chat.tools
+    typed = llama.chat_stream(chat, call_settings(options, chat=True))
+    assert [c["choices"] for c in typed] == [c["choices"] for c in asked]
+    prompt: dict[str, Any] = {"max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 2}
+    whole = tiny_llama(tiny_chat).create_completion("Once upon", **prompt)
+    streamed = tiny_llama(tiny_chat).completion_stream("Once upon", call_settings(prompt, chat=False)).whole()
+    assert whole["choices"] == streamed["choices"]
+
+
+def test_a_snapshot_of_a_chat_stream_goes_on_token_for_token_in_another_llama(tiny_chat: Path) -> None:
+    """``ChatStream.snapshot``: the reply between two chunks, the stream going on; another ``Llama`` resumes it
+    (``resume_chat``) with the chunks the stream went on with, sampled too."""
+    messages = [{"role": "user", "content": "Hi"}]
+    stream = tiny_llama(tiny_chat).create_chat_completion(
+        messages, stream=True, max_tokens=40, temperature=0.9, seed=5, stop=["\n\n"]
+    )
+    head = [next(stream) for _ in range(8)]
+    taken = stream.snapshot()
+    assert taken is not None and head[0]["choices"][0]["delta"] == {"role": "assistant"}
+    rest = list(stream)
+    resumed = list(tiny_llama(tiny_chat).resume_chat(taken))
+    assert [c["choices"] for c in resumed] == [c["choices"] for c in rest]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded"])

@@ -23,7 +23,9 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from specstate import Generator, Llama, Model
 from specstate.serve import RequestLimits, ServerConfig, build_app
-from specstate.serve.ray import _unsupported
+from specstate.serve.cache import DEFAULT_TENANT
+from specstate.serve.jobs import Job
+from specstate.serve.ray import _Running
 from specstate.serve.request import read_request
 from specstate_testkit import models
 from test_chat import TINY_TEMPLATE
@@ -78,9 +80,14 @@ def config(path: Path, **changes: object) -> ServerConfig:
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def live(tiny_chat: Path) -> Iterator[Live]:
-    server = Live(config(tiny_chat, slots=2))
+#: The backends a test of what a request means runs against: the slot threads, and two Ray workers.
+BACKENDS = {"slots": 0, "ray": 2}
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def live(request: pytest.FixtureRequest, tiny_chat: Path) -> Iterator[Live]:
+    """A server of two slots, on each backend (one server each for the module)."""
+    server = Live(config(tiny_chat, slots=2, ray_workers=BACKENDS[request.param]))
     yield server
     server.stop()
 
@@ -117,8 +124,15 @@ def test_a_follow_up_turn_continues_the_held_conversation(live: Live, tiny_chat:
     messages += [{"role": "user", "content": "Go on."}]
     second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
     assert second.choices[0].message.content
-    held = [slot.llama.chat_generator for slot in live.state.slots if slot.llama is not None]
-    assert any(g is not None and len(g.messages) == 4 for g in held)  # continued, not re-sent twice
+    driver = live.state.driver
+    if driver is None:
+        held = [slot.llama.chat_generator for slot in live.state.slots if slot.llama is not None]
+        assert any(g is not None and len(g.messages) == 4 for g in held)  # continued, not re-sent twice
+    else:  # the follow-up went to the worker holding the conversation, which continued it there
+        pairs = [(m["role"], str(m["content"])) for m in messages]
+        pairs.append(("assistant", second.choices[0].message.content))
+        holders = {driver.holder_of(pairs[:n], DEFAULT_TENANT) for n in (2, 4)}
+        assert len(holders) == 1 and None not in holders
 
 
 def test_a_restarted_server_continues_a_conversation_from_its_cache_directory(tiny_chat: Path, tmp_path: Path) -> None:
@@ -327,80 +341,102 @@ def test_a_higher_priority_request_parks_a_running_reply_that_then_resumes_exact
         assert answer.choices[0].message.content == expected and answer.usage.completion_tokens == 3000
 
 
-def test_served_from_ray_workers_a_stream_survives_its_workers_death(tiny_chat: Path) -> None:
-    """``--ray-workers``: generations on a pool; killing the worker of a running stream, the pool recovers the
-    generation from its last checkpoint on the other worker and the client's text is the uninterrupted reply."""
-    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, limits=RequestLimits(max_tokens=3000)))
+def sampled_stream(client: openai.OpenAI, driver: Any, kill_at: int | None) -> str:
+    """A seeded sampled chat's streamed text, its worker killed at its ``kill_at``-th chunk (None: not)."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Sing."}]
+    pieces: list[str] = []
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=300, temperature=1.0, seed=11, stream=True
+    ):
+        pieces.append(chunk.choices[0].delta.content or "")
+        if len(pieces) == kill_at:
+            (running,) = [index for index, worker in enumerate(driver.workers) if worker.running]
+            os.kill(driver.worker_pid(running), signal.SIGKILL)
+    return "".join(pieces)
+
+
+def test_ray_workers_lose_nothing_when_a_worker_dies(tiny_chat: Path) -> None:
+    """``--ray-workers 4``: the worker of a running stream is killed, and the stream goes on from another worker,
+    its text the uninterrupted reply (a sampled one from its latest snapshot, a greedy one run again); the
+    follow-up turn goes to the worker that finished the first; that one is killed too, and the next turn continues
+    the conversation from its checkpoint on another worker, exactly; the same conversation from another tenant
+    (another ``user``) is neither continued nor restored."""
+    server = Live(config(tiny_chat, ray_workers=4, n_ctx=4096, limits=RequestLimits(max_tokens=600)))
+    driver = server.state.driver
+    assert driver is not None
+    turns = ["Tell me a long story.", "Go on.", "And then?"]
+    replies: list[str] = []
     try:
         client = server.client()
-        story: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a long story."}]
-        stream = client.chat.completions.create(
-            model=MODEL, messages=story, max_tokens=1500, temperature=0, stream=True
-        )
-        driver = server.state.driver
-        assert driver is not None
-        pieces = []
-        for chunk in stream:
+        sampled = sampled_stream(client, driver, kill_at=40)  # resumed from its latest snapshot
+        assert sampled == sampled_stream(client, driver, kill_at=None)  # the reply it gets uninterrupted
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": turns[0]}]
+        pieces: list[str] = []
+        for chunk in client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=400, temperature=0, stream=True
+        ):
             pieces.append(chunk.choices[0].delta.content or "")
-            if len(pieces) == 40:
-                (active,) = driver._active
-                os.kill(driver.pool.worker_pid(driver.pool.worker_of(active.handle)), signal.SIGKILL)
-        with pytest.raises(openai.BadRequestError, match="stop"):
-            client.chat.completions.create(model=MODEL, messages=story, max_tokens=4, stop=["x"])
-        with pytest.raises(openai.BadRequestError, match="min_p"):  # the worker's own check
-            client.chat.completions.create(model=MODEL, messages=story, max_tokens=4, extra_body={"min_p": 2.0})
-        stats = driver.pool.stats(active.handle)
+            if len(pieces) == 20:
+                (running,) = [index for index, worker in enumerate(driver.workers) if worker.running]
+                os.kill(driver.worker_pid(running), signal.SIGKILL)
+        replies.append("".join(pieces))
+        killed = {running}
+        for turn in turns[1:]:
+            before = [(str(m["role"]), str(m["content"])) for m in messages] + [("assistant", replies[-1])]
+            messages += [{"role": "assistant", "content": replies[-1]}, {"role": "user", "content": turn}]
+            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+            replies.append(reply.choices[0].message.content or "")
+            holder = driver.holder_of([*before, ("user", turn), ("assistant", replies[-1])], DEFAULT_TENANT)
+            assert holder is not None and holder not in killed
+            if turn == turns[1]:  # the worker that held the conversation continued it; now it dies
+                assert holder == driver.holder_of(before, DEFAULT_TENANT)
+                os.kill(driver.worker_pid(holder), signal.SIGKILL)
+                killed.add(holder)
+                deadline = time.monotonic() + 30
+                while driver.workers[holder].alive:  # the driver finds it dead at its next poll
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+        other = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, user="u")
+        assert other.choices[0].message.content is not None  # another tenant: nothing of the conversation reused
+        metrics = server.get("/metrics")[1]
     finally:
         server.stop()
-    assert stats.recoveries == 1 and stats.divergences == 0
-    generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
-    assert "".join(pieces) == generator.chat("Tell me a long story.", max_tokens=1500)
+    assert "specstate_ray_requests_rerun_total 1" in metrics and "specstate_conversations_restored_total 1" in metrics
+    assert "specstate_ray_requests_resumed_total 1" in metrics
+    generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)  # the same turns in one process
+    assert replies == [generator.chat(turn, max_tokens=400 if i == 0 else 12) for i, turn in enumerate(turns)]
 
 
-def test_ray_workers_rebalance_when_generations_end_unevenly(tiny_chat: Path) -> None:
-    """Two long streams on one worker and a short one on the other: when the short one ends, the newest long one
-    migrates to the idle worker, and both texts are still the uninterrupted replies."""
-    server = Live(config(tiny_chat, ray_workers=2, n_ctx=4096, limits=RequestLimits(max_tokens=3000)))
-    client = server.client()
-    texts: dict[str, list[str]] = {}
+def test_a_rerun_sends_its_client_only_the_text_it_does_not_have() -> None:
+    """A request run again after its worker died: its chunks keep the first run's labels, and its client is sent
+    only the text after what it has (the role chunk once); a sampled stream without a seed is not run again."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "stream": True}
+    request = read_request("chat", body, RequestLimits(), model_name=MODEL, template_source="")
+    running = _Running(Job(request, lambda item: None), 0)
 
-    def stream(name: str, prompt: str, tokens: int) -> threading.Thread:
-        texts[name] = []
-        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
+    def chunk(delta: dict[str, str], ident: str) -> dict[str, Any]:
+        return {"id": ident, "created": 1, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
-        def read() -> None:
-            chunks = client.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=tokens, temperature=0, stream=True
-            )
-            texts[name].extend(c.choices[0].delta.content or "" for c in chunks)
-
-        thread = threading.Thread(target=read)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while not texts[name] and thread.is_alive():  # placed before the next one is sent
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        return thread
-
-    try:
-        threads = [
-            stream("first", "Tell me a long story.", 1200),  # worker 0
-            stream("short", "Hi", 200),  # worker 1 (the least loaded); it ends well before the long ones
-            stream("second", "Tell me another long story.", 1200),  # worker 0 (a tie goes to the lower id)
-        ]
-        for thread in threads:
-            thread.join(timeout=120)
-        assert "specstate_migrations_total 1" in server.get("/metrics")[1]
-    finally:
-        server.stop()
-    for name, prompt in (("first", "Tell me a long story."), ("second", "Tell me another long story.")):
-        generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
-        assert "".join(texts[name]) == generator.chat(prompt, max_tokens=1200), name
+    for delta in ({"role": "assistant"}, {"content": "Hello"}, {"content": " wor"}):
+        assert running.news(chunk(delta, "first")) is not None
+    assert running.reproducible()
+    running.rerun()
+    again = [
+        running.news(chunk(d, "second"))
+        for d in ({"role": "assistant"}, {"content": "Hel"}, {"content": "lo world"}, {})
+    ]
+    assert again[:2] == [None, None]
+    assert again[2] is not None and again[2]["choices"][0]["delta"]["content"] == "ld" and again[2]["id"] == "first"
+    assert again[3] is not None and again[3]["id"] == "first"
+    sampled = read_request("chat", {**body, "temperature": 0.7}, RequestLimits(), model_name=MODEL, template_source="")
+    running = _Running(Job(sampled, lambda item: None), 0)
+    assert running.reproducible() and running.news(chunk({"content": "Hi"}, "first")) is not None
+    assert not running.reproducible()
 
 
 def test_completions_of_several_prompts_answer_a_choice_each_streamed_and_whole(live: Live, tiny_chat: Path) -> None:
     """OpenAI's list of prompts (LangChain's completions class always sends one): a choice per prompt, in order,
-    the usage summed; a list of token-id lists too; the Ray workers refuse it, and the number is bounded."""
+    the usage summed; a list of token-id lists too; the number is bounded."""
     client = live.client()
     prompts = ["Once upon a time", "The sea"]
     alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0) for p in prompts]
@@ -419,4 +455,4 @@ def test_completions_of_several_prompts_answer_a_choice_each_streamed_and_whole(
     status, error, _ = live.post("/v1/completions", json.dumps({"prompt": ["x"] * 33}).encode())
     assert status == 400 and error["error"]["param"] == "prompt"  # type: ignore[index]
     several = read_request("completion", {"prompt": prompts}, RequestLimits(), model_name=MODEL, template_source="")
-    assert _unsupported(several) == "prompt"
+    assert several.prompts == tuple(prompts)

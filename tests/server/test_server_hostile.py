@@ -22,7 +22,6 @@ from specstate import Model
 from specstate._text import StopScanner
 from specstate.llama import CHAT_TEMPERATURE, TOP_K, Llama
 from specstate.serve.cache import ConversationCache, conversation_key
-from specstate.serve.ray import _unsupported
 from specstate.serve.request import RequestError, RequestLimits, read_request
 from test_server import KEY, MODEL, Live, config, tiny_chat
 
@@ -278,11 +277,11 @@ def test_one_reading_of_a_request_for_both_backends() -> None:
     request = read_request("chat", {"messages": HELLO}, RequestLimits(), model_name=MODEL, template_source="")
     settings = request.call.sampling.settings()  # what a Ray worker generates with
     assert settings["temperature"] == pytest.approx(CHAT_TEMPERATURE) and settings["top_k"] == TOP_K
-    assert request.max_tokens == RequestLimits().max_tokens and request.options["model"] == MODEL
+    assert request.max_tokens == RequestLimits().max_tokens and request.call.model == MODEL
     stopped = read_request(
         "chat", {"messages": HELLO, "stop": "x"}, RequestLimits(), model_name=MODEL, template_source=""
     )
-    assert _unsupported(stopped) == "stop"
+    assert stopped.call.stops == ["x"] and stopped.pairs == (("user", "Hi"),)
     with pytest.raises(RequestError) as refusal:
         read_request(
             "completion", {"prompt": "x", "max_tokens": 2.5}, RequestLimits(), model_name=MODEL, template_source=""
@@ -496,11 +495,11 @@ def test_a_json_schema_that_would_explode_is_refused_before_any_conversion(live:
 
 
 def test_a_schema_is_not_converted_where_requests_are_read() -> None:
-    """The slot converts it, once (the Ray driver, for the Ray workers): a request's reader only bounds it."""
+    """The slot that runs the request converts it, once: a request's reader only bounds it."""
     asked = {"messages": HELLO, "response_format": response_format(optional_properties(3))}
     request = read_request("chat", asked, RequestLimits(), model_name=MODEL, template_source="")
     assert request.call.schema is not None and request.call.sampling.grammar is None
-    assert request.options["response_format"] == asked["response_format"]
+    assert json.loads(request.call.schema) == asked["response_format"]["json_schema"]["schema"]  # type: ignore[index]
     grammar = request.call.converted().sampling.grammar
     assert grammar is not None and "root ::=" in grammar
 

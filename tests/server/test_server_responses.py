@@ -171,23 +171,3 @@ def test_errors_name_the_field(live: Live) -> None:
         "/v1/responses", json.dumps({"input": "x", "tools": [{"type": "web_search"}]}).encode()
     )
     assert status == 400 and cast(Any, answer)["error"]["param"] == "tools"
-
-
-def test_the_ray_backend_answers_both_agent_apis_as_the_slots_do(smollm2_file: Path) -> None:
-    """Both APIs go through the one request reader, so the Ray workers serve them too, with the same replies."""
-    asked = {"model": MODEL, "input": "Name three colours.", "temperature": 0, "max_output_tokens": 8, "store": False}
-    message = {"model": MODEL, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "Hi."}]}
-    answers = []
-    for workers in (0, 2):
-        server = Live(config(smollm2_file, mode="none", n_threads=1, n_ctx=1024, ray_workers=workers))
-        try:
-            status, made, _ = server.post("/v1/responses", json.dumps(asked).encode())
-            assert status == 200, made
-            status, said, _ = server.post("/v1/messages", json.dumps(message).encode())
-            assert status == 200, said
-            streamed = openai_client(server).responses.create(stream=True, **asked)
-            deltas = "".join(event.delta for event in streamed if event.type == "response.output_text.delta")
-            answers.append((cast(Any, made)["output"][0]["content"][0]["text"], cast(Any, said)["content"], deltas))
-        finally:
-            server.stop()
-    assert answers[0] == answers[1] and answers[0][0] == answers[0][2]

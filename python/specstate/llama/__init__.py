@@ -56,11 +56,13 @@ from specstate.llama.options import (
     TOP_P,
     CallSettings,
     ChatCompletionOptions,
+    ChatInput,
     CompletionOptions,
     LlamaGrammar,
     UnsupportedParameterError,
     call_settings,
     chat_pairs,
+    read_chat,
 )
 from specstate.llama.results import (
     ChatStream,
@@ -125,6 +127,7 @@ __all__ = [
     "ChatCompletionMessage",
     "ChatCompletionOptions",
     "ChatCompletionTokenLogprob",
+    "ChatInput",
     "ChatStream",
     "Completion",
     "CompletionChoice",
@@ -147,4 +150,5 @@ __all__ = [
     "call_settings",
     "chat_pairs",
     "joined_completion",
+    "read_chat",
 ]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 from specstate._native import LookupCorpus, Model, SharedEngine
 from specstate._text import StopScanner
 from specstate._typing import DraftPolicy, GeneratorSettings, Mode
-from specstate.chat import as_messages, chat_template, render_tools, template_sha256
+from specstate.chat import as_messages, chat_template, template_sha256
 from specstate.embeddings import EMBEDDING_POOLINGS, CreateEmbeddingResponse, Embedder, Pooling
 from specstate.errors import ChatTemplateError
 from specstate.generator import Generator, encode_prompt
@@ -32,6 +32,7 @@ from specstate.llama.options import (
     NEUTRAL,
     CallSettings,
     ChatCompletionOptions,
+    ChatInput,
     ChatMessage,
     CompletionOptions,
     UnsupportedParameterError,
@@ -42,9 +43,8 @@ from specstate.llama.options import (
     _template_source,
     call_defaults,
     call_settings,
-    chat_pairs,
-    tool_messages,
-    uses_tools,
+    read_chat,
+    tool_prompt,
 )
 from specstate.llama.results import (
     ChatStream,
@@ -469,7 +469,15 @@ class Llama:
         ``finish_reason``). Every argument is checked before anything is decoded.
         """
         streaming = _flag("stream", stream)
-        call = call_settings(options, chat=False, seed=self._seed, last_n=self._last_n)
+        chunks = self.completion_stream(
+            prompt, call_settings(options, chat=False, seed=self._seed, last_n=self._last_n)
+        )
+        return chunks if streaming else chunks.whole()
+
+    def completion_stream(self, prompt: str | Sequence[int], call: CallSettings) -> CompletionStream:
+        """The chunks of the continuation of ``prompt`` with ``call``'s settings (:func:`call_settings` of a
+        completion's options): what :meth:`create_completion` runs once it has read its arguments, and what
+        ``specstate serve`` runs with the settings its request reader made."""
         tokens = self._prompt_tokens(prompt)
         generator, rest = self._continued(tokens, call.sampling)
         generator.set_logprobs(call.top_logprobs)
@@ -482,8 +490,7 @@ class Llama:
             generator, self._remembered(pieces, generator), call.model or self.model_path, f"cmpl-{uuid.uuid4()}"
         )
         run.logprobs = None if call.top_logprobs is None else _LogprobTracker(self.model, generator)
-        chunks = self._completion_stream(run, prompt, tokens, call)
-        return chunks if streaming else chunks.whole()
+        return self._completion_stream(run, prompt, tokens, call)
 
     def _completion_stream(
         self, run: _Run, prompt: str | Sequence[int], tokens: list[int], call: CallSettings
@@ -549,10 +556,29 @@ class Llama:
         """
         streaming = _flag("stream", stream)
         call = call_settings(options, chat=True, seed=self._seed, last_n=self._last_n)
-        if call.tools is not None or uses_tools(messages):
-            return self._tool_chat(messages, call, streaming)
-        template = chat_template(self.model, self._template)
-        generator, new = self._pick(chat_pairs(messages, template.source), call.sampling)
+        chat = read_chat(messages, self.template_source, tools=call.tools is not None)
+        return self._chat(chat, call, streaming)
+
+    @property
+    def template_source(self) -> str:
+        """The source of the chat template this object renders chats with (:func:`read_chat` reads messages
+        against it)."""
+        return chat_template(self.model, self._template).source
+
+    def chat_stream(self, chat: ChatInput, call: CallSettings) -> ChatStream:
+        """The chunks of the reply to ``chat`` (:func:`read_chat`) with ``call``'s settings (:func:`call_settings`
+        of a chat's options; a ``response_format``'s schema left unconverted is converted here): what
+        :meth:`create_chat_completion` runs once it has read its arguments, and what ``specstate serve`` runs
+        with what its request reader made."""
+        stream = self._chat(chat, call, True)
+        assert isinstance(stream, ChatStream)
+        return stream
+
+    def _chat(self, chat: ChatInput, call: CallSettings, streaming: bool) -> ChatCompletion | ChatStream:
+        call = call.converted()
+        if chat.rendered is not None:
+            return self._tool_chat(list(chat.rendered), call, streaming)
+        generator, new = self._pick(list(chat.pairs), call.sampling)
         generator.set_logprobs(call.top_logprobs)
         limit = call.max_tokens or generator.context_length
         text = generator.stream_chat(as_messages(new), max_tokens=limit, template=self._template)
@@ -566,20 +592,13 @@ class Llama:
         return ChatStream(self.release, run) if streaming else _chat_completion(run)
 
     def _tool_chat(
-        self, messages: Sequence[ChatMessage], call: CallSettings, streaming: bool
+        self, messages: list[dict[str, object]], call: CallSettings, streaming: bool
     ) -> ChatCompletion | ChatStream:
         """A chat with tools, or with tool calls and results in its messages: the template renders the messages
         and the tools whole (llama.cpp's ``common_chat_templates_apply``) into a new generation's prompt; with
         ``tool_choice`` ``required`` or a named function, a grammar keeps the reply to calls whose arguments
         follow the functions' schemas; llama.cpp's parser for the template reads the calls out of the reply."""
-        prompt = render_tools(
-            self.model,
-            tool_messages(messages),
-            call.tools,
-            tool_choice=call.tool_choice if call.tools is not None else "none",
-            parallel_tool_calls=call.parallel_tool_calls,
-            template=self._template,
-        )
+        prompt = tool_prompt(self.model, messages, call, self._template)
         sampling = call.sampling
         if call.tools is not None and call.tool_choice != "auto":
             if prompt.tool_call_format is None:

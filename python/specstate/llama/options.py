@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from specstate import _defaults
-from specstate._native import check_sampling, json_schema_to_grammar
+from specstate._native import Model, check_sampling, json_schema_to_grammar
 from specstate._typing import GeneratorConfig, GeneratorSettings, SamplingSettings
+from specstate.chat import ToolPrompt, render_tools
 
 if TYPE_CHECKING:
     pass
@@ -630,6 +631,56 @@ def _tool_message(index: int, message: object) -> dict[str, object]:
                 raise ValueError(f"messages[{index}]: {key!r} must be a string")
             entry[key] = message[key]
     return entry
+
+
+@dataclass(frozen=True)
+class ChatInput:
+    """A chat's messages, read once (:func:`read_chat`): what :meth:`Llama.chat_stream` generates a reply to."""
+
+    #: Each message's ``(role, text)`` (a call's or tool result's text for a message with tools): what a held or
+    #: cached conversation is compared with.
+    pairs: tuple[tuple[str, str], ...]
+    #: A chat with tools (its tools, or tool calls and results in its messages): the messages as the template
+    #: receives them (:func:`tool_messages`), rendered whole; None for a plain chat, rendered from :attr:`pairs`.
+    rendered: tuple[dict[str, object], ...] | None = None
+
+    @property
+    def tools(self) -> bool:
+        """Whether the chat is rendered with the tools' machinery (not continued from a held conversation)."""
+        return self.rendered is not None
+
+
+def read_chat(messages: object, template_source: str, *, tools: bool) -> ChatInput:
+    """A chat's messages, each checked (see :meth:`Llama.create_chat_completion`): rendered with the tools'
+    machinery when the call gives ``tools`` or the messages hold tool calls or results, else as
+    :func:`chat_pairs` reads them (``template_source``: the chat template's)."""
+    if tools or uses_tools(messages):
+        rendered = tool_messages(messages)
+        return ChatInput(tuple((str(m["role"]), _text_of(m)) for m in rendered), tuple(rendered))
+    return ChatInput(tuple(chat_pairs(messages, template_source)))
+
+
+def tool_prompt(
+    model: Model, messages: Sequence[Mapping[str, object]], call: CallSettings, template: str | None
+) -> ToolPrompt:
+    """The prompt of a chat with tools (:attr:`ChatInput.rendered`) with ``call``'s tools, choice and parallelism,
+    rendered by the chat template (``template``: a Jinja source or a format's name; None: the model's own), as
+    :meth:`Llama.chat_stream` decodes it (``specstate serve`` counts its tokens for Anthropic's
+    ``count_tokens``)."""
+    return render_tools(
+        model,
+        list(messages),
+        call.tools,
+        tool_choice=call.tool_choice if call.tools is not None else "none",
+        parallel_tool_calls=call.parallel_tool_calls,
+        template=template,
+    )
+
+
+def _text_of(message: Mapping[str, object]) -> str:
+    """A message of a chat with tools as the text its conversation key reads: its content, or its calls."""
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(message.get("tool_calls"), sort_keys=True)
 
 
 def chat_pairs(messages: object, template_source: str) -> list[tuple[str, str]]:

@@ -436,10 +436,11 @@ class ChatStream(Iterator[ChatCompletionChunk]):
         scanner = self._run.scanner
         return None if scanner is None else scanner.matched
 
-    def park(self) -> ParkedChat | None:
-        """Pause the reply: its checkpoint and state, the stream closed and the generation let go (its contexts
-        freed once nothing else holds it). None, and nothing changes, if the reply is complete but for its last
-        chunks (it ended, or a stop string cut it) or no chunk was taken yet."""
+    def snapshot(self) -> ParkedChat | None:
+        """The reply's state between two chunks, as :meth:`park` gives it, the stream going on: what
+        :meth:`Llama.resume_chat` continues from, token for token, in any process (``specstate serve``'s Ray
+        driver keeps the latest one of a sampled stream, to resume it elsewhere if its worker dies). None where
+        :meth:`park` gives None."""
         run, generator = self._run, self._run.generator
         scanner = run.scanner
         if not self._started or scanner is None or scanner.stopped or generator.finished:
@@ -448,7 +449,7 @@ class ChatStream(Iterator[ChatCompletionChunk]):
         if remaining <= 0:
             return None
         tracker = run.logprobs
-        parked = ParkedChat(
+        return ParkedChat(
             generator.checkpoint(),
             remaining,
             scanner.stops,
@@ -458,8 +459,15 @@ class ChatStream(Iterator[ChatCompletionChunk]):
             run.model,
             None if tracker is None else (tracker.reported, tracker.sent),
         )
-        self._chunks.close()
-        self._release(generator)
+
+    def park(self) -> ParkedChat | None:
+        """Pause the reply: its checkpoint and state (:meth:`snapshot`), the stream closed and the generation let
+        go (its contexts freed once nothing else holds it). None, and nothing changes, if the reply is complete but
+        for its last chunks (it ended, or a stop string cut it) or no chunk was taken yet."""
+        parked = self.snapshot()
+        if parked is not None:
+            self._chunks.close()
+            self._release(self._run.generator)
         return parked
 
 
@@ -506,11 +514,14 @@ def _tool_chat_chunks(run: _Run, reader: ToolCallStream) -> PyGenerator[ChatComp
 
 class ToolChatStream(ChatStream):
     """The chunks of a streamed chat completion with tools (:func:`_tool_chat_chunks`). It does not park
-    (:meth:`park` is always None): a reply with tools is rendered whole from its messages."""
+    (:meth:`park` and :meth:`snapshot` are always None): a reply with tools is rendered whole from its messages."""
 
     def __init__(self, run: _Run, reader: ToolCallStream) -> None:
         self._run, self._started = run, False
         self._chunks = _tool_chat_chunks(run, reader)
+
+    def snapshot(self) -> ParkedChat | None:
+        return None
 
     def park(self) -> ParkedChat | None:
         return None

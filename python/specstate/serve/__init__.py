@@ -8,7 +8,9 @@ Modules, each one concern, none importing another in a circle:
 - :mod:`~specstate.serve.cache`: conversations that come back;
 - :mod:`~specstate.serve.scheduler`: the queue, priorities and parking;
 - :mod:`~specstate.serve.slots`: the slot backend (threads that each own a ``Llama``);
-- :mod:`~specstate.serve.ray`: the Ray backend (a pool of workers);
+- :mod:`~specstate.serve.ray`: the Ray backend: the slot backend on each of several Ray workers, and the driver
+  that places requests on them and streams their results back (the worker actor in
+  :mod:`~specstate.serve.ray_worker`);
 - :mod:`~specstate.serve.app`: HTTP (Starlette under uvicorn).
 """
 

@@ -12,7 +12,9 @@ generator's contexts belong to the thread that made it) and take requests from
 one bounded queue, the highest ``priority`` first (a request field, an integer,
 default 0); a full queue answers 429 with ``Retry-After``. A client that
 disconnects stops its generation after the piece being made. The GIL is released
-in native compute, so slots run side by side.
+in native compute, so slots run side by side. With ``ray_workers``, each of that
+many Ray workers runs slots of its own, as these do, on the same requests
+(:mod:`specstate.serve.ray`).
 
 Preemption without loss: a request that finds every slot busy, one of them with
 a chat of lower priority, has that reply parked -- checkpointed between
@@ -61,9 +63,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from specstate import Model, SharedEngine
-from specstate.chat import chat_template, render_tools
+from specstate.chat import chat_template
 from specstate.errors import ChatTemplateError
-from specstate.llama import ChatStream
+from specstate.llama.options import tool_prompt
 from specstate.serve import messages, responses
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.config import ServerConfig
@@ -71,10 +73,10 @@ from specstate.serve.embeddings import EmbeddingJob, Embeddings, read_embedding_
 from specstate.serve.jobs import DONE, Job, Metrics
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
-from specstate.serve.slots import Slot, shared_engine
+from specstate.serve.slots import Slot, start_slots
 
 if TYPE_CHECKING:
-    from specstate.serve.ray import PoolDriver
+    from specstate.serve.ray import RayDriver
 
 __all__ = ["Server", "build_app", "running", "serve"]
 
@@ -101,9 +103,9 @@ class Server:
         self.scheduler = Scheduler(config.queue, config.slots, config.parked_bytes, config.spill_dir)
         self.cache = ConversationCache(config.cache_bytes, config.cache_dir, config.cache_dir_bytes)
         self.slots: list[Slot] = []
-        #: The engine the slots' generations decode on together (None: separate slots, or the Ray pool).
+        #: The engine the slots' generations decode on together (None: separate slots, or the Ray workers).
         self.engine: SharedEngine | None = None
-        self.driver: PoolDriver | None = None
+        self.driver: RayDriver | None = None
         self.started = int(time.time())
         #: The chat template's source, once the model is loaded ("" for a model without one).
         self.template = ""
@@ -131,7 +133,7 @@ class Server:
         self.keys = [(f"Bearer {key}".encode(), key_identity(key) if len(keys) > 1 else DEFAULT_TENANT) for key in keys]
 
     def submit(self, job: Job) -> None:
-        """Queue ``job`` on the slots or the Ray pool (:class:`RequestError` 429 when full)."""
+        """Queue ``job`` on the slots or the Ray workers (:class:`RequestError` 429 when full)."""
         if self.driver is not None:
             self.driver.submit(job)
         else:
@@ -144,32 +146,23 @@ class Server:
         return self.scheduler.depth(), self.scheduler.busy, self.scheduler.parked()
 
     def start(self) -> None:
-        """Start the slots (or the Ray pool) and wait until each has loaded its model (raising the first failure)."""
+        """Start the slots (or the Ray workers, each with slots of its own) and wait until each has loaded its model
+        (raising the first failure)."""
         if self.config.ray_workers:
-            from specstate.serve.ray import PoolDriver
+            from specstate.serve.ray import RayDriver
 
-            self.driver = PoolDriver(self.config, self.metrics, self.config.ray_workers, self.config.ray_address)
+            self.driver = RayDriver(
+                self.config, self.metrics, self.cache, self.config.ray_workers, self.config.ray_address
+            )
             self.driver.start()
             self.driver.loaded.wait()
             if self.driver.error is not None:
                 raise self.driver.error
+            assert self.driver.model is not None
             self.model = self.driver.model
             self.template = _template_source(self.model, self.config)
             return
-        self.engine = shared_engine(self.config)
-        cost_curve = None  # the adaptive policy's, measured by the first slot and pinned for every slot
-        for _ in range(self.config.slots):
-            loaded = threading.Event()
-            slot = Slot(
-                self.config, self.scheduler, self.metrics, self.cache, loaded, self.engine, cost_curve, self.corpora
-            )
-            slot.start()
-            loaded.wait()
-            if slot.error is not None:
-                self.scheduler.close()
-                raise slot.error
-            self.slots.append(slot)
-            cost_curve = slot.cost_curve
+        self.slots, self.engine = start_slots(self.config, self.scheduler, self.metrics, self.cache, self.corpora, None)
         assert self.slots[0].llama is not None
         self.model = self.slots[0].llama.model
         self.template = _template_source(self.model, self.config)
@@ -246,15 +239,8 @@ class Server:
         assert self.model is not None
         if not read.tools:
             return len(chat_template(self.model, self.config.chat_template).prompt_tokens(list(read.pairs)))
-        options = read.options
-        choice = options.get("tool_choice", "auto")
-        prompt = render_tools(
-            self.model,
-            options["messages"],
-            options.get("tools"),
-            tool_choice=choice,
-            template=self.config.chat_template,
-        )
+        assert read.chat is not None and read.chat.rendered is not None
+        prompt = tool_prompt(self.model, read.chat.rendered, read.call, self.config.chat_template)
         return len(prompt.tokens())
 
     async def embed(self, request: Request) -> Response:
@@ -294,7 +280,7 @@ class Server:
     def health(self) -> tuple[dict[str, Any], int]:
         """``/health``'s body and status: 503 when nothing serves, "degraded" when a slot does not."""
         if self.driver is not None:
-            total = serving = int(self.driver.is_alive())
+            total, serving = self.config.ray_workers, self.driver.serving()
         else:
             total, serving = len(self.slots), sum(slot.serving() for slot in self.slots)
         status = "ok" if serving == total else "degraded" if serving else "unavailable"
@@ -652,7 +638,7 @@ async def _said(
 
 def _stop_sequence(job: Job) -> str | None:
     """The stop string that ended the job's reply, if one did."""
-    return job.chunks.stop_sequence if isinstance(job.chunks, ChatStream) else None
+    return job.stop_sequence
 
 
 def _event(payload: object) -> str:

@@ -75,7 +75,8 @@ class ServerConfig:
             high=MAX_THREADS,
         ),
     )
-    slots: int = field(default=1, metadata=_option("generations run at once", low=1, high=64))
+    #: Generations run at once (on each Ray worker, with ``ray_workers``).
+    slots: int = field(default=1, metadata=_option("generations run at once (on each Ray worker)", low=1, high=64))
     #: Give each slot a model and context of its own instead of decoding every slot's generation in one batched
     #: engine (``draft``, ``mtp`` and ``eagle3`` modes always have separate slots).
     separate_slots: bool = field(
@@ -150,7 +151,7 @@ class ServerConfig:
     embedding_queue: int = field(
         default=16, metadata=_option("embeddings requests that may wait for a worker", low=0, high=1 << 16)
     )
-    #: Serve from a pool of this many Ray workers (``slots`` generations each) instead of slot threads.
+    #: Serve from this many Ray workers, each running ``slots`` slots as the server does without Ray.
     ray_workers: int = field(
         default=0, metadata=_option("serve from this many Ray workers (needs the ray extra)", low=0, high=1024)
     )

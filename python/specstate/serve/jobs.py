@@ -41,6 +41,10 @@ class Job:
     chunks: Iterator[Any] | None = None
     #: The last chunk made (what labels a stream's usage chunk).
     last: Any = None
+    #: The stop string that ended a chat's reply, once it is done (None: none did).
+    stop_sequence: str | None = None
+    #: Chunks of a streamed chat between two :class:`Snapshot` s it delivers (0: none).
+    snapshot_every: int = 0
 
     @property
     def kind(self) -> str:
@@ -62,6 +66,15 @@ class Job:
 
 
 DONE = object()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A streamed chat's reply between two chunks (:meth:`ChatStream.snapshot`), delivered among its chunks when
+    the job asks (:attr:`Job.snapshot_every`): what the Ray driver resumes the reply from, exactly, on another
+    worker if the one running it dies."""
+
+    parked: ParkedChat
 
 
 class Completions(Iterator[Any]):
@@ -107,12 +120,17 @@ class Completions(Iterator[Any]):
 
     def whole(self, chunks: list[Any]) -> dict[str, Any]:
         """The ``text_completion`` that the chunks of every prompt make."""
-        usage = self.usage()
-        choices = []
-        for index in range(len(self._prompts)):
-            own = [chunk for chunk in chunks if chunk["choices"][0]["index"] == index]
-            choices.append({**joined_completion(own, usage)["choices"][0], "index": index})
-        return {**joined_completion(chunks, usage), "choices": choices}
+        return joined_prompts(chunks, self.usage(), len(self._prompts))
+
+
+def joined_prompts(chunks: list[Any], usage: CompletionUsage, prompts: int) -> dict[str, Any]:
+    """The ``text_completion`` that the chunks of a request's ``prompts`` make (:class:`Completions`' chunks), a
+    choice per prompt."""
+    choices = []
+    for index in range(prompts):
+        own = [chunk for chunk in chunks if chunk["choices"][0]["index"] == index]
+        choices.append({**joined_completion(own, usage)["choices"][0], "index": index})
+    return {**joined_completion(chunks, usage), "choices": choices}
 
 
 class Metrics:
@@ -126,6 +144,16 @@ class Metrics:
     def add(self, name: str, value: int = 1) -> None:
         with self._lock:
             self.counts[name] += value
+
+    def merge(self, counts: Mapping[str, int]) -> None:
+        """Add ``counts`` (another process's counters' increase) to these."""
+        with self._lock:
+            self.counts.update(counts)
+
+    def snapshot(self) -> Counter[str]:
+        """The counters as they are now."""
+        with self._lock:
+            return self.counts.copy()
 
     def request(self, endpoint: str, status: int) -> None:
         with self._lock:

@@ -1,261 +1,461 @@
-"""``specstate serve --ray``: the server's generations on a :class:`specstate.cluster.Pool` of Ray workers.
+"""``specstate serve --ray-workers N``: the slot backend, scaled out over Ray workers.
 
-One driver thread owns the pool (a pool is driven from one thread): it submits
-each request as a generation, pumps the pool, and hands each generation's new
-text to its request as OpenAI chunks. The pool places generations by load (and the
-driver migrates one when generations end unevenly) and,
-with ``checkpoint_every``, recovers a killed worker's generations from their
-last checkpoints: their streams go on exactly, the regenerated tokens compared
-with those already sent (``specstate.cluster``). A client that disconnects has
-its generation preempted (stopped, its worker freed).
+Each worker (:class:`~specstate.serve.ray_worker.ServeWorker`, a Ray actor) runs what the server runs without
+Ray: ``slots`` slots, their generations batched on one engine where the mode batches, a scheduler with
+priorities and parking, a conversation cache and the tenants' lookup corpora. A request is read once, by the
+server's request reader, and the worker's slot runs the :class:`~specstate.serve.request.ServerRequest` as it is,
+with :class:`specstate.Llama`'s own calls and result builder: stop strings, log-probabilities, ``echo``, tools,
+``response_format`` and grammars, several prompts, the adaptive draft policy (the cost curve measured by the first
+worker and pinned in every other), tenants, and both agent APIs, as the slot backend serves them.
 
-A request here is a prompt: a chat's messages are rendered with the model's chat
-template and the reply generated after them. Requests are read by the same step
-as the slot server's (:func:`specstate.serve.request.read_request`: the same
-checks, limits and llama-cpp-python defaults), so a request means the same
-generation on either backend; ``max_tokens``, the sampler chain's parameters and
-the grammar (``response_format`` included) are honoured, and what the pool does
-not do is refused with 400 (stop strings, log-probabilities, ``echo``, several
-prompts in one completion request; the slot
-server, without ``--ray``, has them, and priorities and conversations continued
-from checkpoints).
+One driver thread places requests and streams their results back: the highest priority first, each on the worker
+that holds its conversation when that worker has a free slot, else on the least loaded one with a free slot (a
+request of higher priority than a chat running there goes to that worker, whose scheduler parks the chat). Every
+finished chat turn's checkpoint comes back to the driver and is kept in the server's conversation cache, so a
+follow-up turn whose worker is busy or died is given its conversation's checkpoint and continues it exactly on
+another worker. A worker that dies costs its requests nothing they can see where that can be done exactly: a
+request its client has seen nothing of yet runs again on another worker; a sampled chat's stream goes on there
+from the latest snapshot its worker reported (every :data:`SNAPSHOT_CHUNKS` chunks: its checkpoint between two
+chunks), and a greedy or seeded stream runs again, its client sent only what comes after the text it has. A
+stream with log-probabilities that its client has begun, and a sampled one without a seed and with no snapshot
+yet (a chat with tools, or one within its first snapshot's chunks), end with a 500. A client that disconnects
+has its generation stopped before its next token.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
+import logging
 import queue
 import threading
 import time
 import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specstate import Model
-from specstate.chat import chat_template
-from specstate.llama.results import (
-    chat_chunk,
-    chat_result,
-    completion_chunk,
-    completion_result,
-    reply_tokens,
-    usage_chunk,
-    usage_counts,
-)
-from specstate.llama.types import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionDelta,
-    ChatCompletionMessage,
-    Completion,
-    CompletionChunk,
-    CompletionUsage,
-    FinishReason,
-)
+from specstate.llama import ParkedChat
+from specstate.llama.results import joined_chat
+from specstate.serve.cache import ConversationCache, conversation_key, conversation_keys
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics
-from specstate.serve.request import RequestError, ServerRequest
+from specstate.serve.jobs import DONE, Job, Metrics, Snapshot, joined_prompts
+from specstate.serve.ray_worker import Conversation, Finished, Report, ServeWorker, worker_config
+from specstate.serve.request import RequestError
 
-__all__ = ["PoolDriver"]
-#: Tokens a worker checkpoints after, so that a killed worker's generations recover.
-CHECKPOINT_EVERY = 16
+__all__ = ["RayDriver"]
+
+#: Seconds a worker waits for its slots' next results before it reports none (it reports as soon as it has some).
+POLL_SECONDS = 0.5
+
+#: Seconds the driver waits for a worker's report before it looks at its queue again.
+WAIT_SECONDS = 0.02
+
+#: Conversations whose worker the driver remembers (the least recently finished forgotten beyond them: a follow-up
+#: turn of a forgotten one goes to any worker, with its checkpoint when the cache has it).
+HELD_CONVERSATIONS = 4096
+
+#: Chunks of a sampled stream between two snapshots of it that the driver keeps (what it resumes from if its worker
+#: dies).
+SNAPSHOT_CHUNKS = 16
+
+#: Calls a worker runs at once: its results are asked for while requests are handed to it.
+WORKER_CONCURRENCY = 4
 
 
 @dataclass
-class _Active:
+class _Worker:
+    """A worker actor, as the driver sees it."""
+
+    actor: Any
+    pid: int
+    alive: bool = True
+    #: Its outstanding :meth:`ServeWorker.poll` call.
+    poll: Any = None
+    #: The requests it runs, by id.
+    running: dict[str, _Running] = field(default_factory=dict)
+
+
+@dataclass
+class _Running:
+    """A request placed on a worker, and what its client has been sent."""
+
     job: Job
-    handle: Any
-    id: str
-    created: int
-    chat: bool
-    prompt_tokens: int
-    started: bool = False
-    text: list[str] = field(default_factory=list)
+    worker: int
+    #: The chunks of a whole answer so far.
+    collected: list[Any] = field(default_factory=list)
+    usage: Any = None
+    #: The ``id`` and ``created`` of the first chunk sent (every later chunk says the same).
+    labels: tuple[str, int] | None = None
+    #: Characters of each choice's text the client has, and whether it has the role chunk.
+    sent: Counter[int] = field(default_factory=Counter)
+    role_sent: bool = False
+    #: Characters of each choice's text this run of the request has produced (a rerun's text up to ``sent`` is
+    #: what the client has already).
+    produced: Counter[int] = field(default_factory=Counter)
+    #: A sampled stream's latest snapshot, and the characters of each choice's text produced before it.
+    snapshot: tuple[ParkedChat, Counter[int]] | None = None
+
+    def snapshots(self) -> int:
+        """Chunks between the snapshots the request's worker reports: a sampled chat's stream (without a seed, its
+        rerun would not be the reply its client has begun; with one, it would be, after all its tokens again), with
+        no tools and no log-probabilities; 0: none."""
+        request = self.job.request
+        call = request.call
+        sampled = call.sampling.temperature > 0 and call.top_logprobs is None
+        return SNAPSHOT_CHUNKS if self.job.stream and request.chat is not None and not request.tools and sampled else 0
+
+    def rerun(self) -> ParkedChat | None:
+        """Go on on another worker: from the latest snapshot, if there is one (returned), else from the start."""
+        self.collected, self.usage = [], None
+        if self.snapshot is None:
+            self.produced = Counter()
+            return None
+        parked, produced = self.snapshot
+        self.produced = Counter(produced)
+        return parked
+
+    def news(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """``chunk`` as its client is to get it (labelled as the first one; only the text it does not have yet),
+        or None when it has all of it."""
+        if self.labels is None:
+            self.labels = chunk["id"], chunk["created"]
+        chunk = {**chunk, "id": self.labels[0], "created": self.labels[1]}
+        if not chunk["choices"]:
+            return chunk
+        choice = chunk["choices"][0]
+        index, delta = choice["index"], choice.get("delta")
+        if delta is not None and "role" in delta:
+            if self.role_sent:
+                return None
+            self.role_sent = True
+        text = (delta or {}).get("content") if delta is not None else choice.get("text")
+        if not text:
+            return chunk
+        start = self.produced[index]
+        self.produced[index] += len(text)
+        fresh = text[max(0, self.sent[index] - start) :]
+        if not fresh:
+            return None
+        self.sent[index] += len(fresh)
+        if fresh == text:
+            return chunk
+        changed = {**choice, "delta": {**delta, "content": fresh}} if delta is not None else {**choice, "text": fresh}
+        return {**chunk, "choices": [changed]}
+
+    def reproducible(self) -> bool:
+        """Whether going on elsewhere gives what its client was sent: nothing was sent, or the request has a
+        snapshot, or its generation is greedy or seeded and reports no log-probabilities."""
+        call = self.job.request.call
+        if not self.job.stream or (not self.sent and not self.role_sent) or self.snapshot is not None:
+            return True
+        return call.sampling.seed is not None and call.top_logprobs is None
 
 
-class PoolDriver(threading.Thread):
-    """The thread that owns the pool and runs every request on it."""
+class RayDriver(threading.Thread):
+    """The thread that runs the server's requests on Ray workers (see the module's docstring); ``cache``: the
+    server's conversation cache, which keeps every worker's finished conversations."""
 
-    def __init__(self, config: ServerConfig, metrics: Metrics, workers: int, address: str | None) -> None:
-        super().__init__(daemon=True, name="specstate-pool")
-        self.config, self.metrics, self.workers, self.address = config, metrics, workers, address
+    def __init__(
+        self, config: ServerConfig, metrics: Metrics, cache: ConversationCache, workers: int, address: str | None
+    ) -> None:
+        super().__init__(daemon=True, name="specstate-ray")
+        self.config, self.metrics, self.cache, self.address = config, metrics, cache, address
+        self.count = workers
         self._incoming: queue.Queue[Job] = queue.Queue()
-        self._active: list[_Active] = []
+        self._waiting: list[Job] = []
+        self._submitted = 0
+        self._lock = threading.Lock()
+        self.workers: list[_Worker] = []
+        #: The worker that finished each conversation's last turn, by conversation key.
+        self._holders: OrderedDict[str, int] = OrderedDict()
         self.loaded = threading.Event()
         self.error: BaseException | None = None
         self.closed = False
-        self.pool: Any = None
+        self.model: Model | None = None
+        self._started_ray = False
+
+    # --- the server's side ---------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
-        unsupported = _unsupported(job.request)
-        if unsupported is not None:
-            raise RequestError(400, f"{unsupported} is not available with --ray-workers", param=unsupported)
-        if self._incoming.qsize() + len(self._active) >= self.config.queue + self.workers * self.config.slots:
-            raise RequestError(429, "the server is busy: every worker is taken and the queue is full", "rate_limit")
-        self._incoming.put(job)
+        """Queue ``job`` (:class:`RequestError` 429 when every slot of every worker is taken and the queue is full)."""
+        with self._lock:
+            free = self.count * self.config.slots - self.busy()
+            if len(self._waiting) + self._incoming.qsize() >= self.config.queue + max(free, 0):
+                raise RequestError(429, "the server is busy: every slot is taken and the queue is full", "rate_limit")
+            self._submitted += 1
+            job.order = self._submitted
+            self._incoming.put(job)
 
     def depth(self) -> int:
-        return self._incoming.qsize()
+        """Requests waiting for a worker's slot."""
+        return len(self._waiting) + self._incoming.qsize()
 
     def busy(self) -> int:
-        return len(self._active)
+        """Requests placed on workers."""
+        return sum(len(worker.running) for worker in self.workers)
+
+    def serving(self) -> int:
+        """Workers alive (as far as the driver knows)."""
+        return sum(worker.alive for worker in self.workers) if self.is_alive() else 0
+
+    def worker_pid(self, worker: int) -> int:
+        """The process id of a worker."""
+        return self.workers[worker].pid
+
+    def holder_of(self, pairs: Sequence[tuple[str, str]], tenant: str) -> int | None:
+        """The worker that finished the conversation ``pairs`` of ``tenant`` (None: none the driver remembers)."""
+        return self._holders.get(conversation_key(pairs, tenant))
+
+    # --- the driver's loop -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        from specstate.cluster import Pool
-
         try:
-            self.model = Model(self.config.model_path, use_mmap=True)  # for the chat template and the tokenizer
-            models = {"target": self.config.model_path}
-            if self.config.draft_model_path is not None:
-                models["draft"] = self.config.draft_model_path
-            # n_threads 0: each worker's default, the workers on one node sharing it (Pool, docs/threads.md).
-            self.pool = Pool(models, workers=self.workers, n_threads=self.config.n_threads, address=self.address)
+            self._open()
         except BaseException as error:
             self.error = error
+            self._close()
             return
         finally:
             self.loaded.set()
-        with self.pool:
+        try:
             while not self.closed:
                 self._step()
+        finally:
+            self._close()
+
+    def _open(self) -> None:
+        importlib.import_module("specstate.cluster")  # first: without Ray, its error says how to install it
+        import ray
+
+        from specstate.cluster.pool import _quiet_raylet
+
+        self.model = Model(self.config.model_path, use_mmap=True)  # the chat template, tokens and embeddings
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            _quiet_raylet(True)
+        actor = ray.remote(num_cpus=0, max_restarts=0, scheduling_strategy="SPREAD")(ServeWorker).options(
+            max_concurrency=WORKER_CONCURRENCY
+        )
+        nodes = [node for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+        config = worker_config(self.config, -(-self.count // max(len(nodes), 1)))  # the workers of one node
+        first: Any = actor.remote(config, None)
+        described: dict[str, Any] = ray.get(first.describe.remote())
+        others: list[Any] = [actor.remote(config, described["cost_curve"]) for _ in range(self.count - 1)]
+        # the first worker measures the cost curve, the others, started together, pin it
+        descriptions: list[dict[str, Any]] = [described, *ray.get([other.describe.remote() for other in others])]
+        for handle, each in zip([first, *others], descriptions):
+            self.workers.append(_Worker(handle, each["pid"]))
+
+    def _close(self) -> None:
+        """Stop the workers (their requests hear why), and the local Ray instance if the driver started it."""
+        import ray
+
+        from specstate.cluster.pool import _quiet_raylet
+
+        for worker in self.workers:
+            if worker.alive:
+                ray.kill(worker.actor, no_restart=True)
+            for running in worker.running.values():
+                with contextlib.suppress(RuntimeError):  # its event loop is closed already
+                    running.job.deliver(RequestError(503, "the server is stopping", "server_error"))
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            _quiet_raylet(False)
 
     def _step(self) -> None:
-        try:
-            while True:
-                self._start(self._incoming.get_nowait())
-        except queue.Empty:
-            pass
-        if not self._active:
-            time.sleep(0.01)
-            return
-        try:
-            self.pool.pump(timeout=0.05)
-        except Exception as error:  # a worker refused a generation (bad sampling, say): its client hears why
-            status, kind = (
-                (400, "invalid_request_error") if isinstance(error, (TypeError, ValueError)) else (500, "server_error")
-            )
-            for active in [a for a in self._active if self.pool.done(a.handle)]:
-                self._active.remove(active)
-                active.job.deliver(RequestError(status, f"{type(error).__name__}: {error}", kind))
-        for active in list(self._active):
+        while True:
             try:
-                self._hand_out(active)
-            except Exception as error:  # the driver outlives any request: its client hears what failed
-                self._active.remove(active)
-                active.job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
-        self._rebalance()
+                self._waiting.append(self._incoming.get_nowait())
+            except queue.Empty:
+                break
+        self._cancel()
+        self._place()
+        self._poll()
 
-    def _rebalance(self) -> None:
-        """Move the newest generation of the busiest worker to the least busy one when they differ by two or
-        more (generations end unevenly); the move is exact (a checkpoint, restored there)."""
-        load: dict[int, list[_Active]] = {worker: [] for worker in self.pool.workers()}
-        for active in self._active:
-            worker = self.pool.worker_of(active.handle)
-            if worker in load and not self.pool.done(active.handle):
-                load[worker].append(active)
-        if len(load) < 2:
-            return
-        busiest = max(load, key=lambda w: len(load[w]))
-        idlest = min(load, key=lambda w: len(load[w]))
-        if len(load[busiest]) - len(load[idlest]) < 2:
-            return
-        try:
-            self.pool.migrate(load[busiest][-1].handle, idlest)
-        except Exception:  # the target died or refused: the generation goes on where it was (the pool's rule)
-            return
-        self.metrics.add("migrations")
-
-    def _start(self, job: Job) -> None:
-        chat = job.kind == "chat"
-        try:
-            prompt = self._prompt(job.request)
-            settings = job.request.call.converted().sampling.settings()  # a response_format's schema, bounded
-            handle = self.pool.submit(
-                prompt,
-                max_tokens=job.request.max_tokens,
-                target="target",
-                draft="draft" if self.config.draft_model_path is not None else None,
-                checkpoint_every=CHECKPOINT_EVERY,
-                mode=self.config.mode,
-                n_draft=self.config.n_draft,
-                n_ctx=self.config.n_ctx,
-                **settings,
-            )
-        except (TypeError, ValueError) as error:
-            job.deliver(RequestError(400, str(error)))
-            return
-        except Exception as error:  # the driver outlives any request: its client hears what failed
-            job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
-            return
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
-        self._active.append(_Active(job, handle, ident, int(time.time()), chat, len(prompt)))
-
-    def _prompt(self, request: ServerRequest) -> list[int]:
-        if request.kind == "chat":
-            return chat_template(self.model, self.config.chat_template).prompt_tokens(list(request.pairs))
-        prompt = request.options["prompt"]
-        return self.model.tokenize(prompt, add_special=True, parse_special=True) if isinstance(prompt, str) else prompt
-
-    def _hand_out(self, active: _Active) -> None:
-        """Send the generation's new text; finish it when it is over; preempt it when its client left."""
-        if active.job.cancelled.is_set():
-            self.pool.preempt(active.handle)
-            self._active.remove(active)
+    def _cancel(self) -> None:
+        """Drop the waiting requests whose clients left, and stop the running ones."""
+        for job in [job for job in self._waiting if job.cancelled.is_set()]:
+            self._waiting.remove(job)
             self.metrics.add("cancelled_requests")
+        for worker in self.workers:
+            for ident, running in list(worker.running.items()):
+                if running.job.cancelled.is_set():
+                    del worker.running[ident]
+                    if worker.alive:
+                        worker.actor.cancel.remote(ident)  # the worker's slot counts it
+
+    def _place(self) -> None:
+        """Hand the waiting requests to workers, the highest priority first, while a worker can take one."""
+        for job in sorted(self._waiting, key=lambda j: (-j.priority, j.order)):
+            if not any(worker.alive for worker in self.workers):
+                self._waiting.remove(job)
+                job.deliver(RequestError(503, "no Ray worker is alive", "server_error"))
+                continue
+            held = self._holder(job)
+            chosen = self._choose(job, held)
+            if chosen is None:
+                return
+            self._waiting.remove(job)
+            conversation = None if chosen == held else self._conversation(job)
+            self._send(job, chosen, conversation, _Running(job, chosen))
+
+    def _send(
+        self,
+        job: Job,
+        worker: int,
+        conversation: Conversation | None,
+        running: _Running,
+        resume: ParkedChat | None = None,
+    ) -> None:
+        ident = f"r{uuid.uuid4().hex}"
+        running.worker = worker
+        self.workers[worker].running[ident] = running
+        request = dataclasses.replace(job.request, stream=True, include_usage=True)  # the driver joins whole ones
+        self.workers[worker].actor.submit.remote(ident, request, conversation, resume, running.snapshots())
+
+    def _choose(self, job: Job, held: int | None) -> int | None:
+        """The worker for ``job``: the one that holds its conversation if it has a free slot, else the least loaded
+        with a free slot, else one running a chat of lower priority (parked there to make room); None: none now."""
+        alive = [index for index, worker in enumerate(self.workers) if worker.alive]
+        load = {index: len(self.workers[index].running) for index in alive}
+        free = [index for index in alive if load[index] < self.config.slots]
+        if held in free:
+            return held
+        if free:
+            return min(free, key=lambda index: (load[index], index))
+        for index in sorted(alive, key=lambda index: (load[index], index)):
+            running = self.workers[index].running.values()
+            lower = sum(r.job.preemptible() and r.job.priority < job.priority for r in running)
+            if load[index] < self.config.slots + lower:
+                return index
+        return None
+
+    def _holder(self, job: Job) -> int | None:
+        """The live worker that finished the last turn of the longest conversation ``job`` continues, if any."""
+        request = job.request
+        if request.chat is None or request.tools or request.tenant is None:
+            return None
+        pairs = request.pairs
+        ends = [key for n, key in conversation_keys(pairs[:-1], request.tenant) if pairs[n - 1][0] == "assistant"]
+        for key in reversed(ends):
+            worker = self._holders.get(key)
+            if worker is not None:
+                return worker if self.workers[worker].alive else None
+        return None
+
+    def _conversation(self, job: Job) -> Conversation | None:
+        """The checkpoint of the longest cached conversation ``job`` continues, for a worker that does not hold it."""
+        request = job.request
+        if request.chat is None or request.tools or request.tenant is None:
+            return None
+        found = self.cache.longest(request.pairs, request.tenant)
+        return None if found is None else (tuple(request.pairs[: found[0]]), found[1], request.tenant)
+
+    def _poll(self) -> None:
+        """Ask each live worker for its results, and take those of the first to answer (or none in a while)."""
+        import ray
+
+        for worker in self.workers:
+            if worker.alive and worker.poll is None:
+                worker.poll = worker.actor.poll.remote(POLL_SECONDS)
+        polls = {worker.poll: worker for worker in self.workers if worker.alive}
+        if not polls:  # every worker died: requests are refused (503) until the server stops
+            time.sleep(WAIT_SECONDS)
             return
-        text = self.pool.take_text(active.handle)
-        done = self.pool.done(active.handle)
-        if active.job.stream:
-            if text or not active.started:
-                active.job.deliver(self._chunk(active, text, None))
-                active.started = True
-            if done:
-                last = self._chunk(active, "", self._finish(active))
-                active.job.deliver(last)
-                if active.job.request.include_usage:
-                    active.job.deliver(usage_chunk(last, self._usage(active)))
-        else:
-            active.text.append(text)
-            if done:
-                active.job.deliver(self._whole(active, "".join(active.text)))
-        if done:
-            active.job.deliver(DONE)
-            self._active.remove(active)
+        ready, _ = ray.wait(list(polls), num_returns=1, timeout=WAIT_SECONDS)
+        for reference in ready:
+            worker = polls[reference]
+            worker.poll = None
+            try:
+                report: Report = ray.get(reference)
+            except Exception:  # its process died (or its poll failed): its requests go elsewhere
+                if worker.alive:
+                    ray.kill(worker.actor, no_restart=True)
+                self._lost(worker)
+                continue
+            self._take(self.workers.index(worker), worker, report)
 
-    def _finish(self, active: _Active) -> FinishReason:
-        tokens = self.pool.tokens(active.handle)
-        return "stop" if tokens and self.model.is_eog(tokens[-1]) else "length"
+    def _take(self, index: int, worker: _Worker, report: Report) -> None:
+        self.metrics.merge(report.counts)
+        for pairs, checkpoint, tenant in report.conversations:
+            self.cache.put(pairs, checkpoint, tenant)
+            key = conversation_key(pairs, tenant)
+            self._holders[key] = index
+            self._holders.move_to_end(key)
+            while len(self._holders) > HELD_CONVERSATIONS:
+                self._holders.popitem(last=False)
+        for ident, item in report.items:
+            running = worker.running.get(ident)
+            if running is None:
+                continue
+            try:
+                self._deliver(worker, ident, running, item)
+            except Exception as error:  # the driver outlives any request: its client hears what failed
+                worker.running.pop(ident, None)
+                running.job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
 
-    def _labels(self, active: _Active) -> tuple[str, int, str]:
-        return active.id, active.created, self.config.name()
+    def _deliver(self, worker: _Worker, ident: str, running: _Running, item: object) -> None:
+        """Give the client what the worker's slot delivered."""
+        job = running.job
+        if isinstance(item, RequestError):
+            del worker.running[ident]
+            job.deliver(item)
+        elif isinstance(item, Finished):
+            del worker.running[ident]
+            job.stop_sequence = item.stop_sequence
+            if not job.stream:
+                job.deliver(_whole(running))
+            job.deliver(DONE)
+        elif isinstance(item, Snapshot):
+            running.snapshot = item.parked, Counter(running.produced)
+        elif not isinstance(item, dict):
+            raise TypeError(f"a worker delivered {type(item).__name__}")
+        elif not item["choices"] and "usage" in item:
+            running.usage = item["usage"]
+            if job.stream and job.request.include_usage:
+                job.deliver({**item, **_labelled(running)})
+        elif (chunk := running.news(item)) is not None:
+            job.deliver(chunk) if job.stream else running.collected.append(chunk)
 
-    def _chunk(self, active: _Active, text: str, finish: FinishReason | None) -> CompletionChunk | ChatCompletionChunk:
-        if not active.chat:
-            return completion_chunk(self._labels(active), text, finish)
-        delta: ChatCompletionDelta = {"content": text} if active.started else {"role": "assistant", "content": text}
-        return chat_chunk(self._labels(active), delta, finish)
+    def _lost(self, worker: _Worker) -> None:
+        """A worker died: each of its requests runs again elsewhere where that is exact (else it ends with a 500)."""
+        worker.alive = False
+        self.metrics.add("ray_workers_lost")
+        for running in worker.running.values():
+            if running.reproducible():
+                resume = running.rerun()
+                self.metrics.add("ray_requests_rerun" if resume is None else "ray_requests_resumed")
+                self._requeue(running, resume)
+            else:
+                message = "the Ray worker running this request died and its reply cannot be reproduced exactly"
+                running.job.deliver(RequestError(500, message, "server_error"))
+        worker.running.clear()
 
-    def _usage(self, active: _Active) -> CompletionUsage:
-        return usage_counts(active.prompt_tokens, reply_tokens(self.model, self.pool.tokens(active.handle)))
+    def _requeue(self, running: _Running, resume: ParkedChat | None) -> None:
+        """Run the request again on the least loaded live worker, with its conversation's checkpoint (or from its
+        snapshot ``resume``)."""
+        alive = [index for index, worker in enumerate(self.workers) if worker.alive]
+        if not alive:
+            running.job.deliver(RequestError(503, "no Ray worker is alive", "server_error"))
+            return
+        chosen = min(alive, key=lambda index: (len(self.workers[index].running), index))
+        conversation = None if resume is not None else self._conversation(running.job)
+        self._send(running.job, chosen, conversation, running, resume)
 
-    def _whole(self, active: _Active, text: str) -> Completion | ChatCompletion:
-        labels, finish, usage = self._labels(active), self._finish(active), self._usage(active)
-        if not active.chat:
-            return completion_result(
-                labels, {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}, usage
-            )
-        message: ChatCompletionMessage = {"role": "assistant", "content": text}
-        return chat_result(labels, {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}, usage)
+
+def _labelled(running: _Running) -> dict[str, Any]:
+    """The ``id`` and ``created`` every chunk of the request says (the first one's)."""
+    return {} if running.labels is None else {"id": running.labels[0], "created": running.labels[1]}
 
 
-def _unsupported(request: ServerRequest) -> str | None:
-    """The first field of ``request`` that the pool cannot honour (None if it can do the whole request)."""
-    call = request.call
-    if request.kind == "completion" and len(request.prompts) > 1:
-        return "prompt"
-    if call.stops:
-        return "stop"
-    if call.top_logprobs is not None:
-        return "logprobs"
-    if call.echo:
-        return "echo"
-    return None
+def _whole(running: _Running) -> Any:
+    """The whole answer the request's chunks make (a chat's, or a completion's of each prompt)."""
+    request = running.job.request
+    if request.chat is not None:
+        return joined_chat(running.collected, running.usage)
+    return joined_prompts(running.collected, running.usage, len(request.prompts))

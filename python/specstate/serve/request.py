@@ -6,30 +6,34 @@ request once, off the event loop, before anything is cached, hashed, queued or
 decoded: every field is checked (its type, its neutral value when specstate does
 not implement it, OpenAI's ranges and roles) and bounded (:class:`RequestLimits`),
 llama-cpp-python's defaults are filled in, and a refusal is a 400 naming the field
-(``param``). Both backends take the resulting :class:`ServerRequest`, so the same
-request means the same generation on either. The sampler chain's other ranges
-(``top_k``, ``min_p``, ...) are the generator's to check, when the generation is
-created and before anything is decoded; a grammar's native cost is bounded where
+(``param``). The resulting :class:`ServerRequest` holds what the request means, typed
+(its :class:`~specstate.llama.CallSettings`, its messages read as
+:class:`specstate.Llama` reads them, its prompts): a slot, in the server's process or
+on a Ray worker, runs it as it is (:meth:`specstate.Llama.chat_stream`,
+:meth:`specstate.Llama.completion_stream`) and nothing reads the body again, so the
+same request means the same generation on either backend. The sampler chain's
+ranges are checked once, by the core's rule (through
+:func:`~specstate.llama.call_settings`); a grammar's native cost is bounded where
 it is compiled (its parse stacks, patch 0004); a ``response_format``'s JSON
-schema is bounded here and converted once, in the slot (or the Ray driver).
+schema is bounded here and converted once, by the slot that runs the request.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from specstate._native import MAX_GRAMMAR_BYTES
 from specstate.llama import (
     CallSettings,
+    ChatInput,
     UnsupportedParameterError,
     call_settings,
-    chat_pairs,
+    read_chat,
 )
-from specstate.llama.options import tool_messages, uses_tools
 
 if TYPE_CHECKING:
     from typing_extensions import TypeGuard
@@ -85,19 +89,20 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class ServerRequest:
-    """A chat or completion request, read and checked: what a slot or a Ray worker generates."""
+    """A chat or completion request, read and checked: what a slot runs, on the server or on a Ray worker."""
 
     kind: Kind
     stream: bool
     #: Higher runs first; a chat of lower priority is parked to make room for a higher one.
     priority: int
-    #: :class:`specstate.Llama`'s keyword arguments (``messages`` or ``prompt`` included), checked and with
-    #: ``max_tokens`` resolved (a ``response_format``'s schema is bounded, and converted where the request runs).
-    options: dict[str, Any]
-    #: The call's settings (sampling with llama-cpp-python's defaults, stops, log-probabilities).
+    #: The call's settings (sampling with llama-cpp-python's defaults, ``max_tokens`` resolved against the server's
+    #: limit, stops, log-probabilities, tools; a ``response_format``'s schema bounded, and converted where the
+    #: request runs).
     call: CallSettings
-    #: A chat's ``(role, text)`` pairs (what conversations are keyed by); empty for a completion.
-    pairs: tuple[tuple[str, str], ...] = ()
+    #: A chat's messages, read (None for a completion).
+    chat: ChatInput | None = None
+    #: A completion's prompts (:func:`prompts_of`), each answered by a choice of its own (empty for a chat).
+    prompts: tuple[str | list[int], ...] = ()
     #: A stream ends with a chunk holding the usage (OpenAI's ``stream_options.include_usage``).
     include_usage: bool = False
     #: OpenAI's end-user id and vLLM's ``cache_salt``: each narrows the request's tenant.
@@ -109,20 +114,21 @@ class ServerRequest:
     tenant: str | None = ""
 
     @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """A chat's ``(role, text)`` pairs (what conversations are keyed by); empty for a completion."""
+        return () if self.chat is None else self.chat.pairs
+
+    @property
     def tools(self) -> bool:
         """Whether the chat uses tools (its tools, or tool calls and results in its messages): it is rendered
         whole, not continued from a conversation held or cached."""
-        return self.kind == "chat" and (self.call.tools is not None or any(role == "tool" for role, _ in self.pairs))
+        return self.chat is not None and self.chat.tools
 
     @property
     def max_tokens(self) -> int:
         """Tokens the request may generate (resolved against the server's limit)."""
-        return int(self.options["max_tokens"])
-
-    @property
-    def prompts(self) -> list[str | list[int]]:
-        """A completion's prompts (:func:`prompts_of`), each answered by a choice of its own."""
-        return prompts_of(self.options["prompt"])
+        assert self.call.max_tokens is not None
+        return self.call.max_tokens
 
 
 def read_json(data: bytes, limits: RequestLimits) -> dict[str, Any]:
@@ -171,12 +177,14 @@ def read_request(
     _bound_schemas(options, limits)
     _openai_ranges(options, chat)
     subject = options.pop("messages" if chat else "prompt", None)
-    pairs = _messages(subject, limits, template_source) if chat else ()
-    if not chat:
-        _bound_prompts(subject, limits)
+    if chat:
+        _bound_messages(subject, limits)
+        call = _checked_call(options, chat)
+        messages = _read_messages(subject, template_source, call)
+        return ServerRequest(kind, header[0], header[1], call, messages, (), header[2], *narrowing)
+    prompts = _bounded_prompts(subject, limits)
     call = _checked_call(options, chat)
-    options["messages" if chat else "prompt"] = subject
-    return ServerRequest(kind, header[0], header[1], options, call, pairs, header[2], *narrowing)
+    return ServerRequest(kind, header[0], header[1], call, None, prompts, header[2], *narrowing)
 
 
 def _check_model(model: object, name: str) -> None:
@@ -322,8 +330,9 @@ def _openai_ranges(options: dict[str, Any], chat: bool) -> None:
                 raise RequestError(400, f"{name} must be from {low:g} to {high:g}, not {number!r}", param=name)
 
 
-def _messages(messages: object, limits: RequestLimits, template_source: str) -> tuple[tuple[str, str], ...]:
-    """A chat's messages as ``(role, text)`` pairs, their number bounded before anything else reads them."""
+def _bound_messages(messages: object, limits: RequestLimits) -> None:
+    """Refuse a chat's messages that are not a list, too many of them, or a role OpenAI does not have, before
+    anything else reads them."""
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         message = f"messages may hold at most {limits.max_messages} messages, not {len(messages)}"
         raise RequestError(400, message, param="messages")
@@ -334,16 +343,12 @@ def _messages(messages: object, limits: RequestLimits, template_source: str) -> 
         if isinstance(role, str) and role not in OPENAI_ROLES:
             refusal = f"messages[{index}]: role must be one of {', '.join(OPENAI_ROLES)}, not {role[:40]!r}"
             raise RequestError(400, refusal, param="messages")
+
+
+def _read_messages(messages: object, template_source: str, call: CallSettings) -> ChatInput:
+    """A chat's messages as :class:`specstate.Llama` reads them (:func:`specstate.llama.read_chat`)."""
     with _field("messages"):
-        if uses_tools(messages):
-            return tuple((m["role"], _text_of(m)) for m in tool_messages(messages))  # type: ignore[misc]
-        return tuple(chat_pairs(messages, template_source))
-
-
-def _text_of(message: Mapping[str, object]) -> str:
-    """A message of a chat with tools as the text its conversation key reads: its content, or its calls."""
-    content = message.get("content")
-    return content if isinstance(content, str) else json.dumps(message.get("tool_calls"), sort_keys=True)
+        return read_chat(messages, template_source, tools=call.tools is not None)
 
 
 def prompts_of(prompt: object) -> list[str | list[int]]:
@@ -360,10 +365,13 @@ def _token_ids(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _bound_prompts(prompt: object, limits: RequestLimits) -> None:
-    count = len(prompts_of(prompt))
-    if count > limits.max_prompts:
-        raise RequestError(400, f"prompt may hold at most {limits.max_prompts} prompts, not {count}", param="prompt")
+def _bounded_prompts(prompt: object, limits: RequestLimits) -> tuple[str | list[int], ...]:
+    """A completion's prompts, their number bounded."""
+    prompts = prompts_of(prompt)
+    if len(prompts) > limits.max_prompts:
+        message = f"prompt may hold at most {limits.max_prompts} prompts, not {len(prompts)}"
+        raise RequestError(400, message, param="prompt")
+    return tuple(prompts)
 
 
 def _checked_call(options: dict[str, Any], chat: bool) -> CallSettings:

@@ -18,7 +18,7 @@ from specstate.llama.results import joined_chat, usage_chunk
 from specstate.llama.types import CompletionUsage
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Completions, Job, Metrics
+from specstate.serve.jobs import DONE, Completions, Job, Metrics, Snapshot
 from specstate.serve.request import RequestError
 from specstate.serve.scheduler import Scheduler, unspilled
 
@@ -91,6 +91,8 @@ class Slot(threading.Thread):
                 self._restore_cached(job)
             if self._stream(job, self._chunks(job)):
                 return
+            if isinstance(job.chunks, ChatStream):
+                job.stop_sequence = job.chunks.stop_sequence
             if not job.stream:
                 job.deliver(self._whole(job))
             elif job.request.include_usage and job.last is not None:
@@ -117,26 +119,26 @@ class Slot(threading.Thread):
             self.metrics.add("parked_milliseconds", int((time.monotonic() - job.parked_since) * 1000))
             resumed, job.parked = self.llama.resume_chat(unspilled(job)), None
             return resumed
-        options = dict(job.request.options)
-        chunks: Iterator[Any]
-        if job.kind == "chat":
-            chunks = self.llama.create_chat_completion(options.pop("messages"), stream=True, **options)
-        else:
-            llama, prompts = self.llama, job.request.prompts
-            del options["prompt"]
-            chunks = Completions(lambda prompt: llama.create_completion(prompt, stream=True, **options), prompts)
-        return chunks
+        request = job.request
+        if request.chat is not None:
+            return self.llama.chat_stream(request.chat, request.call)
+        llama, call = self.llama, request.call
+        return Completions(lambda prompt: llama.completion_stream(prompt, call), list(request.prompts))
 
     def _stream(self, job: Job, chunks: Iterator[Any]) -> bool:
         """Deliver the chunks; True if the job stopped early (its client left, or it was parked). A stream may
         hold its text back for many tokens (a tool call, a stop string that could be starting): the generation
         of a client that left ends before its next token (:attr:`Llama.interrupt`), and the stream with it."""
-        for chunk in chunks:
+        for count, chunk in enumerate(chunks, 1):
             job.last = chunk
             if job.stream:
                 job.deliver(chunk)
             else:
                 job.collected.append(chunk)
+            if job.snapshot_every and count % job.snapshot_every == 0 and isinstance(chunks, ChatStream):
+                taken = chunks.snapshot()
+                if taken is not None:
+                    job.deliver(Snapshot(taken))
             if job.cancelled.is_set():
                 break
             if job.preempt.is_set() and isinstance(chunks, ChatStream) and (parked := chunks.park()) is not None:
@@ -187,6 +189,33 @@ class Slot(threading.Thread):
         except Exception:
             return
         self.metrics.add("conversations_restored")
+
+
+def start_slots(
+    config: ServerConfig,
+    scheduler: Scheduler,
+    metrics: Metrics,
+    cache: ConversationCache,
+    corpora: TenantCorpora | None,
+    cost_curve: list[int] | None,
+) -> tuple[list[Slot], SharedEngine | None]:
+    """Start ``config.slots`` slots taking jobs from ``scheduler`` (on one batched engine when the mode batches,
+    which is returned too), each once the one before has loaded its model; with the adaptive draft policy, the
+    cost curve ``cost_curve`` pinned in each (None: measured by the first slot, then pinned in the others).
+    The first slot's failure to load is raised (the scheduler closed)."""
+    engine = shared_engine(config)
+    slots: list[Slot] = []
+    for _ in range(config.slots):
+        loaded = threading.Event()
+        slot = Slot(config, scheduler, metrics, cache, loaded, engine, cost_curve, corpora)
+        slot.start()
+        loaded.wait()
+        if slot.error is not None:
+            scheduler.close()
+            raise slot.error
+        slots.append(slot)
+        cost_curve = slot.cost_curve
+    return slots, engine
 
 
 def _deliver_error(job: Job, error: BaseException) -> None:
