@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs fetch-models \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs bench-grammar grammar-runs fetch-models \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -214,7 +214,7 @@ fetch-models: $(VENV)/.installed
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py $(MODEL_OPTIONS)
 ifeq ($(MODEL_OPTIONS),)
-	@$(MAKE) --no-print-directory chain-runs busy-runs
+	@$(MAKE) --no-print-directory chain-runs busy-runs grammar-runs
 	$(BIN)/python benchmarks/report.py --record-run
 endif
 
@@ -250,6 +250,14 @@ bench-chat: develop
 # generation constrained by the same grammar on both sides (--workload json).
 bench-chain: develop chain-runs
 	$(BIN)/python benchmarks/report.py
+
+# Drafts from the grammar: a JSON reply under a schema of eight fixed keys and a free-text reply, grammar drafts on
+# against off, interleaved, in modes none and ngram (also part of `make bench`).
+bench-grammar: develop grammar-runs
+	$(BIN)/python benchmarks/report.py
+
+grammar-runs:
+	$(BIN)/python benchmarks/grammar_drafts.py --json benchmarks/results/grammar_drafts.json
 
 chain-runs:
 	$(BIN)/python benchmarks/chain_bench.py --json benchmarks/results/chain.json

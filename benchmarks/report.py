@@ -24,6 +24,7 @@ from typing import Any
 
 from bench_models import title
 from busy import busy_fields
+from grammar_drafts import grammar_fields
 from serve_load import serve_fields
 from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, draft_text, exactness
 from speculation import targets as speculation_targets
@@ -35,7 +36,18 @@ RESULTS = BENCHMARKS / "results"
 TEMPLATE = BENCHMARKS / "benchmarks.md.template"
 PAGE = BENCHMARKS.parent / "docs" / "benchmarks.md"
 #: The results files the page reads, by the name its fields use.
-PAGE_RESULTS = ("latest", "speculation", "verify_cost", "openmp", "chain", "chain-json", "runs", "busy", "serve")
+PAGE_RESULTS = (
+    "latest",
+    "speculation",
+    "verify_cost",
+    "openmp",
+    "chain",
+    "chain-json",
+    "grammar_drafts",
+    "runs",
+    "busy",
+    "serve",
+)
 #: How many `make bench` runs runs.json keeps, and how many the page shows side by side.
 RUNS_KEPT, RUNS_SHOWN = 10, 3
 
@@ -548,6 +560,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **_verify_fields(results["verify_cost"]),
         **_openmp_fields(results["openmp"]),
         **_chain_fields(results["chain"], results["chain-json"]),
+        **grammar_fields(results["grammar_drafts"]),
         **_runs_fields(results["runs"]),
         **busy_fields(results["busy"]),
         **serve_fields(results["serve"]),

@@ -82,6 +82,7 @@ impl GreedyGeneration {
             seq_id: self.seq_id,
             policy: None,
             logprobs: None,
+            grammar_drafts: 0,
         };
         call(&mut engine, &self.tokens)
     }

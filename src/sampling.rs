@@ -254,7 +254,7 @@ impl Sampler {
     }
 
     /// The grammar's state after the reply, which the next choice follows.
-    fn grammar(&self) -> Option<&Grammar> {
+    pub fn grammar(&self) -> Option<&Grammar> {
         self.grammar.as_ref().map(|state| &state.grammar)
     }
 

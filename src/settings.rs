@@ -516,11 +516,15 @@ impl GeneratorConfig {
     }
 }
 
-/// Threads are a runtime choice, not part of what is computed.
+/// Runtime choices, not part of what is computed: threads, and whether the
+/// grammar drafts (the reply is the same either way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuntimeOptions {
     /// Threads per context (0: the default thread count, `native::default_threads`).
     pub n_threads: i32,
+    /// Whether rounds under a grammar draft the tokens it forces
+    /// (`crate::engine::grammar_drafts`).
+    pub grammar_drafts: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -530,8 +534,11 @@ impl Default for RuntimeOptions {
 }
 
 impl RuntimeOptions {
-    /// The default: 0, the default thread count (docs/threads.md).
-    pub const DEFAULT: Self = Self { n_threads: 0 };
+    /// The default: 0, the default thread count (docs/threads.md), and grammar drafts on.
+    pub const DEFAULT: Self = Self {
+        n_threads: 0,
+        grammar_drafts: true,
+    };
 
     /// Check the thread count ([`check_threads`]).
     pub fn validate(&self) -> Result<(), SettingError> {

@@ -187,6 +187,10 @@ fn core_default(name: &str) -> Option<String> {
         "RuntimeOptions::DEFAULT.n_threads" | "RUNTIME.n_threads" => {
             RuntimeOptions::DEFAULT.n_threads.to_string()
         }
+        "RUNTIME.grammar_drafts" => {
+            let on = RuntimeOptions::DEFAULT.grammar_drafts;
+            if on { "True" } else { "False" }.into()
+        }
         "NGRAM.n_max" => ngram.n_max.to_string(),
         "NGRAM.n_min" => ngram.n_min.to_string(),
         "draft_policy_name(DEFAULTS.adaptive)" => string(draft_policy_name(config.adaptive)),

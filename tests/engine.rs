@@ -70,7 +70,10 @@ fn config(mode: Mode, temperature: f32, n_ctx: u32) -> GeneratorConfig {
 
 fn generator_with(mode: Mode, temperature: f32, n_ctx: u32) -> Generator {
     let draft = mode.needs_draft_model().then(smollm2);
-    let runtime = RuntimeOptions { n_threads: 1 };
+    let runtime = RuntimeOptions {
+        n_threads: 1,
+        ..RuntimeOptions::DEFAULT
+    };
     let config = config(mode, temperature, n_ctx);
     Generator::new(smollm2(), draft, config, runtime).expect("generator")
 }
@@ -277,7 +280,10 @@ fn nested_alternatives(levels: usize, root: &str) -> String {
 fn a_grammar_over_the_engines_bounds_is_refused_with_a_typed_error() {
     let _serial = serial();
     let bound = "more than 1024 parse stacks at one point (LLAMA_GRAMMAR_MAX_STACKS)";
-    let runtime = RuntimeOptions { n_threads: 1 };
+    let runtime = RuntimeOptions {
+        n_threads: 1,
+        ..RuntimeOptions::DEFAULT
+    };
     let mut exploding = config(Mode::None, 0.0, 256);
     exploding.sampling.grammar = Some(nested_alternatives(6, "l1"));
     match Generator::new(smollm2(), None, exploding, runtime) {

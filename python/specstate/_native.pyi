@@ -895,6 +895,11 @@ class Generator:
     def n_threads(self) -> int:
         """The threads the contexts decode with (resolved, never 0); recorded in checkpoints."""
     @property
+    def grammar_drafts(self) -> bool:
+        """Whether rounds under a grammar draft the tokens it forces (settable; never changes the reply)."""
+    @grammar_drafts.setter
+    def grammar_drafts(self, on: bool) -> None: ...
+    @property
     def cost_curve(self) -> list[int] | None:
         """The adaptive draft policy's cost curve: microseconds to verify 1, 2, ... ``n_draft + 1`` rows
         (``None`` for the fixed policy, or before it is measured)."""

@@ -197,6 +197,9 @@ class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     n_batch: int
     #: Threads per context (default 0: the default thread count, docs/threads.md).
     n_threads: int
+    #: Draft the tokens a grammar forces (default True; docs/generating.md): a runtime choice, never recorded in
+    #: checkpoints, that changes the speed of a reply under a grammar and never its text.
+    grammar_drafts: bool
     #: ``adaptive`` (the default: each round drafts what pays) or ``fixed`` (every round drafts up to
     #: ``n_draft``); ``none`` mode's is ``fixed``.
     draft_policy: DraftPolicy

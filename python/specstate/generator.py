@@ -120,6 +120,7 @@ class Generator:
         n_threads: int | None = None,
         max_n_ctx: int | None = None,
         max_n_batch: int | None = None,
+        grammar_drafts: bool = True,
     ) -> Generator:
         """A generator continuing a checkpoint (bytes or a path) on these models.
 
@@ -157,7 +158,8 @@ class Generator:
         ``n_threads`` defaults to the thread count the checkpoint was taken
         with, at most :func:`~specstate.default_threads` (0: that default). Any count
         continues exactly: on the CPU a verified row gets its single-token
-        decode's logits bit for bit whatever the thread count.
+        decode's logits bit for bit whatever the thread count. ``grammar_drafts``
+        is the runtime choice :attr:`grammar_drafts` (checkpoints do not record it).
         """
         native = _native.Generator.restore(
             _read(source),
@@ -167,6 +169,7 @@ class Generator:
             max_n_ctx=max_n_ctx,
             max_n_batch=max_n_batch,
         )
+        native.grammar_drafts = grammar_drafts
         return cls._wrap(native)
 
     def attach(self, engine: _native.SharedEngine) -> None:
@@ -551,6 +554,16 @@ class Generator:
     def context_length(self) -> int:
         """The context's real length in tokens (llama.cpp may round ``n_ctx`` up)."""
         return self._native.context_length
+
+    @property
+    def grammar_drafts(self) -> bool:
+        """Whether rounds under a grammar draft the tokens it forces (docs/generating.md). Settable between
+        calls: the reply is the same either way, only its speed changes; checkpoints do not record it."""
+        return self._native.grammar_drafts
+
+    @grammar_drafts.setter
+    def grammar_drafts(self, on: bool) -> None:
+        self._native.grammar_drafts = on
 
     @property
     def prompt_tokens(self) -> list[int]:

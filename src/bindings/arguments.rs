@@ -12,6 +12,11 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
+use std::collections::BTreeMap;
+
+use crate::limits::SettingError;
+use crate::settings::SamplingParams;
+
 /// `operator.index(value)`, refusing `bool` with a `TypeError` naming `name`.
 pub(crate) fn index_argument<'py>(
     value: &Bound<'py, PyAny>,
@@ -191,4 +196,43 @@ impl<'a, 'py> FromPyObject<'a, 'py> for TokenIds {
         let wide: Vec<WideInt> = obj.extract()?;
         Ok(Self(wide.into_iter().map(WideInt::saturate).collect()))
     }
+}
+
+/// A logit bias from Python (`{token: bias}`) as ascending entries; the
+/// generator checks the values and the tokens against the vocabulary.
+pub(crate) fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
+    let bias = bias.unwrap_or_default();
+    if bias.len() > SamplingParams::MAX_LOGIT_BIAS {
+        return Err(SettingError {
+            field: "logit_bias",
+            reason: format!(
+                "has {} entries, more than {}",
+                bias.len(),
+                SamplingParams::MAX_LOGIT_BIAS
+            ),
+        }
+        .into());
+    }
+    bias.into_iter()
+        .map(|(token, value)| match i32::try_from(token) {
+            Ok(token) if token >= 0 => Ok((token, value)),
+            _ => Err(SettingError {
+                field: "logit_bias",
+                reason: format!("token {token} is not a token id"),
+            }
+            .into()),
+        })
+        .collect()
+}
+
+/// A cost curve's entries as microseconds (each narrowed to `u32`).
+pub(crate) fn narrow_cost_curve(costs: Option<Vec<WideInt>>) -> PyResult<Option<Vec<u32>>> {
+    costs
+        .map(|costs| {
+            costs
+                .into_iter()
+                .map(|c| c.narrow::<u32>("cost_curve"))
+                .collect()
+        })
+        .transpose()
 }

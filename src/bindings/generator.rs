@@ -7,7 +7,7 @@ use std::thread::ThreadId;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use super::arguments::{TokenIds, WideInt};
+use super::arguments::{bias_entries, narrow_cost_curve, TokenIds, WideInt};
 use super::chat::{messages as chat_messages, pairs, Pairs};
 use super::corpus::PyLookupCorpus;
 use super::errors::ensure_thread;
@@ -44,6 +44,7 @@ pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> 
     defaults.set_item("ngram_min", NGRAM.n_min)?;
     defaults.set_item("n_threads", RUNTIME.n_threads)?;
     defaults.set_item("draft_policy", draft_policy_name(DEFAULTS.adaptive))?;
+    defaults.set_item("grammar_drafts", RUNTIME.grammar_drafts)?;
     Ok(defaults)
 }
 
@@ -196,33 +197,6 @@ fn checked_conversation(conversation: Option<(Pairs, String)>) -> PyResult<Optio
     Ok(Some(conversation))
 }
 
-/// A logit bias from Python (`{token: bias}`) as ascending entries; the
-/// generator checks the values and the tokens against the vocabulary.
-fn bias_entries(bias: Option<BTreeMap<i64, f32>>) -> PyResult<Vec<(i32, f32)>> {
-    let bias = bias.unwrap_or_default();
-    if bias.len() > SamplingParams::MAX_LOGIT_BIAS {
-        return Err(crate::limits::SettingError {
-            field: "logit_bias",
-            reason: format!(
-                "has {} entries, more than {}",
-                bias.len(),
-                SamplingParams::MAX_LOGIT_BIAS
-            ),
-        }
-        .into());
-    }
-    bias.into_iter()
-        .map(|(token, value)| match i32::try_from(token) {
-            Ok(token) if token >= 0 => Ok((token, value)),
-            _ => Err(crate::limits::SettingError {
-                field: "logit_bias",
-                reason: format!("token {token} is not a token id"),
-            }
-            .into()),
-        })
-        .collect()
-}
-
 /// A log-probability record as Python sees it: `(logprob, [(token, logprob), ...])`.
 type LogprobRecord = (f32, Vec<(i32, f32)>);
 
@@ -244,12 +218,13 @@ impl PyGenerator {
                         frequency_penalty = DEFAULTS.sampling.frequency_penalty, logit_bias = None,
                         grammar = None, ngram_max = WideInt(NGRAM.n_max as i128),
                         ngram_min = WideInt(NGRAM.n_min as i128), n_threads = WideInt(RUNTIME.n_threads.into()),
-                        draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None, engine = None),
+                        draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None, engine = None,
+                        grammar_drafts = RUNTIME.grammar_drafts),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=17, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
                              logit_bias=None, grammar=None, ngram_max=4, ngram_min=3, n_threads=0, \
-                             draft_policy='adaptive', cost_curve=None, engine=None)")]
+                             draft_policy='adaptive', cost_curve=None, engine=None, grammar_drafts=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -277,6 +252,7 @@ impl PyGenerator {
         draft_policy: &str,
         cost_curve: Option<Vec<WideInt>>,
         engine: Option<Py<PySharedEngine>>,
+        grammar_drafts: bool,
     ) -> PyResult<Self> {
         let ngram = NgramConfig {
             n_max: ngram_max.narrow("ngram_max")?,
@@ -306,16 +282,10 @@ impl PyGenerator {
             // `none` drafts nothing: it has no draft lengths to choose.
             adaptive: parse_draft_policy(draft_policy)? && mode.is_speculative(),
         };
-        let cost_curve = cost_curve
-            .map(|costs| {
-                costs
-                    .into_iter()
-                    .map(|c| c.narrow::<u32>("cost_curve"))
-                    .collect()
-            })
-            .transpose()?;
+        let cost_curve = narrow_cost_curve(cost_curve)?;
         let runtime = RuntimeOptions {
             n_threads: n_threads.narrow("n_threads")?,
+            grammar_drafts,
         };
         let target_model = Arc::clone(&target.get().inner);
         let draft = arc(&draft_model);
@@ -326,6 +296,7 @@ impl PyGenerator {
                 py.detach(|| Generator::attached(&engine, config))?
             }
         };
+        inner.set_grammar_drafts(grammar_drafts);
         if let Some(cost_us) = cost_curve {
             inner.pin_cost_curve(cost_us)?;
         }
@@ -482,6 +453,20 @@ impl PyGenerator {
         self.inner.lock_waiting(py).n_threads()
     }
 
+    /// Whether rounds under a grammar draft the tokens it forces (settable;
+    /// the reply is the same either way, only its speed changes).
+    #[getter]
+    fn grammar_drafts(&self, py: Python<'_>) -> bool {
+        self.inner.lock_waiting(py).grammar_drafts()
+    }
+
+    #[setter]
+    fn set_grammar_drafts(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+        self.check_thread()?;
+        self.inner.lock_waiting(py).set_grammar_drafts(on);
+        Ok(())
+    }
+
     /// Generated tokens handed out so far.
     #[getter]
     fn delivered(&self, py: Python<'_>) -> usize {
@@ -537,7 +522,10 @@ impl PyGenerator {
         };
         let decoded = checkpoint::decode(data)?;
         let runtime = match n_threads {
-            Some(n_threads) => RuntimeOptions { n_threads },
+            Some(n_threads) => RuntimeOptions {
+                n_threads,
+                ..RUNTIME
+            },
             None => decoded
                 .meta
                 .recorded_runtime(crate::native::default_threads(1).unsigned_abs()),

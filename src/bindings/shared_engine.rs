@@ -26,6 +26,7 @@ pub(crate) fn shape(
     };
     let runtime = RuntimeOptions {
         n_threads: n_threads.narrow("n_threads")?,
+        ..RuntimeOptions::DEFAULT
     };
     Ok((config, runtime))
 }

@@ -321,6 +321,7 @@ impl Meta {
     pub fn recorded_runtime(&self, available: u32) -> crate::settings::RuntimeOptions {
         crate::settings::RuntimeOptions {
             n_threads: self.n_threads.map_or(0, |n| n.min(available.max(1)) as i32),
+            ..crate::settings::RuntimeOptions::DEFAULT
         }
     }
 

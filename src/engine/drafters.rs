@@ -181,6 +181,12 @@ impl Drafter for SessionDrafter<'_> {
         usize::try_from(self.session.config().n_draft_max).unwrap_or(0)
     }
 
+    /// The session takes the target's rows of a verify batch as its own
+    /// draft's: tokens after its draft would leave it out of step.
+    fn follows_foreign_drafts(&self) -> bool {
+        false
+    }
+
     fn observe(&mut self, target: &Context, batch: &Batch) -> Result<()> {
         Ok(self.session.process(target, self.context, batch)?)
     }

@@ -136,6 +136,7 @@ pub(crate) fn member_engine<T>(
     seq_id: i32,
     call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
 ) -> Result<T> {
+    let grammar_drafts = member.grammar_draft_limit();
     let Member {
         state,
         sampler,
@@ -150,6 +151,7 @@ pub(crate) fn member_engine<T>(
         seq_id,
         policy: state.adaptive.as_mut(),
         logprobs: logprobs.as_mut(),
+        grammar_drafts,
     };
     let at = Cursor {
         history: &state.history,

@@ -130,7 +130,8 @@ impl Generator {
         config: GeneratorConfig,
         runtime: RuntimeOptions,
     ) -> Result<Self> {
-        let member = new_member(&target_model, config)?;
+        let mut member = new_member(&target_model, config)?;
+        member.grammar_drafts = runtime.grammar_drafts;
         check_models(&target_model, draft_model.as_deref(), &member.config)?;
         let config = &member.config;
         let params = context_params(&target_model, config, runtime, ContextKind::Default);

@@ -12,7 +12,7 @@ use crate::engine::{
 };
 use crate::native::{Batch, Context};
 use crate::sampling::Sampler;
-use crate::settings::{GeneratorConfig, Mode};
+use crate::settings::{GeneratorConfig, Mode, RuntimeOptions};
 use crate::{Error, Result};
 
 use super::GeneratorState;
@@ -36,6 +36,9 @@ pub(crate) struct Member {
     /// under when it gives its sequence back, and the only key whose kept
     /// cells its prompt reuses (`None`: it neither keeps nor reuses any).
     pub reuse_key: Option<Arc<str>>,
+    /// Whether rounds under a grammar draft the tokens it forces (a runtime
+    /// choice: the reply is the same either way).
+    pub grammar_drafts: bool,
 }
 
 impl Member {
@@ -49,6 +52,16 @@ impl Member {
             logprobs: None,
             corpus: None,
             reuse_key: Some(Arc::from("")),
+            grammar_drafts: RuntimeOptions::DEFAULT.grammar_drafts,
+        }
+    }
+
+    /// Most tokens a round drafts from the grammar: up to `n_draft`, when grammar drafts are on.
+    pub fn grammar_draft_limit(&self) -> usize {
+        if self.grammar_drafts {
+            self.config.n_draft as usize
+        } else {
+            0
         }
     }
 

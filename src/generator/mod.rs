@@ -327,6 +327,17 @@ impl Generator {
         }
     }
 
+    /// Whether rounds under a grammar draft the tokens it forces.
+    pub fn grammar_drafts(&self) -> bool {
+        self.member.grammar_drafts
+    }
+
+    /// Draft the tokens a grammar forces (`true`) or not, from the next
+    /// round on: a runtime choice, the reply being the same either way.
+    pub fn set_grammar_drafts(&mut self, on: bool) {
+        self.member.grammar_drafts = on;
+    }
+
     /// The threads the contexts decode with (resolved: never 0).
     pub fn n_threads(&self) -> u32 {
         u32::try_from(self.target.n_threads()).unwrap_or(1)
@@ -614,6 +625,7 @@ fn own_engine<T>(
     member: &mut Member,
     call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
 ) -> Result<T> {
+    let grammar_drafts = member.grammar_draft_limit();
     let Member {
         config,
         state,
@@ -650,6 +662,7 @@ fn own_engine<T>(
         seq_id: 0,
         policy: state.adaptive.as_mut(),
         logprobs: logprobs.as_mut(),
+        grammar_drafts,
     };
     let at = Cursor {
         history: &state.history,

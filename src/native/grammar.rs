@@ -152,6 +152,30 @@ impl Grammar {
         Ok(one[0].logit.is_finite())
     }
 
+    /// Which of `tokens` the grammar allows next, in their order (an id
+    /// outside the vocabulary is not allowed); an error if checking them
+    /// exceeds the engine's bounds. One pass of the engine over the candidates,
+    /// so the cost follows their number, not the vocabulary's.
+    pub fn allowed_among(&self, tokens: &[i32]) -> NativeResult<Vec<bool>> {
+        let n_vocab = self.model.n_vocab();
+        let known = |id: i32| usize::try_from(id).is_ok_and(|id| id < n_vocab);
+        let mut data: Vec<sys::llama_token_data> = tokens
+            .iter()
+            .filter(|&&id| known(id))
+            .map(|&id| sys::llama_token_data {
+                id,
+                logit: 0.0,
+                p: 0.0,
+            })
+            .collect();
+        self.apply(&mut data)?;
+        let mut verdicts = data.iter().map(|entry| entry.logit.is_finite());
+        Ok(tokens
+            .iter()
+            .map(|&id| known(id) && verdicts.next().unwrap_or(false))
+            .collect())
+    }
+
     /// Set to minus infinity every logit of a token the grammar forbids next
     /// (`logits` holds one entry per token of the vocabulary); an error, with
     /// `logits` unchanged, if checking them exceeds the engine's bounds.

@@ -25,6 +25,9 @@ pub struct Model {
     /// is the mapped file whatever later happens to the path) and its stamp
     /// as loaded. `None` when the weights were copied into memory.
     mapped: Option<(File, FileStamp)>,
+    /// The tokens whose text is one printable ASCII character or a
+    /// whitespace byte (the first such token of each byte), found once.
+    byte_tokens: std::sync::OnceLock<Vec<(i32, u8)>>,
 }
 
 /// What a write to a file changes, read without reading the file: its
@@ -236,6 +239,7 @@ impl Model {
             path: path.to_path_buf(),
             digest,
             mapped: None,
+            byte_tokens: std::sync::OnceLock::new(),
         };
         if let Some(change) = change_since(path, &file, &stamp) {
             return Err(load_error(
@@ -481,6 +485,30 @@ impl Model {
             }
             piece.resize(needed, 0);
         }
+    }
+
+    /// The tokens whose whole text is one printable ASCII character, a space,
+    /// a tab, a newline or a carriage return, as `(token, byte)` in byte
+    /// order (the lowest id of each byte): a grammar's next character is
+    /// probed with them. Found by one pass over the vocabulary, on first use.
+    pub fn byte_tokens(&self) -> &[(i32, u8)] {
+        self.byte_tokens.get_or_init(|| {
+            let mut found: [Option<i32>; 128] = [None; 128];
+            for id in 0..i32::try_from(self.n_vocab()).unwrap_or(i32::MAX) {
+                let Ok(piece) = self.token_to_piece(id, false) else {
+                    continue;
+                };
+                if let [byte] = piece[..] {
+                    let probed = byte.is_ascii_graphic() || b" \t\n\r".contains(&byte);
+                    if probed && found[usize::from(byte)].is_none() {
+                        found[usize::from(byte)] = Some(id);
+                    }
+                }
+            }
+            (0_u8..128)
+                .filter_map(|byte| found[usize::from(byte)].map(|id| (id, byte)))
+                .collect()
+        })
     }
 
     /// The bytes of a token sequence, specials rendered when `special`.

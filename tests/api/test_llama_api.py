@@ -683,3 +683,20 @@ def test_a_snapshot_of_a_chat_stream_goes_on_token_for_token_in_another_llama(ti
     rest = list(stream)
     resumed = list(tiny_llama(tiny_chat).resume_chat(taken))
     assert [c["choices"] for c in resumed] == [c["choices"] for c in rest]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "seeded"])
+def test_grammar_drafts_leave_a_schema_reply_as_it_is(tiny_chat: Path, temperature: float) -> None:
+    """``Llama(grammar_drafts=...)``: a reply under a response format's schema is the same on and off."""
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}, "size": {"type": "integer"}}}
+    schema["required"] = ["colour", "size"]
+    response_format: Any = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema}}
+    messages: Any = [{"role": "user", "content": "Describe a thing."}]
+    replies = []
+    for on in (True, False):
+        llm = tiny_llama(tiny_chat, grammar_drafts=on)
+        reply = llm.create_chat_completion(
+            messages, max_tokens=30, temperature=temperature, seed=3, response_format=response_format
+        )
+        replies.append(reply["choices"][0]["message"]["content"])
+    assert replies[0] == replies[1]

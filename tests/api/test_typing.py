@@ -142,6 +142,7 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
         "draft_policy": "fixed",
         "cost_curve": None,
         "engine": None,
+        "grammar_drafts": True,
     }
 
 

@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import checkpoint_codec as codec
+from conftest import examples
 from generator_worker import resume_elsewhere
 from specstate import CorruptCheckpointError, Generator, Model, inspect_checkpoint, json_schema_to_grammar
+from specstate._typing import Mode
 from specstate_testkit.generator_support import MODES, tiny_generator
 
 TESTS = Path(__file__).resolve().parent.parent / "support"  # the worker scripts
@@ -71,11 +75,16 @@ def test_greedy_speculation_with_a_grammar_equals_plain_decoding(tiny_map: dict[
     plain.generate(prompt, max_tokens=60)
     assert not WORDS_TEXT.fullmatch(_text(free))
     assert plain.stopped_by == "eos" and WORDS_TEXT.fullmatch(plain.model.detokenize(plain.tokens[:-1]))
-    speculative = tiny_generator(mode, tiny_map, grammar=WORDS)
+    # Without grammar drafts, a drafter's tokens reach verification as they are; with them (the default), a
+    # drafted token the grammar forbids ends the draft before it is verified.
+    speculative = tiny_generator(mode, tiny_map, grammar=WORDS, grammar_drafts=False)
     speculative.generate(prompt, max_tokens=60)
     assert speculative.tokens == plain.tokens
     if mode != "none":
         assert speculative.drafted > speculative.accepted  # the grammar rejected drafted tokens
+    pruned = tiny_generator(mode, tiny_map, grammar=WORDS)
+    pruned.generate(prompt, max_tokens=60)
+    assert pruned.tokens == plain.tokens
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -265,3 +274,80 @@ def test_a_json_schema_of_a_thousand_choices_stays_within_the_bounds(smollm2: Mo
         json.loads(smollm2.detokenize(generator.tokens[:-1] if generator.stopped_by == "eos" else generator.tokens))
         in choices
     )
+
+
+# --- drafts from the grammar ---------------------------------------------------------------------------------
+
+#: Runs of text the grammar alone decides, between short free words.
+FORCED_RUNS = 'root ::= "abc abd. " [a-e]{1,3} " abc abd. " [a-e]{1,3} "."'
+#: Keys and value types the schemas of the property are drawn from.
+KEYS = ["name", "city", "start_time", "attendees", "is_online", "description"]
+VALUES: list[dict[str, Any]] = [
+    {"type": "string"},
+    {"type": "integer"},
+    {"type": "boolean"},
+    {"enum": ["red", "green", "blue"]},
+]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("mode", MODES)
+def test_grammar_drafts_change_no_reply_in_any_mode(tiny_map: dict[str, Path], mode: str, sampled: bool) -> None:
+    replies = {}
+    for on in (True, False):
+        generator = tiny_generator(mode, tiny_map, sampled=sampled, grammar=FORCED_RUNS, grammar_drafts=on)
+        assert generator.grammar_drafts is on
+        generator.generate(generator.model.tokenize(TEXT), max_tokens=40)
+        replies[on] = generator.tokens, generator.accepted, generator.rounds
+    assert replies[True][0] == replies[False][0]
+    # Fewer rounds where the grammar drafts: not in `none` mode on the tiny target (hybrid: `none` mode keeps no
+    # snapshots to roll a draft back), nor beside a draft model that samples or a session (they draft alone).
+    if mode == "ngram" or (mode == "draft" and not sampled):
+        assert replies[True][2] < replies[False][2]
+
+
+def test_the_tokens_a_grammar_forces_are_drafted_in_none_mode(smollm2: Model) -> None:
+    schema = {"type": "object", "properties": {key: {"type": "string"} for key in KEYS[:3]}, "required": KEYS[:3]}
+    grammar = json_schema_to_grammar(json.dumps(schema))
+    prompt = smollm2.tokenize(CHAT_PROMPT, add_special=False, parse_special=True)
+    runs = {}
+    for on in (True, False):
+        generator = Generator(smollm2, grammar=grammar, n_ctx=256, n_threads=2, grammar_drafts=on)
+        generator.generate(prompt, max_tokens=60)
+        runs[on] = generator
+    assert runs[True].tokens == runs[False].tokens
+    assert runs[False].drafted == 0
+    # The key names and the punctuation around them are drafted and accepted: fewer rounds for the same reply.
+    assert runs[True].accepted >= 6 and runs[True].rounds < runs[False].rounds
+    # A runtime choice: switched off between calls, and not part of the checkpoint.
+    restored = Generator.restore(runs[True].checkpoint(), smollm2, grammar_drafts=False)
+    assert not restored.grammar_drafts and restored.config == runs[True].config
+
+
+@given(
+    keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True),
+    values=st.lists(st.sampled_from(range(len(VALUES))), min_size=4, max_size=4),
+    mode=st.sampled_from(["none", "ngram"]),
+    seed=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+)
+@settings(max_examples=examples(ci=5, dev=20), deadline=None)
+def test_grammar_drafts_keep_every_reply_under_small_schemas(
+    smollm2: Model, keys: list[str], values: list[int], mode: Mode, seed: int | None
+) -> None:
+    """Greedy (no seed) or seeded: the reply under a schema is the same with grammar drafts on and off."""
+    schema = {
+        "type": "object",
+        "properties": {key: VALUES[index] for key, index in zip(keys, values)},
+        "required": keys,
+    }
+    grammar = json_schema_to_grammar(json.dumps(schema))
+    sampling: dict[str, Any] = {} if seed is None else {"temperature": 0.8, "top_k": 40, "seed": seed}
+    prompt = smollm2.tokenize(CHAT_PROMPT, add_special=False, parse_special=True)
+    replies = []
+    for on in (True, False):
+        generator = Generator(
+            smollm2, mode=mode, grammar=grammar, n_ctx=256, n_threads=2, grammar_drafts=on, **sampling
+        )
+        generator.generate(prompt, max_tokens=32)
+        replies.append(generator.tokens)
+    assert replies[0] == replies[1]

@@ -102,6 +102,13 @@ def add_settings(parser: argparse.ArgumentParser, n_ctx: int | None = None) -> N
         dest="json_schema_file",
         help="a JSON Schema the reply follows (as JSON text, by llama.cpp's converter to a grammar)",
     )
+    group.add_argument(
+        "--no-grammar-drafts",
+        dest="grammar_drafts",
+        action="store_false",
+        default=None,
+        help="do not draft the tokens the grammar forces (the reply is the same; only its speed changes)",
+    )
 
 
 def add_mmap(parser: argparse.ArgumentParser) -> None:

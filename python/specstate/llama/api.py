@@ -102,6 +102,8 @@ class Llama:
         cost_curve: the adaptive policy's cost curve, pinned for every generation (microseconds to verify 1, 2,
             ... ``n_draft + 1`` rows; default None: each generation measures its own before its prompt). One
             curve for all makes each reply's draft lengths, and so a sampled reply, the same in every generation.
+        grammar_drafts: draft the tokens a grammar (``response_format``, a required tool call, ``grammar``)
+            forces, in every mode (default True); the replies are the same either way (docs/generating.md).
         last_n_tokens_size: tokens of the history the repetition penalties count
             (default :data:`LAST_N_TOKENS_SIZE`; 0: none, -1: the whole history).
         chat_format: None (the model's own template; ChatML, with a warning, for a model without one), or a
@@ -182,6 +184,7 @@ class Llama:
         n_draft: int = N_DRAFT,
         draft_policy: DraftPolicy = DRAFT_POLICY,
         cost_curve: Sequence[int] | None = None,
+        grammar_drafts: bool = True,
         last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
         chat_template: str | None = None,
@@ -195,7 +198,6 @@ class Llama:
         check_llama_cpp_options(llama_cpp_options)
         _one_of(mode=(mode, Mode), draft_policy=(draft_policy, DraftPolicy))
         threads = _counts(n_ctx=n_ctx, n_batch=n_batch, n_draft=n_draft, n_threads=n_threads)
-        curve = None if cost_curve is None else [_integer("cost_curve's entries", cost) for cost in cost_curve]
         #: Earlier texts ``ngram`` mode's prompt lookup copies; every finished generation adds its prompt and reply.
         self.lookup_corpus = _corpus(lookup_corpus, mode)
         self._embedding, self._pooling = _flag("embedding", embedding), _pooling(pooling_type)
@@ -203,8 +205,7 @@ class Llama:
         self._seed, self._last_n = _seed(seed), _integer("last_n_tokens_size", last_n_tokens_size)
         self._template = _template_source(chat_format, chat_template)
         self.verbose = verbose  #: Accepted for compatibility; nothing reads it.
-        #: The path the model was loaded from.
-        self.model_path = os.fspath(model_path)
+        self.model_path = os.fspath(model_path)  #: The path the model was loaded from.
         #: The target model (the engine's, with one).
         self.model = _target(model_path, engine, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
         self._settings: GeneratorSettings = {
@@ -214,8 +215,9 @@ class Llama:
             "n_ctx": n_ctx if engine is None else engine.n_ctx,
             "n_batch": n_batch if engine is None else min(n_batch, engine.n_batch),
             "n_threads": threads,
+            "grammar_drafts": _flag("grammar_drafts", grammar_drafts),
             "draft_policy": draft_policy,
-            **({} if curve is None else {"cost_curve": curve}),
+            **({} if cost_curve is None else {"cost_curve": [_integer("cost_curve's entries", c) for c in cost_curve]}),
             **({} if engine is None else {"engine": engine}),
         }
         #: The shared engine the generations decode on (None: each its own context).
@@ -410,7 +412,11 @@ class Llama:
         engine, with one, once the held generations have let go of their sequences)."""
         settings = self._settings
         generator = Generator.restore(
-            checkpoint, self.model, draft_model=settings["draft_model"], n_threads=settings["n_threads"]
+            checkpoint,
+            self.model,
+            draft_model=settings["draft_model"],
+            n_threads=settings["n_threads"],
+            grammar_drafts=settings.get("grammar_drafts", True),
         )
         if self.engine is not None:
             self._let_go()

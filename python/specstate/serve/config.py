@@ -101,6 +101,11 @@ class ServerConfig:
         default=False,
         metadata=_option("reuse nothing between requests (prompt cells and states, conversations, lookup corpus)"),
     )
+    #: Draft nothing from grammars (by default the tokens a request's grammar, JSON schema or required tool call
+    #: forces are drafted and verified as any draft: faster replies, the same text).
+    no_grammar_drafts: bool = field(
+        default=False, metadata=_option("draft nothing from grammars (replies are the same, under a grammar slower)")
+    )
     #: Serve ``/metrics`` without the API key (for a scraper on a trusted network).
     metrics_public: bool = field(default=False, metadata=_option("serve /metrics without the API key"))
     #: A chat template's Jinja source, or ``chatml`` (None: the model's own).

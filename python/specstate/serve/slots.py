@@ -252,6 +252,7 @@ def load(
         n_draft=config.n_draft,
         draft_policy=config.draft_policy,
         cost_curve=cost_curve,
+        grammar_drafts=not config.no_grammar_drafts,
         chat_template=config.chat_template,
         seed=-1,
     )
