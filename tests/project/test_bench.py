@@ -352,5 +352,7 @@ def test_quality_figures_from_small_logits(tmp_path: Path) -> None:
     assert lines[2].endswith("| 5/5 | 0.00e+00, 1.39e+00, 4.00e+00 | yes |")  # mean KLs from upstream n_batch 512
     zeros = "0.00e+00 | 0.00e+00 | 0.00e+00"
     assert f"| m.gguf | {pair_name(SPECSTATE, UPSTREAM_BIG)} | {zeros} | 100.00% | 5/5 |" in lines
-    assert quality_fields([result])["quality_verdict"].endswith("on 1 of 1 models")
+    verdict = quality_fields([result])["quality_verdict"]
+    assert verdict.startswith("The exact path stays within upstream's own batch-size variation on 1 of 1 models;")
+    assert "is at most that of specstate n_batch 512 (" in verdict and verdict.endswith("single decode on 1 of 1")
     assert quality_fields([])["quality_setup"] == "not measured yet"
