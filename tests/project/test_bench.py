@@ -349,7 +349,7 @@ def test_quality_figures_from_small_logits(tmp_path: Path) -> None:
     lines = tables([result]).splitlines()
     assert lines[2].startswith("| m.gguf | 1.000 | 1.000 | 4.000 | 1.000 |")
     assert lines[2].count("|") == lines[1].count("|")
-    assert lines[2].endswith("| 5/5 | 0.00e+00, 1.39e+00, 4.00e+00 | yes |")  # mean KLs from upstream n_batch 512
+    assert lines[2].endswith("| 5/5 | 0.00e+00, 1.39e+00, 4.00e+00 | yes | yes |")  # mean KLs from upstream 512
     zeros = "0.00e+00 | 0.00e+00 | 0.00e+00"
     assert f"| m.gguf | {pair_name(SPECSTATE, UPSTREAM_BIG)} | {zeros} | 100.00% | 5/5 |" in lines
     verdict = quality_fields([result])["quality_verdict"]
