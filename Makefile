@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-batched bench-chain chain-runs bench-grammar grammar-runs fetch-models \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-quality bench-batched bench-chain chain-runs bench-grammar grammar-runs fetch-models \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -267,6 +267,13 @@ chain-runs:
 # benchmark venv, SPECSTATE_BENCH_VENV, with llama-cpp-python[server]); results in benchmarks/results/serve.json.
 bench-serve: develop
 	$(BIN)/python benchmarks/serve_load.py $(MODEL_OPTIONS)
+
+# Perplexity and KL divergence of specstate's exact decoding (chunks of 16 rows) against upstream llama.cpp's
+# (llama-cpp-python from the benchmark venv) at n_batch 512 and 1, on one fixed text; MODEL= as for `make bench`.
+# Not part of `make bench`: four decodes of the text with every row's logits, one token at a time among them.
+bench-quality: develop
+	$(BIN)/python benchmarks/quality.py $(if $(MODEL),--model $(MODEL))
+	$(BIN)/python benchmarks/report.py
 
 # The batched engine against the same requests served one by one (1, 4, 8 at once), and replies identical to solo.
 bench-batched: develop

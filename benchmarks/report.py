@@ -25,6 +25,8 @@ from typing import Any
 from bench_models import title
 from busy import busy_fields
 from grammar_drafts import grammar_fields
+from quality import load_all as load_quality
+from quality import quality_fields
 from serve_load import serve_fields
 from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, draft_text, exactness
 from speculation import targets as speculation_targets
@@ -548,8 +550,9 @@ def _runs_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_results(directory: Path = RESULTS) -> dict[str, Any]:
-    """The results files the page reads, by name."""
-    return {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
+    """The results files the page reads, by name, and every model's quality.json (``quality``: a list)."""
+    results = {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
+    return {**results, "quality": load_quality(directory)}
 
 
 def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
@@ -564,6 +567,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **_runs_fields(results["runs"]),
         **busy_fields(results["busy"]),
         **serve_fields(results["serve"]),
+        **quality_fields(results["quality"]),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
 

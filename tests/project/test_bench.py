@@ -296,3 +296,63 @@ def test_serve_goals_and_tables_from_a_runs_figures() -> None:
     load = requests(16)
     assert len(load) == 16 and {r.temperature for r in load} == {0.0, 0.8} and len({r.seed for r in load}) == 16
     assert all(24 <= r.max_tokens <= 96 for r in load) and requests(16) == load  # seeded
+
+
+def test_quality_figures_from_small_logits(tmp_path: Path) -> None:
+    """benchmarks/quality.py's figures on small arrays: a uniform row's perplexity is the vocabulary's size, KL is
+    its closed form (0 between identical rows), top-1 agreement and identical rows are counted, figures read a few
+    rows at a time equal those of the whole, and the tables and the page's fields come from them."""
+    import numpy as np
+
+    from quality import (
+        PAIRS,
+        SPECSTATE,
+        SPECSTATE_BIG,
+        SPECSTATE_ONE,
+        UPSTREAM_BIG,
+        UPSTREAM_ONE,
+        compare,
+        kl_rows,
+        log_softmax,
+        pair_name,
+        quality_fields,
+        tables,
+        within,
+    )
+
+    half, skewed = np.log([[0.5, 0.5]]), np.log([[0.9, 0.1]])
+    assert np.allclose(kl_rows(log_softmax(half), log_softmax(skewed)), 0.5 * np.log(25 / 9))
+    assert kl_rows(log_softmax(skewed), log_softmax(skewed + 3.0)) == [0.0]  # a shift changes no probability
+    tokens = [0, 1, 2, 3, 0]
+    uniform = np.zeros((5, 4), dtype=np.float32)
+    sharp = np.eye(4, dtype=np.float32)[[1, 2, 3, 0, 0]] * 20  # each row certain of its next token
+    off = sharp.copy()
+    off[0] = np.eye(4)[3] * 20  # row 0 certain of another token
+    runs = (SPECSTATE, SPECSTATE_ONE, SPECSTATE_BIG, UPSTREAM_BIG, UPSTREAM_ONE)
+    logits = dict(zip(runs, (sharp, sharp, uniform, sharp, off)))
+    paths = {run: tmp_path / f"{index}.npy" for index, run in enumerate(logits)}
+    for run, path in paths.items():
+        np.save(path, logits[run])
+    figures = compare(paths, tokens, chunk_rows=2)
+    assert compare(paths, tokens, chunk_rows=5) == figures
+    assert np.isclose(figures["runs"][SPECSTATE_BIG]["perplexity"], 4.0)
+    assert figures["runs"][SPECSTATE]["perplexity"] < 1.0001 < figures["runs"][UPSTREAM_ONE]["perplexity"]
+    exact = figures["pairs"][pair_name(SPECSTATE, UPSTREAM_BIG)]
+    assert (exact["kl_mean"], exact["kl_max"], exact["top1_agreement"], exact["identical_rows"]) == (0, 0, 1, 5)
+    own = figures["pairs"][pair_name(UPSTREAM_ONE, UPSTREAM_BIG)]
+    assert own["top1_agreement"] == 0.8 and own["identical_rows"] == 4 and own["kl_max"] > 19
+    assert own["kl_p99"] < own["kl_max"] and np.isclose(own["kl_mean"], own["kl_max"] / 5)
+    assert set(figures["pairs"]) == {pair_name(*pair) for pair in PAIRS}
+    assert within(figures) == {"kl_mean": True, "perplexity": True}
+    result = {"model": "m.gguf", "tokens": 5, "text": "t.md", "threads": 2, "date": "today", **figures}
+    result["llama_cpp_python_version"] = "0.3.36"
+    lines = tables([result]).splitlines()
+    assert lines[2].startswith("| m.gguf | 1.000 | 1.000 | 4.000 | 1.000 |")
+    assert lines[2].count("|") == lines[1].count("|")
+    assert lines[2].endswith("| 5/5 | 0.00e+00, 1.39e+00, 4.00e+00 | yes | yes |")  # mean KLs from upstream 512
+    zeros = "0.00e+00 | 0.00e+00 | 0.00e+00"
+    assert f"| m.gguf | {pair_name(SPECSTATE, UPSTREAM_BIG)} | {zeros} | 100.00% | 5/5 |" in lines
+    verdict = quality_fields([result])["quality_verdict"]
+    assert verdict.startswith("The exact path stays within upstream's own batch-size variation on 1 of 1 models;")
+    assert "is at most that of specstate n_batch 512 (" in verdict and verdict.endswith("single decode on 1 of 1")
+    assert quality_fields([])["quality_setup"] == "not measured yet"
