@@ -117,7 +117,8 @@ def batches(model: str, threads: int) -> None:
 def prefill(model: str, threads: int) -> None:
     """Answer prefill timings from stdin, one JSON line each, until stdin closes (the module's docstring)."""
     prompt = json.loads(sys.stdin.readline())["prompt"]
-    llm = Llama(model, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    # llama-cpp-python's default n_batch (512): its big batches take ggml's inexact batched kernels.
+    llm = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         best = float("inf")

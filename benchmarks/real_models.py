@@ -7,8 +7,9 @@ On Qwen2.5-Coder-1.5B-Instruct Q4_K_M (target) and Qwen2.5-Coder-0.5B-Instruct Q
   its weights hold, a batch of 2, 4, 8 and 16 rows against one row, with upstream's (llama-cpp-python's unpatched,
   inexact batches) on the same file in the same rounds;
 - **prefill**: a PREFILL_TOKENS-token prompt decoded by specstate's default exact path (a fresh ``Generator``, the
-  prompt in exact chunks of 16 rows, up to the first token) and by upstream (``Llama(n_batch=512).eval``, a
-  persistent process of the peer venv, its KV cache emptied first), interleaved rounds; the ratio of their speeds;
+  prompt in exact chunks of 16 rows, up to the first token) and by upstream (``Llama.eval`` at its default
+  ``n_batch`` of 512, a persistent process of the peer venv, its KV cache emptied first), interleaved rounds; the
+  ratio of their speeds;
 - **speculation**: ``speculation.prompt_figures`` on every prompt of ``speculation.PROMPTS`` with the contenders of
   CONTENDERS: ``none``, ``ngram`` at a fixed length and adaptive, ``draft`` at the generator's fixed length and
   adaptive, llama.cpp's own n-gram speculation (ngram-simple, as on the SmolLM2 page) and its draft-model
@@ -16,7 +17,7 @@ On Qwen2.5-Coder-1.5B-Instruct Q4_K_M (target) and Qwen2.5-Coder-0.5B-Instruct Q
   ``benchmarks/llama_spec`` (x86-64-v3 build), interleaved rounds;
 - **a conversation continued from its cache**: on every model of the bench (CACHE_MODELS), a ``Llama`` that held the
   first two turns of a 3-turn chat answers the third as a fresh ``Llama`` answers the same turns sent whole;
-- **the goals of issue 51** (GOALS), each met or missed with its figure.
+- **the goals of issue 51** (``goals``), each met or missed with its figure.
 
 Writes ``real_models.json`` into ``benchmarks/results/models/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/`` (the results
 of a run on that pair, ``bench_models.results_dir``); ``--record`` also adds the run's goals to ``runs.json`` there
@@ -130,7 +131,7 @@ def prefill_figures(model: Model, threads: int, rounds: int, peer: Path) -> dict
     tokens = model.tokenize(PREFILL_TEXT, add_special=False, parse_special=True)[:PREFILL_TOKENS]
 
     def exact() -> float:
-        generator = Generator(model, n_ctx=2048, n_threads=threads)
+        generator = Generator(model, n_ctx=1024, n_threads=threads)
         started = time.perf_counter()
         generator.generate(tokens, max_tokens=1)
         return len(tokens) / (time.perf_counter() - started)
