@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/specstate-target
 # The native build runs CMake, which comes from the virtual environment (PyPI).
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-quality bench-batched bench-chain chain-runs bench-grammar grammar-runs fetch-models \
+.PHONY: all demo demo-cluster demo-serve test develop system-deps llama-patches test-rust test-python typecheck lint fmt wheel check-old-glibc wheel-aarch64 check-old-glibc-aarch64 wheel-cuda check-old-glibc-cuda gpu-check-wheels gpu-check-dry-run bench bench-report bench-speculation bench-busy busy-runs bench-cpu bench-chat bench-cluster bench-serve bench-quality bench-batched bench-chain chain-runs bench-models models-runs bench-grammar grammar-runs fetch-models \
 	fuzz asan bench-lifecycle clean
 
 all: test
@@ -214,7 +214,7 @@ fetch-models: $(VENV)/.installed
 bench: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/run.py $(MODEL_OPTIONS)
 ifeq ($(MODEL_OPTIONS),)
-	@$(MAKE) --no-print-directory chain-runs busy-runs grammar-runs
+	@$(MAKE) --no-print-directory chain-runs busy-runs grammar-runs models-runs
 	$(BIN)/python benchmarks/report.py --record-run
 endif
 
@@ -228,6 +228,19 @@ bench-report: develop
 bench-speculation: develop
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/speculation.py $(MODEL_OPTIONS)
 	$(BIN)/python benchmarks/report.py
+
+# Real models (also part of `make bench`): the Qwen2.5-Coder 1.5B / 0.5B Q4_K_M pair (benchmarks/real_models.py):
+# verification cost per quantization type and prefill against upstream llama-cpp-python, none / ngram / draft (fixed
+# and adaptive) against llama.cpp's own n-gram and draft-model speculation, a Llama conversation continued from its
+# cache against the same turns decoded fresh on every model of the bench, and issue 51's goals. Each run is recorded
+# in benchmarks/results/models/qwen2.5-coder-1.5b+qwen2.5-coder-0.5b/ (real_models.json, runs.json) for the page.
+# About 20 minutes on 2 cores. BENCH_MODELS_OPTIONS=--smoke checks the whole path in minutes, recording nothing.
+bench-models: develop models-runs
+	$(BIN)/python benchmarks/report.py
+
+models-runs:
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/real_models.py \
+		$(if $(filter --smoke,$(BENCH_MODELS_OPTIONS)),,--record) $(BENCH_MODELS_OPTIONS)
 
 # Decoding while 0, 1 and 2 other CPU-bound processes run (issue 33): specstate at 1, 2 and the default thread count,
 # with and without ggml's spinning waits, llama-cpp-python at its default and 2 threads, llama-bench; interleaved

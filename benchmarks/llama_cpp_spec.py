@@ -1,11 +1,12 @@
-"""llama.cpp's own n-gram speculation, as a peer row for specstate's ``ngram`` mode.
+"""llama.cpp's own speculation, as peer rows for specstate's ``ngram`` and ``draft`` modes.
 
 What it measures: greedy generation speed (tokens/s after the first generated
 token, prefill excluded, as ``specstate.bench.speculation_figures`` measures
 it), drafted and accepted token counts, and the tokens themselves, of
 llama.cpp's ``common_speculative`` n-gram drafters (``ngram-simple`` by
-default; ``ngram-map-k`` and ``ngram-cache`` on request) on the same model,
-prompts, thread count and draft length as specstate.
+default; ``ngram-map-k`` and ``ngram-cache`` on request), or of its draft-model
+speculation (``draft-simple``), on the same models, prompts and thread count
+as specstate.
 
 Why a driver of our own (``benchmarks/llama_spec/main.cpp``): the llama.cpp
 source inside the pinned llama-cpp-sys-4 crate ships neither ``examples/``
@@ -215,18 +216,23 @@ def llama_cpp_ngram(
     n_draft: int,
     spec_type: str = "ngram-simple",
     sizes: tuple[int, int] | None = None,
+    draft_model: Path | None = None,
 ) -> dict[str, Any]:
     """One greedy run of the driver: tokens/s (prefill excluded), drafted, accepted and the tokens.
 
     `sizes` (lookup n-gram, draft m-gram) overrides llama.cpp's defaults (12, 48) for ngram-simple and
     ngram-map-k; ngram-simple only drafts when the m-gram is at least as long as the n-gram. Drafts are
-    cut to `n_draft` either way.
+    cut to `n_draft` either way. With `draft_model`, llama.cpp's draft-model speculation (``draft-simple``)
+    drafts with that model instead (`spec_type` and `sizes` are then ignored).
     """
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as handle:
         handle.write(prompt_text)
     try:
-        command = [str(binary), str(model), handle.name, str(n_tokens), str(threads), str(n_draft), spec_type]
-        command += [str(size) for size in sizes or ()]
+        command = [str(binary), str(model), handle.name, str(n_tokens), str(threads), str(n_draft)]
+        if draft_model is None:
+            command += [spec_type, *(str(size) for size in sizes or ())]
+        else:
+            command += ["draft-simple", str(draft_model)]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(handle.name)

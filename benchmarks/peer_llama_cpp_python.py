@@ -13,6 +13,11 @@ Batch costs: python peer_llama_cpp_python.py --batches MODEL THREADS -> the firs
 "batch": [ids]} (answered {"ready": true} once the prompt is decoded), each next one {"rows": n, "repeats": r},
 answered {"seconds"}: the best of r decodes of the batch's first n tokens after the prompt, every row's logits, the
 KV cache cut back to the prompt before each (what benchmarks/verify_cost.py times on specstate).
+
+Prefill: python peer_llama_cpp_python.py --prefill MODEL THREADS -> the first line of stdin is {"prompt": [ids]}
+(answered {"ready": true}), each next one {"repeats": r}, answered {"seconds"}: the best of r decodes of the whole
+prompt into an emptied KV cache, at llama-cpp-python's default ``n_batch`` (512), the last row's logits only (what
+benchmarks/real_models.py times against specstate's exact prefill).
 """
 
 from __future__ import annotations
@@ -109,9 +114,26 @@ def batches(model: str, threads: int) -> None:
         print(json.dumps({"seconds": best}), flush=True)
 
 
+def prefill(model: str, threads: int) -> None:
+    """Answer prefill timings from stdin, one JSON line each, until stdin closes (the module's docstring)."""
+    prompt = json.loads(sys.stdin.readline())["prompt"]
+    # llama-cpp-python's default n_batch (512): its big batches take ggml's inexact batched kernels.
+    llm = Llama(model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        best = float("inf")
+        for _ in range(json.loads(line)["repeats"]):
+            llm.n_tokens = 0  # eval() first drops the KV cache's cells from n_tokens on: all of them
+            started = time.perf_counter()
+            llm.eval(prompt)
+            best = min(best, time.perf_counter() - started)
+        print(json.dumps({"seconds": best}), flush=True)
+
+
 def main() -> None:
-    if sys.argv[1] in ("--serve", "--batches"):
-        (serve if sys.argv[1] == "--serve" else batches)(sys.argv[2], int(sys.argv[3]))
+    modes = {"--serve": serve, "--batches": batches, "--prefill": prefill}
+    if sys.argv[1] in modes:
+        modes[sys.argv[1]](sys.argv[2], int(sys.argv[3]))
         return
     request = json.loads(Path(sys.argv[1]).read_text())
     model, threads, runs = request["model"], request["threads"], request["runs"]

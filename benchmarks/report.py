@@ -27,6 +27,9 @@ from busy import busy_fields
 from grammar_drafts import grammar_fields
 from quality import load_all as load_quality
 from quality import quality_fields
+from real_models import RESULTS as REAL_MODELS
+from real_models import load as load_real_models
+from real_models import page_fields as real_models_fields
 from serve_load import serve_fields
 from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, draft_text, exactness
 from speculation import targets as speculation_targets
@@ -550,13 +553,17 @@ def _runs_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_results(directory: Path = RESULTS) -> dict[str, Any]:
-    """The results files the page reads, by name, and every model's quality.json (``quality``: a list)."""
+    """The results files the page reads, by name, every model's quality.json (``quality``: a list), and the
+    real-model section's (``real_models``: the pair's latest run, None before the first, and its recorded runs)."""
     results = {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
-    return {**results, "quality": load_quality(directory)}
+    results["quality"] = load_quality(directory)
+    results["real_models"] = load_real_models(directory / REAL_MODELS.relative_to(RESULTS))
+    return results
 
 
 def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
     """docs/benchmarks.md: the template's text with every field filled from `results` (see ``load_results``)."""
+    real_latest, real_runs = results["real_models"]
     fields = {
         **_speculation_fields(results["speculation"]),
         **_latest_fields(results["latest"], results["speculation"], results["verify_cost"]),
@@ -568,6 +575,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **busy_fields(results["busy"]),
         **serve_fields(results["serve"]),
         **quality_fields(results["quality"]),
+        **real_models_fields(real_latest, real_runs, RUNS_SHOWN),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})
 

@@ -5,12 +5,12 @@ edit: rename a function in a given file, the answer mostly the file copied) ever
 number of greedy tokens once per round, all contenders back to back with the order rotating
 (``specstate.bench.interleave``), so each ratio is the median of per-round pairs measured in the same stretch
 of time, printed with its range. Contenders: plain decoding (``none``); ``ngram`` with fixed draft lengths 4,
-8 and 16; ``ngram`` with the adaptive draft policy (at most 16); llama-cpp-python's prompt lookup
+8 and 16; ``ngram`` with the adaptive draft policy (at most 16: MAX_DRAFT); llama-cpp-python's prompt lookup
 (``num_pred_tokens=10``, a persistent process of the benchmark's peer venv); llama.cpp's own n-gram
 speculation (``common_speculative``, ngram-simple with 4-token n-grams and drafts of up to 16, through the
 driver in ``benchmarks/llama_spec``), built twice: with specstate's x86-64-v3 kernel flags and with
 ``GGML_NATIVE`` (this CPU's own, VNNI or AVX-512 included). With a draft model, ``draft`` at the generator's
-fixed draft length and ``draft adaptive`` (the adaptive policy, at most 16). ``--contenders`` measures some of them
+fixed draft length and ``draft adaptive`` (the adaptive policy, at most 15). ``--contenders`` measures some of them
 (``none`` always). Everything is built before the first measurement.
 The column "equal to none" counts a contender's tokens equal to plain greedy's from the first on (the last
 round's run of each): every specstate mode's should be all of them, since specstate's llama.cpp patch gives
@@ -41,6 +41,7 @@ from typing import IO, Any
 from bench_models import add_model_options, resolve, results_dir, title
 from peer_venv import peer_python
 from specstate import Generator, Model
+from specstate._defaults import N_BATCH
 from specstate.bench import (
     CODE_PROMPT,
     EDIT_PROMPT,
@@ -54,16 +55,24 @@ from specstate.bench import (
 ROOT = Path(__file__).resolve().parent.parent
 
 PROMPTS = {"story": STORY_PROMPT, "code": CODE_PROMPT, "quotes": QUOTE_PROMPT, "edit": EDIT_PROMPT}
-FIXED_LENGTHS = (4, 8, 16)
+#: The longest draft a generator verifies at its default ``n_batch`` (the most rows that decode exactly): a
+#: verification of ``n_draft + 1`` rows must fit one batch, so ``n_draft`` is at most ``n_batch - 1``.
+MAX_DRAFT = N_BATCH - 1
+FIXED_LENGTHS = (4, 8, MAX_DRAFT)
 ADAPTIVE = "ngram adaptive"
 NONE = "none"
 LOOKUP = "llama-cpp-python prompt lookup"
 LLAMA_CPP = "llama.cpp ngram-simple"
 LLAMA_CPP_NATIVE = "llama.cpp ngram-simple, native build"
+#: llama.cpp's draft-model speculation (``draft-simple``, the driver's x86-64-v3 build), a contender only where a
+#: benchmark puts its driver among the peers under this name and gives a draft model (``benchmarks/real_models.py``).
+LLAMA_CPP_DRAFT = "llama.cpp draft-simple"
+#: Its draft length: llama.cpp's default (``common_params_speculative_draft.n_max``).
+LLAMA_CPP_DRAFT_MAX = 3
 DRAFT = "draft"
 DRAFT_ADAPTIVE = "draft adaptive"
 #: The draft-model contenders' settings: the generator's fixed draft length, and the adaptive policy as for ngram.
-DRAFTS: dict[str, dict[str, Any]] = {DRAFT: {}, DRAFT_ADAPTIVE: {"n_draft": 16, "draft_policy": "adaptive"}}
+DRAFTS: dict[str, dict[str, Any]] = {DRAFT: {}, DRAFT_ADAPTIVE: {"n_draft": MAX_DRAFT, "draft_policy": "adaptive"}}
 #: The peer configurations, and the kernel build of each llama.cpp one.
 PEERS = (LOOKUP, LLAMA_CPP, LLAMA_CPP_NATIVE)
 LLAMA_CPP_BUILDS = {LLAMA_CPP: "x86-64-v3", LLAMA_CPP_NATIVE: "native"}
@@ -175,11 +184,29 @@ class Contenders:
 
         return once
 
+    def llama_cpp_draft(self) -> float:
+        """llama.cpp's draft-model speculation with the draft model, through the driver under LLAMA_CPP_DRAFT."""
+        from llama_cpp_spec import llama_cpp_ngram
+
+        assert self.draft_model is not None
+        figures = llama_cpp_ngram(
+            self.peers[LLAMA_CPP_DRAFT],
+            self.peers["model"],
+            self.prompt,
+            self.args.tokens,
+            self.args.threads,
+            LLAMA_CPP_DRAFT_MAX,
+            draft_model=Path(self.draft_model.path),
+        )
+        accepted, drafted = figures["accepted"], figures["drafted"]
+        self.last[LLAMA_CPP_DRAFT] = {"acceptance": accepted / drafted if drafted else 0.0, "tokens": figures["tokens"]}
+        return float(figures["tokens_per_s"])
+
     def all(self) -> dict[str, Callable[[], float]]:
         contenders = {NONE: self.specstate(NONE, mode="none")}
         for length in FIXED_LENGTHS:
             contenders[f"ngram k={length}"] = self.specstate(f"ngram k={length}", mode="ngram", n_draft=length)
-        contenders[ADAPTIVE] = self.specstate(ADAPTIVE, mode="ngram", n_draft=16, draft_policy="adaptive")
+        contenders[ADAPTIVE] = self.specstate(ADAPTIVE, mode="ngram", n_draft=MAX_DRAFT, draft_policy="adaptive")
         if self.draft_model is not None:
             for name in self.drafts:
                 contenders[name] = self.specstate(name, mode="draft", draft_model=self.draft_model, **DRAFTS[name])
@@ -188,6 +215,8 @@ class Contenders:
         for name in LLAMA_CPP_BUILDS:
             if name in self.peers:
                 contenders[name] = self.llama_cpp(name)
+        if LLAMA_CPP_DRAFT in self.peers and self.draft_model is not None:
+            contenders[LLAMA_CPP_DRAFT] = self.llama_cpp_draft
         chosen = getattr(self.args, "contenders", None)
         return {name: measure for name, measure in contenders.items() if chosen is None or name in (NONE, *chosen)}
 
@@ -278,7 +307,8 @@ def equal_to_none(prompt: dict[str, Any], row: dict[str, Any]) -> str:
 
 def exactness(spec: dict[str, Any]) -> tuple[str, str, str, str]:
     """(measure, value, target, verdict): every specstate contender's tokens equal plain greedy's, on every prompt."""
-    rows = [(prompt, row) for prompt in spec.values() for name, row in prompt.items() if name not in PEERS]
+    upstream = (*PEERS, LLAMA_CPP_DRAFT)
+    rows = [(prompt, row) for prompt in spec.values() for name, row in prompt.items() if name not in upstream]
     exact = [row for prompt, row in rows if row["tokens_equal_to_none"] == tokens_of_none(prompt, row)]
     verdict = "met" if len(exact) == len(rows) else "**missed**"
     return ("specstate runs: every token equal to none", f"{len(exact)} of {len(rows)}", "all", verdict)

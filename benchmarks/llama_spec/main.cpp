@@ -1,12 +1,17 @@
-// llama-spec: greedy generation with llama.cpp's own n-gram speculation
-// (common/speculative.h), for specstate's benchmark peer row.
+// llama-spec: greedy generation with llama.cpp's own speculation
+// (common/speculative.h), for specstate's benchmark peer rows.
 //
 //   llama-spec MODEL PROMPT_FILE N_TOKENS THREADS N_DRAFT [SPEC_TYPE [SIZE_N SIZE_M]]
+//   llama-spec MODEL PROMPT_FILE N_TOKENS THREADS N_DRAFT draft-simple DRAFT_MODEL
 //
 // SPEC_TYPE: ngram-simple (default), ngram-map-k or ngram-cache (any name
 // common_speculative_type_from_name knows is accepted). SIZE_N / SIZE_M
 // override the lookup n-gram and draft m-gram sizes of ngram-simple and
 // ngram-map-k (llama.cpp's defaults otherwise); drafts are cut to N_DRAFT.
+// draft-simple drafts with DRAFT_MODEL (greedy, up to N_DRAFT tokens) in a
+// context of its own, which sees every batch the target decodes (the prompt
+// and each verification, through common_speculative_process) and loses the
+// rows the target rejects, as llama-server keeps its draft context.
 //
 // The prompt is tokenized with special-token parsing and no added BOS, decoded,
 // then N_TOKENS tokens are generated greedily (stopping at end-of-generation):
@@ -45,6 +50,7 @@ struct options {
     std::string spec_type = "ngram-simple";
     int size_n = -1;  // -1: llama.cpp's default
     int size_m = -1;
+    std::string draft_model;  // draft-simple's model; empty for the n-gram types
 };
 
 struct totals {
@@ -65,9 +71,10 @@ int positive_int(const char * text, const char * name) {
 }
 
 options parse_args(int argc, char ** argv) {
-    if (argc != 6 && argc != 7 && argc != 9) {
+    if (argc < 6 || argc > 9) {
         throw std::runtime_error(
-            "usage: llama-spec MODEL PROMPT_FILE N_TOKENS THREADS N_DRAFT [SPEC_TYPE [SIZE_N SIZE_M]]");
+            "usage: llama-spec MODEL PROMPT_FILE N_TOKENS THREADS N_DRAFT [SPEC_TYPE [SIZE_N SIZE_M]] "
+            "or ... N_DRAFT draft-simple DRAFT_MODEL");
     }
     options opt;
     opt.model       = argv[1];
@@ -78,9 +85,17 @@ options parse_args(int argc, char ** argv) {
     if (argc >= 7) {
         opt.spec_type = argv[6];
     }
-    if (argc == 9) {
+    const bool drafting = opt.spec_type == "draft-simple";
+    if (argc == 8 && drafting) {
+        opt.draft_model = argv[7];
+    } else if (argc == 9 && !drafting) {
         opt.size_n = positive_int(argv[7], "SIZE_N");
         opt.size_m = positive_int(argv[8], "SIZE_M");
+    } else if (argc != 6 && argc != 7) {
+        throw std::runtime_error("draft-simple takes DRAFT_MODEL alone; the n-gram types take SIZE_N SIZE_M");
+    }
+    if (drafting && opt.draft_model.empty()) {
+        throw std::runtime_error("draft-simple needs DRAFT_MODEL");
     }
     return opt;
 }
@@ -95,13 +110,16 @@ std::string read_file(const std::string & path) {
     return text.str();
 }
 
-common_params_speculative spec_params(const options & opt) {
+common_params_speculative spec_params(const options & opt, llama_context * ctx, llama_context * ctx_dft) {
     const common_speculative_type type = common_speculative_type_from_name(opt.spec_type);
     if (type == COMMON_SPECULATIVE_TYPE_COUNT || type == COMMON_SPECULATIVE_TYPE_NONE) {
         throw std::runtime_error("unknown SPEC_TYPE '" + opt.spec_type + "'");
     }
     common_params_speculative params;
     params.types = { type };
+    params.draft.n_max   = opt.n_draft;
+    params.draft.ctx_tgt = ctx;
+    params.draft.ctx_dft = ctx_dft;
     for (auto * sizes : { &params.ngram_simple, &params.ngram_map_k, &params.ngram_map_k4v }) {
         if (opt.size_n > 0) {
             sizes->size_n = (uint16_t) opt.size_n;
@@ -122,8 +140,9 @@ void decode(llama_context * ctx, common_batch & batch) {
     }
 }
 
-// Decodes the prompt in chunks of N_BATCH; the last row's logits stay readable at row `last`.
-int32_t prefill(llama_context * ctx, const llama_tokens & prompt) {
+// Decodes the prompt in chunks of N_BATCH (and hands each chunk to the drafter: a draft model decodes it too);
+// the last row's logits stay readable at row `last`.
+int32_t prefill(llama_context * ctx, common_speculative * spec, const llama_tokens & prompt) {
     common_batch batch(ctx);
     int32_t last = 0;
     for (size_t start = 0; start < prompt.size(); start += N_BATCH) {
@@ -133,6 +152,7 @@ int32_t prefill(llama_context * ctx, const llama_tokens & prompt) {
             batch.add(prompt[i], (llama_pos) i, 0, i + 1 == prompt.size());
         }
         decode(ctx, batch);
+        common_speculative_process(spec, batch);
         last = (int32_t) (end - start - 1);
     }
     return last;
@@ -157,14 +177,25 @@ llama_tokens draft(common_speculative * spec, const llama_tokens & history, llam
     return result;
 }
 
-// One speculative step: verifies `id_last` + draft, appends the committed tokens
-// to `run.generated` and `history`, and returns the target's next token.
-llama_token step(llama_context * ctx, common_speculative * spec, const options & opt, int32_t n_vocab,
-                 llama_tokens & history, llama_token id_last, totals & run) {
-    const int remaining = opt.n_tokens - (int) run.generated.size();
-    const llama_tokens proposal = draft(spec, history, id_last, std::min(opt.n_draft, remaining - 1));
+// Drops every row from position `from` on, in the target's context and the draft model's (if any).
+void forget(llama_context * ctx, llama_context * ctx_dft, llama_pos from) {
+    for (llama_context * c : { ctx, ctx_dft }) {
+        if (c != nullptr) {
+            llama_memory_seq_rm(llama_get_memory(c), 0, from, -1);
+        }
+    }
+}
 
+// One speculative step: verifies `id_last` + draft, appends the committed tokens
+// to `run.generated` and `history`, and returns the target's next token. A draft
+// model's own rows of the draft are dropped before it decodes the verified batch.
+llama_token step(llama_context * ctx, llama_context * ctx_dft, common_speculative * spec, const options & opt,
+                 int32_t n_vocab, llama_tokens & history, llama_token id_last, totals & run) {
+    const int remaining = opt.n_tokens - (int) run.generated.size();
     const llama_pos n_past = (llama_pos) history.size();
+    const llama_tokens proposal = draft(spec, history, id_last, std::min(opt.n_draft, remaining - 1));
+    forget(nullptr, ctx_dft, n_past);
+
     common_batch batch(ctx);
     batch.add(id_last, n_past, 0, true);
     for (size_t i = 0; i < proposal.size(); ++i) {
@@ -185,7 +216,7 @@ llama_token step(llama_context * ctx, common_speculative * spec, const options &
         }
         next = argmax(ctx, (int32_t) n_accepted, n_vocab);
     }
-    llama_memory_seq_rm(llama_get_memory(ctx), 0, (llama_pos) history.size(), -1);
+    forget(ctx, ctx_dft, (llama_pos) history.size());
     if (!proposal.empty()) {
         common_speculative_accept(spec, 0, (uint16_t) n_accepted);
     }
@@ -194,19 +225,20 @@ llama_token step(llama_context * ctx, common_speculative * spec, const options &
     return next;
 }
 
-totals generate(llama_context * ctx, common_speculative * spec, const options & opt, const llama_tokens & prompt) {
+totals generate(llama_context * ctx, llama_context * ctx_dft, common_speculative * spec, const options & opt,
+                const llama_tokens & prompt) {
     const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
 
     totals run;
     llama_tokens history = prompt;  // every token whose KV is in the cache
-    llama_token id_last = argmax(ctx, prefill(ctx, prompt), n_vocab);
+    llama_token id_last = argmax(ctx, prefill(ctx, spec, prompt), n_vocab);
     run.generated.push_back(id_last);
     common_speculative_begin(spec, 0, prompt);
 
     const auto started = std::chrono::steady_clock::now();
     while ((int) run.generated.size() < opt.n_tokens && !llama_vocab_is_eog(vocab, run.generated.back())) {
-        id_last = step(ctx, spec, opt, n_vocab, history, id_last, run);
+        id_last = step(ctx, ctx_dft, spec, opt, n_vocab, history, id_last, run);
         if (llama_vocab_is_eog(vocab, run.generated.back())) {
             break;
         }
@@ -240,27 +272,43 @@ llama_context * make_context(llama_model * model, const options & opt) {
     return llama_init_from_model(model, cparams);
 }
 
-int run(const options & opt) {
-    llama_model * model = llama_model_load_from_file(opt.model.c_str(), llama_model_default_params());
+llama_model * load_model(const std::string & path) {
+    llama_model * model = llama_model_load_from_file(path.c_str(), llama_model_default_params());
     if (model == nullptr) {
-        throw std::runtime_error("cannot load model " + opt.model);
+        throw std::runtime_error("cannot load model " + path);
     }
+    return model;
+}
+
+llama_context * new_context(llama_model * model, const options & opt) {
     llama_context * ctx = make_context(model, opt);
     if (ctx == nullptr) {
         throw std::runtime_error("cannot create a context");
     }
+    return ctx;
+}
+
+int run(const options & opt) {
+    llama_model * model = load_model(opt.model);
+    llama_context * ctx = new_context(model, opt);
+    llama_model * model_dft = opt.draft_model.empty() ? nullptr : load_model(opt.draft_model);
+    llama_context * ctx_dft = model_dft == nullptr ? nullptr : new_context(model_dft, opt);
     const llama_tokens prompt = common_tokenize(llama_model_get_vocab(model), read_file(opt.prompt_file),
                                                 /*add_special=*/false, /*parse_special=*/true);
     if (prompt.empty() || prompt.size() + (size_t) opt.n_tokens + (size_t) opt.n_draft >= N_CTX) {
         throw std::runtime_error("the prompt is empty or does not fit in the context with N_TOKENS");
     }
-    common_params_speculative params = spec_params(opt);
+    common_params_speculative params = spec_params(opt, ctx, ctx_dft);
     common_speculative_ptr spec(common_speculative_init(params, 1));
     if (!spec) {
         throw std::runtime_error("common_speculative_init returned no implementation");
     }
-    const totals result = generate(ctx, spec.get(), opt, prompt);
+    const totals result = generate(ctx, ctx_dft, spec.get(), opt, prompt);
     spec.reset();
+    if (model_dft != nullptr) {
+        llama_free(ctx_dft);
+        llama_model_free(model_dft);
+    }
     llama_free(ctx);
     llama_model_free(model);
     print_json(result);

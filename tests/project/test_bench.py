@@ -356,3 +356,68 @@ def test_quality_figures_from_small_logits(tmp_path: Path) -> None:
     assert verdict.startswith("The exact path stays within upstream's own batch-size variation on 1 of 1 models;")
     assert "is at most that of specstate n_batch 512 (" in verdict and verdict.endswith("single decode on 1 of 1")
     assert quality_fields([])["quality_setup"] == "not measured yet"
+
+
+def test_real_model_goals_runs_and_tables(tmp_path: Path) -> None:
+    """benchmarks/real_models.py (make bench-models): issue 51's goals from a run's figures, the run recorded once,
+    and the page's tables; without a run the section says so."""
+    from real_models import NGRAM_FIXED, goals, page_fields, record_run
+    from speculation import ADAPTIVE, DRAFT_ADAPTIVE, LLAMA_CPP, LLAMA_CPP_DRAFT, NONE
+
+    def ratio(median: float) -> dict[str, float]:
+        return {"median": median, "low": median - 0.1, "high": median + 0.1}
+
+    def row(speed: float, x_none: float, **against: float) -> dict[str, Any]:
+        figures: dict[str, Any] = {"tokens_per_s": speed, "runs": [speed], "x_none": ratio(x_none), "acceptance": 0.5}
+        figures.update({f"x_{name}": ratio(value) for name, value in against.items()})
+        return {**figures, "tokens_equal_to_none": 24, "tokens_of_none": 24}
+
+    costs = {"1": 0.03, "2": 0.033, "8": 0.09, "16": 0.15}
+    shipped: dict[str, Any] = {
+        "seconds": costs,
+        "x_one_row": {n: ratio(s / 0.03) for n, s in costs.items()},
+        "weight_bytes": 1e9,
+    }
+    shipped["upstream"] = {"seconds": {n: s * 1.1 for n, s in costs.items()}, "x_one_row": shipped["x_one_row"]}
+    shipped |= {"bound_seconds": 0.02, "one_row_of_bound": 0.67}
+    q6_k = {**shipped, "upstream": {**shipped["upstream"], "seconds": {n: s / 2 for n, s in costs.items()}}}
+    edit = {
+        NONE: row(30.0, 1.0),
+        NGRAM_FIXED: row(33.0, 1.1),
+        ADAPTIVE: row(45.0, 1.5, **{LLAMA_CPP: 1.2}),
+        DRAFT_ADAPTIVE: row(36.0, 1.19, **{LLAMA_CPP_DRAFT: 1.05}),
+        LLAMA_CPP: {**row(38.0, 1.27), "tokens_equal_to_none": 3},
+        LLAMA_CPP_DRAFT: row(34.0, 1.13),
+    }
+    verify = {"prompt_tokens": 300, "threads": 2, "rounds": 1, "bandwidth_bytes_per_s": 2e10}
+    results = {
+        "date": "today", "machine": "x86_64, 2 CPUs", "model": "t.gguf", "draft_model": "d.gguf", "threads": 2,
+        "rounds": 1, "tokens": 24, "verify_cost": {**verify, "models": {"Q4_K_M": shipped, "Q6_K": q6_k}},
+        "prefill": {"prompt_tokens": 571, "tokens_per_s": {"exact": 70.0, "upstream": 75.0},
+                    "exact_over_upstream": ratio(0.93)},
+        "speculation": {"edit": edit},
+        "cache_equality": {"smollm2": {"file": "a.gguf", "equal": True}, "b": {"file": "b.gguf", "equal": False}},
+    }  # fmt: skip
+    verdicts = {goal["goal"]: (goal["value"], goal["met"]) for goal in goals(results)}
+    assert verdicts["verify 2 rows / 1 row, Q4_K_M: <= 1.15"] == ("x1.10", True)
+    assert verdicts["verify 16 rows / 1 row, Q4_K_M: <= 4.5"] == ("x5.00", False)
+    assert verdicts["every type and batch at most upstream's cost"] == ("worst x2.00 of upstream (Q6_K, 1 row)", False)
+    assert verdicts["prefill: exact / upstream speed: >= 0.9"] == ("x0.93", True)
+    assert verdicts[f"`{ADAPTIVE}` / `none` on edit: >= 1.3"] == ("x1.50", True)
+    assert verdicts[f"`{DRAFT_ADAPTIVE}` / `none` on edit: >= 1.2"] == ("x1.19", False)
+    assert verdicts[f"`{DRAFT_ADAPTIVE}` / {LLAMA_CPP_DRAFT} on every prompt: >= 1.0"] == ("lowest x1.05 (edit)", True)
+    # llama.cpp's own rows are not specstate's: their tokens may part from `none`.
+    assert verdicts["specstate runs with every token equal to `none`"] == ("4 of 4", True)
+    assert verdicts["cache-continued conversation equal to fresh, every model"] == ("1 of 2", False)
+    results["goals"] = goals(results)
+    runs = record_run(results, tmp_path, kept=10)
+    assert record_run(results, tmp_path, kept=10) == runs and len(runs) == 1
+    fields = page_fields(results, runs, shown=3)
+    assert "| prefill: exact / upstream speed: >= 0.9 | met: x0.93 |" in fields["real_runs"]
+    assert "| `draft adaptive` / `none` on edit: >= 1.2 | **missed**: x1.19 |" in fields["real_runs"]
+    assert (
+        "| edit | ngram adaptive | 45.0 | 50% | x1.50 (1.40-1.60) | x1.20 (1.10-1.30) |  | 24/24 |"
+        in (fields["real_tables"])
+    )
+    assert "| Q6_K, upstream |" in fields["real_tables"] and "| b.gguf | **not equal** |" in fields["real_tables"]
+    assert "No run recorded yet" in page_fields(None, [], shown=3)["real_runs"]
