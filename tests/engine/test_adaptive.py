@@ -203,5 +203,5 @@ def test_bad_policy_settings_are_refused(llama_model: Model, settings: dict[str,
 def test_the_policy_is_adaptive_by_default_and_none_has_no_draft_lengths_to_choose(llama_model: Model) -> None:
     assert Generator(llama_model, n_ctx=64, mode="ngram").config["draft_policy"] == "adaptive"
     for policy in ("fixed", "adaptive"):
-        plain = Generator(llama_model, n_ctx=64, draft_policy=policy)  # type: ignore[arg-type]
+        plain = Generator(llama_model, n_ctx=64, draft_policy=policy)
         assert plain.config["draft_policy"] == "fixed" and plain.cost_curve is None

@@ -96,12 +96,10 @@ class Llama:
         mode: specstate's speculative mode: ``none`` (default), ``ngram``, ``draft``, ``mtp``, ``eagle3``.
         draft_model_path: the draft model of the ``draft`` and ``eagle3`` modes.
         n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
-        draft_policy: ``adaptive`` (default :data:`DRAFT_POLICY`: each round's length chosen from a cost curve
-            and the recent acceptance; speculative modes) or ``fixed`` (every round drafts up to ``n_draft``), as
-            for a :class:`~specstate.Generator`.
+        draft_policy: ``adaptive`` (default :data:`DRAFT_POLICY`) or ``fixed``, as for a :class:`~specstate.Generator`.
         cost_curve: the adaptive policy's cost curve, pinned for every generation (microseconds to verify 1, 2,
-            ... ``n_draft + 1`` rows; default None: each generation measures its own before its prompt). One
-            curve for all makes each reply's draft lengths, and so a sampled reply, the same in every generation.
+            ... ``n_draft + 1`` rows; default None: each generation its own). One curve for all makes each
+            reply's draft lengths, and so a sampled reply, the same in every generation.
         grammar_drafts: draft the tokens a grammar (``response_format``, a required tool call, ``grammar``)
             forces, in every mode (default True); the replies are the same either way (docs/generating.md).
         last_n_tokens_size: tokens of the history the repetition penalties count
@@ -234,12 +232,9 @@ class Llama:
 
     def pin_cost_curve(self) -> list[int] | None:
         """With the adaptive draft policy in ``draft`` mode, time its cost curve once (a one-token sampled
-        generation on this object's contexts, or a sequence of its engine) and pin it for every later generation;
-        return the pinned curve (None otherwise). ``specstate serve`` does this at its start and gives the curve
-        to every slot: no request waits for a measurement, and each drafts from the same curve (a sampled
-        ``draft``-mode reply, whose text depends on its draft lengths, is then the same from every slot). In the
-        other modes a reply's text does not depend on its draft lengths, so each generation starts from an
-        estimate its own rounds' timings correct, and nothing is timed or pinned."""
+        generation) and pin it for every later generation; return the pinned curve (None otherwise). ``specstate
+        serve`` gives it to every slot, so that a sampled reply, whose text depends on its draft lengths, is the
+        same from every slot. Elsewhere the text does not, and each generation corrects an estimate as it goes."""
         timed = self._settings.get("draft_policy") == "adaptive" and self._settings.get("mode") == "draft"
         if timed and "cost_curve" not in self._settings:
             self._let_go()
