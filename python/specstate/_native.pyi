@@ -192,43 +192,8 @@ def validate_state_size(size: SupportsIndex) -> None:
     """
 
 def native_info() -> NativeInfo:
-    """Describe the native build.
-
-    Keys: ``specstate_version``; ``llama_cpp_sys_version`` (the pinned
-    ``llama-cpp-sys-4``); ``llama_cpp_build`` and ``llama_cpp_commit`` (the
-    llama.cpp it vendors); ``backends`` compiled in (``cpu``, ``cuda``,
-    ``metal``); ``cpu_baseline`` and the ``simd_features`` ggml's CPU kernels
-    were compiled for; ``exact_sums``, how verification's exact multi-column
-    kernels sum on this CPU (``avx2``, ``avxvnni`` or ``avx512vnni``, chosen at
-    run time, the same bits every way; ``none``); ``exact_attention``, how
-    decodes and verified rows attend (``shared``: the queries reading one
-    K/V head convert each cell once for all of them; ``rows``: each query
-    alone; the same bits either way); ``exact_tiles``, the registers of
-    verification's exact tiles (``avx512``: two weight rows per 512-bit
-    register, Q4_1, Q8_0 and Q5_0, Q4_1 products of up to 4 columns in 256-bit
-    ones; ``avx2``: 256-bit, Q4_1; ``none``; the same bits either way);
-    ``exact_q4_k``, how verification's products of repacked Q4_K weights
-    run (``cols``: every column at once, the weights unpacked once;
-    ``rows``: the gemv once per column, ``GGML_CPU_EXACT_Q4_K=rows``;
-    ``none``; the same bits either way); ``exact_q4_k_cols_chunks``, the
-    chunks of such products the multi-column kernel computed so far in this
-    process; ``exact_q6_k`` and ``exact_q6_k_cols_chunks``, the same for
-    verification's products of Q6_K weights (``cols``: every column at once,
-    each weight row unpacked once; ``rows``: vec_dot once per column,
-    ``GGML_CPU_EXACT_Q6_K=rows``; ``none``); ``exact_q5_0`` and
-    ``exact_q5_0_cols_chunks``, the same for Q5_0 weights (the bulk of
-    Qwen2.5's and Gemma 3's Q4_K_M files: ``cols``: every column at once,
-    each weight block unpacked once; ``rows``: vec_dot once per column,
-    ``GGML_CPU_EXACT_Q5_0=rows``; ``none``); ``exact_q4_0``, ``exact_q5_1``,
-    ``exact_q5_k`` and their ``..._cols_chunks``, the same for Q4_0 weights
-    (repacked on AVX2: the gemv), Q5_1 and Q5_K ones
-    (``GGML_CPU_EXACT_Q4_0=rows``, ``..._Q5_1=rows``, ``..._Q5_K=rows``);
-    ``system_info``, llama.cpp's own summary; ``devices``,
-    the devices llama.cpp sees (name, description, type, memory in bytes): the
-    CPU, then each GPU of a backend compiled in that finds one. A CUDA build on
-    a machine without a GPU or NVIDIA driver lists the CPU alone. Asking a GPU
-    for its free memory creates a CUDA context on it (once per process).
-    """
+    """Describe the native build: the keys and what each says are :class:`specstate.NativeInfo`'s (its
+    documentation, in ``specstate._typing``, is the one place they are described)."""
 
 def json_schema_to_grammar(schema: str) -> str:
     """The GBNF grammar (start rule ``root``) of the JSON values that ``schema``, a JSON Schema given as

@@ -23,13 +23,14 @@ def fp16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint8).reshape(*x.shape, 2)
 
 
-def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
-    """Blocks of 256: d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles."""
+def _k_quant_blocks(rows: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's shared layout, for quants of 0 to `top`: per block of 256 the f16 d and dmin, the 12 bytes
+    of 6-bit sub-block scales and minimums, and each value's quant (blocks x 8 sub-blocks x 32)."""
     blocks = rows.reshape(-1, 8, 32).astype(np.float32)
     nb = blocks.shape[0]
     lo = np.minimum(blocks.min(axis=-1), 0.0)  # per sub-block minimum (<= 0)
     hi = blocks.max(axis=-1)
-    scale = (hi - lo) / 15.0
+    scale = (hi - lo) / float(top)
     d = (scale.max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
     dmin = ((-lo).max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -37,15 +38,24 @@ def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
         m = np.where(dmin[:, None] > 0, np.rint(-lo / dmin[:, None]), 0).clip(0, 63).astype(np.uint8)
         step = (d[:, None] * sc)[..., None]
         off = (dmin[:, None] * m)[..., None]
-        q = np.where(step > 0, np.rint((blocks + off) / step), 0).clip(0, 15).astype(np.uint8)
+        q = np.where(step > 0, np.rint((blocks + off) / step), 0).clip(0, top).astype(np.uint8)
     scales = np.zeros((nb, 12), dtype=np.uint8)
     scales[:, 0:4] = (sc[:, 0:4] & 0x3F) | ((sc[:, 4:8] >> 4) << 6)
     scales[:, 4:8] = (m[:, 0:4] & 0x3F) | ((m[:, 4:8] >> 4) << 6)
     scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
-    q = q.reshape(nb, 4, 2, 32)
-    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(nb, 128)
-    out = np.concatenate([fp16(d), fp16(dmin), scales, qs], axis=-1)
-    return out.reshape(rows.shape[0], -1)
+    return fp16(d), fp16(dmin), scales, q
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """The low nibbles of a block's 8 x 32 quants, two sub-blocks a 32-byte run (low, then high nibble)."""
+    low = (q & 0x0F).reshape(q.shape[0], 4, 2, 32)
+    return (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(q.shape[0], 128)
+
+
+def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
+    """Blocks of 256: d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles."""
+    d, dmin, scales, q = _k_quant_blocks(rows, 15)
+    return np.concatenate([d, dmin, scales, _nibbles(q)], axis=-1).reshape(rows.shape[0], -1)
 
 
 def quantize_q5_k(rows: np.ndarray) -> np.ndarray:
@@ -54,30 +64,11 @@ def quantize_q5_k(rows: np.ndarray) -> np.ndarray:
     Value l of sub-block k (32 values) is ``d * sc[k] * q - dmin * m[k]``, q's low nibble in byte ``32 * (k // 2) + l``
     of the nibbles (the high nibble for odd k) and its fifth bit at bit k of byte l of the fifth bits (ggml's
     dequantize_row_q5_K)."""
-    blocks = rows.reshape(-1, 8, 32).astype(np.float32)
-    nb = blocks.shape[0]
-    lo = np.minimum(blocks.min(axis=-1), 0.0)
-    hi = blocks.max(axis=-1)
-    scale = (hi - lo) / 31.0
-    d = (scale.max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
-    dmin = ((-lo).max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
-        m = np.where(dmin[:, None] > 0, np.rint(-lo / dmin[:, None]), 0).clip(0, 63).astype(np.uint8)
-        step = (d[:, None] * sc)[..., None]
-        off = (dmin[:, None] * m)[..., None]
-        q = np.where(step > 0, np.rint((blocks + off) / step), 0).clip(0, 31).astype(np.uint8)
-    scales = np.zeros((nb, 12), dtype=np.uint8)
-    scales[:, 0:4] = (sc[:, 0:4] & 0x3F) | ((sc[:, 4:8] >> 4) << 6)
-    scales[:, 4:8] = (m[:, 0:4] & 0x3F) | ((m[:, 4:8] >> 4) << 6)
-    scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
-    qh = np.zeros((nb, 32), dtype=np.uint8)
+    d, dmin, scales, q = _k_quant_blocks(rows, 31)
+    qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
     for k in range(8):
         qh |= (q[:, k, :] >> 4) << k
-    low = (q & 0x0F).reshape(nb, 4, 2, 32)
-    qs = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(nb, 128)
-    out = np.concatenate([fp16(d), fp16(dmin), scales, qh, qs], axis=-1)
-    return out.reshape(rows.shape[0], -1)
+    return np.concatenate([d, dmin, scales, qh, _nibbles(q)], axis=-1).reshape(rows.shape[0], -1)
 
 
 def quantize_q6_k(rows: np.ndarray) -> np.ndarray:
