@@ -483,13 +483,10 @@ pub fn best_draft_length(alpha: f64, most: usize, cost: impl Fn(usize) -> f64) -
 
 /// The batch sizes timed: powers of two and powers of two plus one, and the
 /// longest; the others are interpolated. The exact multi-row kernels take
-/// columns in groups of 4 (Q4_1's 256-bit tiles of up to 6 columns), of 8
-/// (the AVX-512 tiles of Q4_1 and Q8_0) or of 8, 4, 2 and 1 (the
-/// multi-column kernels), so a batch of a power of two rows is
-/// the cheap end of a step and one more row its expensive start (SmolLM2 Q4_1,
-/// 2 threads: 4 rows 2.25 times one row, 3 rows 2.12, 5 rows 2.71): timing
-/// only one side of each step, as 1, 2, 3, 5, 9, 17 did, made 4, 8 and 16 rows
-/// look dearer than they are, and the policy shunned drafts of 3, 7 and 15.
+/// columns in groups of 4, of 8 or of 8, 4, 2 and 1, so a batch of a power of
+/// two rows is the cheap end of a step and one more row its expensive start:
+/// timing only one side of each step would make the other look dearer or
+/// cheaper than it is (docs/measured.md, "Adaptive draft length").
 fn timed_rows(max_rows: usize) -> Vec<usize> {
     let mut rows: Vec<usize> = std::iter::successors(Some(1usize), |r| Some(r * 2))
         .take_while(|&r| r < max_rows)
@@ -502,11 +499,8 @@ fn timed_rows(max_rows: usize) -> Vec<usize> {
 }
 
 /// The most context the cost curve is timed after. Verification attends to
-/// the prompt and the text so far: timed on an empty context, the curve
-/// priced long batches too low (SmolLM2 Q4_1, 2 threads, during the edit
-/// prompt's reply, 200 to 360 tokens of context: 13 rows at 3.7 times one row
-/// by the curve, 5.4 in the rounds), and the policy drafted 10 to 15 tokens
-/// where 4 paid best.
+/// the prompt and the text so far, so a curve timed on an empty context
+/// prices long batches too low (docs/measured.md, "Where the curve is wrong").
 pub const MAX_TIMED_CONTEXT: usize = 512;
 
 /// Measure the cost curve on sequence `seq_id` of `target`, which must be
