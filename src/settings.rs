@@ -375,8 +375,8 @@ impl GeneratorConfig {
     /// [`crate::limits::MAX_EXACT_ROWS`] rows (verifications of up to 16
     /// drafted tokens, prompts in exact chunks of
     /// [`crate::limits::EXACT_PROMPT_ROWS`]: a reply is the same whatever was
-    /// cached or how it was chunked), the adaptive draft policy (a speculative
-    /// mode's rounds draft only what pays; `none` has no drafts to choose). The Python constructor's signature and
+    /// cached or how it was chunked), and, since `none` drafts nothing, the
+    /// fixed draft policy (a speculative mode's is [`DEFAULT_ADAPTIVE`]). The Python constructor's signature and
     /// `_native.GENERATOR_DEFAULTS`, the native `Context`'s signature and a
     /// restore's default `max_n_batch` read them here.
     pub const DEFAULT: Self = Self {
@@ -385,7 +385,7 @@ impl GeneratorConfig {
         sampling: SamplingParams::DEFAULT,
         n_ctx: 2048,
         n_batch: crate::limits::MAX_EXACT_ROWS as u32,
-        adaptive: true,
+        adaptive: false,
     };
 }
 
@@ -394,6 +394,11 @@ impl Default for GeneratorConfig {
         Self::DEFAULT
     }
 }
+
+/// Whether a speculative mode's draft policy is adaptive unless one is
+/// given: each round drafts only what pays (`engine::policy`). `none` drafts
+/// nothing, so its policy is the fixed one whatever is asked.
+pub const DEFAULT_ADAPTIVE: bool = true;
 
 /// The names of the draft policies: `adaptive` off and on.
 pub const DRAFT_POLICIES: [&str; 2] = ["fixed", "adaptive"];

@@ -193,7 +193,9 @@ fn core_default(name: &str) -> Option<String> {
         }
         "NGRAM.n_max" => ngram.n_max.to_string(),
         "NGRAM.n_min" => ngram.n_min.to_string(),
-        "draft_policy_name(DEFAULTS.adaptive)" => string(draft_policy_name(config.adaptive)),
+        "draft_policy_name(DEFAULT_ADAPTIVE)" => {
+            string(draft_policy_name(crate::settings::DEFAULT_ADAPTIVE))
+        }
         "LLAMA_N_BATCH" => crate::limits::LLAMA_N_BATCH.to_string(),
         "DEFAULT_CORPUS_TOKENS" => crate::engine::corpus::DEFAULT_CORPUS_TOKENS.to_string(),
         "EMBEDDING_N_CTX" => crate::limits::EMBEDDING_N_CTX.to_string(),
