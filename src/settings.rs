@@ -396,9 +396,11 @@ impl Default for GeneratorConfig {
 }
 
 /// Whether a speculative mode's draft policy is adaptive unless one is
-/// given: each round drafts only what pays (`engine::policy`). `none` drafts
-/// nothing, so its policy is the fixed one whatever is asked.
-pub const DEFAULT_ADAPTIVE: bool = true;
+/// given (`engine::policy`): fixed, every round drafting up to `n_draft`, so
+/// that a generation's rounds and checkpoints are a function of its settings
+/// alone. `none` drafts nothing, so its policy is the fixed one whatever is
+/// asked. (`specstate serve` asks for the adaptive one.)
+pub const DEFAULT_ADAPTIVE: bool = false;
 
 /// The names of the draft policies: `adaptive` off and on.
 pub const DRAFT_POLICIES: [&str; 2] = ["fixed", "adaptive"];

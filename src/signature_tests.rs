@@ -196,7 +196,9 @@ fn core_default(name: &str) -> Option<String> {
         "draft_policy_name(DEFAULT_ADAPTIVE)" => {
             string(draft_policy_name(crate::settings::DEFAULT_ADAPTIVE))
         }
-        "LLAMA_N_BATCH" => crate::limits::LLAMA_N_BATCH.to_string(),
+        "LLAMA_N_BATCH" | "crate::limits::LLAMA_N_BATCH" => {
+            crate::limits::LLAMA_N_BATCH.to_string()
+        }
         "DEFAULT_CORPUS_TOKENS" => crate::engine::corpus::DEFAULT_CORPUS_TOKENS.to_string(),
         "EMBEDDING_N_CTX" => crate::limits::EMBEDDING_N_CTX.to_string(),
         _ => return None,

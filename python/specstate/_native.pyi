@@ -26,6 +26,7 @@ __all__ = [
     "EMBEDDING_N_CTX",
     "EMBEDDING_POOLINGS",
     "EXACT_PROMPT_ROWS",
+    "LLAMA_N_BATCH",
     "GENERATOR_DEFAULTS",
     "MAX_CHECKPOINT_BYTES",
     "MAX_EMBEDDING_FLOATS",
@@ -92,6 +93,9 @@ MAX_SEQUENCES: Final[int]
 #: are the same however the prompt was cut, and a :class:`SharedEngine` reuses a prefix kept from an earlier
 #: generation (``n_batch`` at most this, and draft lengths of at most 16) without changing a reply.
 EXACT_PROMPT_ROWS: Final[int]
+#: llama.cpp's default rows per compute pass: a native ``Context``'s and a batched engine's default ``n_batch``
+#: (the most a joining generator's may be), and what a restore allocates for unless given ``max_n_batch``.
+LLAMA_N_BATCH: Final[int]
 #: The message template of each variant of the contract's ``SpeculativeStateError`` by variant name (``{field}``
 #: placeholders, for ``str.format``): written once, in Rust; ``specstate.errors`` formats them.
 SPECULATIVE_STATE_MESSAGES: Final[dict[str, str]]
@@ -705,7 +709,7 @@ class BatchEngine:
     :class:`specstate.BatchEngine`). Use from the creating thread only."""
 
     def __new__(
-        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 17, n_threads: int = 0
+        cls, target: Model, *, n_seq: int = 4, n_ctx: int = 2048, n_batch: int = 512, n_threads: int = 0
     ) -> BatchEngine: ...
     def join(self, generator: Generator) -> int:
         """A copy of ``generator``'s generation (prefilled or not) as a new sequence; returns its id."""
@@ -755,7 +759,7 @@ class SharedEngine:
         *,
         n_seq: int = 4,
         n_ctx: int = 2048,
-        n_batch: int = 17,
+        n_batch: int = 512,
         n_threads: int = 0,
         prompt_cache_bytes: int = 0,
     ) -> SharedEngine: ...

@@ -200,8 +200,8 @@ class GeneratorSettings(_NgramLengths, SamplingSettings, total=False):
     #: Draft the tokens a grammar forces (default True; docs/generating.md): a runtime choice, never recorded in
     #: checkpoints, that changes the speed of a reply under a grammar and never its text.
     grammar_drafts: bool
-    #: ``adaptive`` (the default: each round drafts what pays) or ``fixed`` (every round drafts up to
-    #: ``n_draft``); ``none`` mode's is ``fixed``.
+    #: ``fixed`` (the default: every round drafts up to ``n_draft``) or ``adaptive`` (each round drafts what
+    #: pays); ``none`` mode's is ``fixed``.
     draft_policy: DraftPolicy
     #: The adaptive policy's cost curve, pinned instead of estimated or timed: microseconds to verify 1, 2, ...
     #: ``n_draft + 1`` rows (default None: see docs/adaptive-draft.md). Two runs pinned alike choose alike.

@@ -71,7 +71,7 @@ class BatchEngine:
         *,
         n_seq: int = 4,
         n_ctx: int = _defaults.N_CTX,
-        n_batch: int = _defaults.N_BATCH,
+        n_batch: int = _native.LLAMA_N_BATCH,
         n_threads: int = 0,
     ) -> None:
         self._native = _native.BatchEngine(model, n_seq=n_seq, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)

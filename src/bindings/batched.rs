@@ -44,8 +44,8 @@ impl PyBatchEngine {
     /// available); prompts are decoded in chunks of at most `n_batch` rows.
     #[new]
     #[pyo3(signature = (target, *, n_seq = WideInt(4), n_ctx = WideInt(DEFAULTS.n_ctx.into()),
-                        n_batch = WideInt(DEFAULTS.n_batch.into()), n_threads = WideInt(0)),
-           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=17, n_threads=0)")]
+                        n_batch = WideInt(crate::limits::LLAMA_N_BATCH.into()), n_threads = WideInt(0)),
+           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=512, n_threads=0)")]
     fn new(
         py: Python<'_>,
         target: Py<PyModel>,

@@ -224,7 +224,7 @@ impl PyGenerator {
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
                              repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0, \
                              logit_bias=None, grammar=None, ngram_max=4, ngram_min=3, n_threads=0, \
-                             draft_policy='adaptive', cost_curve=None, engine=None, grammar_drafts=True)")]
+                             draft_policy='fixed', cost_curve=None, engine=None, grammar_drafts=True)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -279,8 +279,7 @@ impl PyGenerator {
             .params()?,
             n_ctx: n_ctx.narrow("n_ctx")?,
             n_batch: n_batch.narrow("n_batch")?,
-            // `none` drafts nothing: it has no draft lengths to choose.
-            adaptive: parse_draft_policy(draft_policy)? && mode.is_speculative(),
+            adaptive: parse_draft_policy(draft_policy)?,
         };
         let cost_curve = narrow_cost_curve(cost_curve)?;
         let runtime = RuntimeOptions {

@@ -36,6 +36,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("MAX_THREADS", MAX_THREADS)?;
     module.add("MAX_SEQUENCES", crate::limits::MAX_SEQUENCES)?;
     module.add("EXACT_PROMPT_ROWS", crate::limits::EXACT_PROMPT_ROWS)?;
+    module.add("LLAMA_N_BATCH", crate::limits::LLAMA_N_BATCH)?;
     module.add(
         "SPECULATIVE_STATE_MESSAGES",
         std::collections::BTreeMap::from(SpeculativeStateError::MESSAGES),

@@ -71,9 +71,9 @@ impl PySharedEngine {
     /// the rest after its sequence was taken by another generation.
     #[new]
     #[pyo3(signature = (target, *, n_seq = WideInt(4), n_ctx = WideInt(DEFAULTS.n_ctx.into()),
-                        n_batch = WideInt(DEFAULTS.n_batch.into()), n_threads = WideInt(0),
+                        n_batch = WideInt(crate::limits::LLAMA_N_BATCH.into()), n_threads = WideInt(0),
                         prompt_cache_bytes = WideInt(0)),
-           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=17, n_threads=0, prompt_cache_bytes=0)")]
+           text_signature = "(target, *, n_seq=4, n_ctx=2048, n_batch=512, n_threads=0, prompt_cache_bytes=0)")]
     fn new(
         py: Python<'_>,
         target: Py<PyModel>,

@@ -421,8 +421,10 @@ def test_tool_choice_required_without_a_known_tool_format_says_which_template_op
 
 
 def test_an_adaptive_llama_pins_one_cost_curve_for_all_its_generations(tiny_chat: Path) -> None:
-    assert tiny_llama(tiny_chat, mode="ngram").pin_cost_curve() is None  # the fixed policy has none
-    llm = tiny_llama(tiny_chat, mode="ngram", n_draft=3, draft_policy="adaptive")
+    assert tiny_llama(tiny_chat, mode="draft", draft_model_path=tiny_chat).pin_cost_curve() is None  # fixed policy
+    # Prompt lookup's text does not depend on its draft lengths: each generation corrects its own estimate.
+    assert tiny_llama(tiny_chat, mode="ngram", n_draft=3, draft_policy="adaptive").pin_cost_curve() is None
+    llm = tiny_llama(tiny_chat, mode="draft", draft_model_path=tiny_chat, n_draft=3, draft_policy="adaptive")
     curve = llm.pin_cost_curve()
     assert curve is not None and len(curve) == 4 and all(cost > 0 for cost in curve)  # 1..n_draft + 1 rows
     assert llm.pin_cost_curve() == curve  # measured once
@@ -430,7 +432,9 @@ def test_an_adaptive_llama_pins_one_cost_curve_for_all_its_generations(tiny_chat
     assert llm._last is not None and llm._last.cost_curve == curve  # the generations draft from it
     assert greedy == text_of(tiny_llama(tiny_chat).create_completion(PROMPT, max_tokens=12, temperature=0))
     # Two objects pinned alike draft alike, so a sampled reply is the same from either.
-    again = tiny_llama(tiny_chat, mode="ngram", n_draft=3, draft_policy="adaptive", cost_curve=curve)
+    again = tiny_llama(
+        tiny_chat, mode="draft", draft_model_path=tiny_chat, n_draft=3, draft_policy="adaptive", cost_curve=curve
+    )
     assert again.pin_cost_curve() == curve
     sampled = [x.create_completion(PROMPT, max_tokens=12, temperature=0.9, seed=7) for x in (llm, again)]
     assert text_of(sampled[0]) == text_of(sampled[1])

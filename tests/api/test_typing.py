@@ -139,7 +139,7 @@ def test_generator_settings_are_the_native_keyword_arguments_with_their_defaults
         "ngram_max": 4,
         "ngram_min": 3,
         "n_threads": 0,
-        "draft_policy": "adaptive",
+        "draft_policy": "fixed",
         "cost_curve": None,
         "engine": None,
         "grammar_drafts": True,

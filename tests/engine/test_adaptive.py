@@ -188,7 +188,8 @@ def test_the_policy_travels_in_checkpoints(smollm2: Model, smollm2_file: Path, t
     ("settings", "message"),
     [
         (dict(mode="ngram", draft_policy="sometimes"), "draft_policy must be one of fixed, adaptive"),
-        (dict(mode="ngram", draft_policy="fixed", cost_curve=[1] * 9), "only an adaptive draft policy"),
+        (dict(mode="none", draft_policy="adaptive"), "needs a speculative mode"),
+        (dict(mode="ngram", cost_curve=[1] * 9), "only an adaptive draft policy"),
         (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8), "needs 9"),
         (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8 + [0]), "between 1 and 60000000"),
         (dict(mode="ngram", draft_policy="adaptive", cost_curve=[1] * 8 + [-5]), "cost_curve"),
@@ -199,9 +200,3 @@ def test_bad_policy_settings_are_refused(llama_model: Model, settings: dict[str,
     with pytest.raises(ValueError, match=message):
         Generator(llama_model, n_ctx=64, n_batch=16, **settings)  # type: ignore[arg-type]
 
-
-def test_the_policy_is_adaptive_by_default_and_none_has_no_draft_lengths_to_choose(llama_model: Model) -> None:
-    assert Generator(llama_model, n_ctx=64, mode="ngram").config["draft_policy"] == "adaptive"
-    for policy in ("fixed", "adaptive"):
-        plain = Generator(llama_model, n_ctx=64, draft_policy=policy)
-        assert plain.config["draft_policy"] == "fixed" and plain.cost_curve is None

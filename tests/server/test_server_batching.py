@@ -63,10 +63,10 @@ def test_concurrent_chats_on_batched_slots_get_their_lone_replies(smollm2_file: 
             thread.start()
         for thread in threads:
             thread.join(timeout=300)
-        curve = live.state.slots[0].cost_curve
-        assert curve is not None and len(curve) == 9  # n_draft + 1 entries, measured once:
-        assert all(slot.cost_curve == curve for slot in live.state.slots)  # every slot drafts from it
-        expected = [alone(smollm2_file, p, i, curve) for i, p in enumerate(PROMPTS)]
+        # In ngram mode a reply's text does not depend on its draft lengths: nothing is pinned, each generation
+        # corrects its own estimated curve, and the replies are those of the fixed policy.
+        assert all(slot.cost_curve is None for slot in live.state.slots)
+        expected = [alone(smollm2_file, p, i) for i, p in enumerate(PROMPTS)]
         assert [replies[i] for i in range(len(PROMPTS))] == expected
         # Every slot drafted from the corpus of the requests' one tenant (one API key, no user), which holds each
         # finished request (the replies above are the lone ones all the same: a corpus changes proposals only).

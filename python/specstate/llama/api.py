@@ -96,7 +96,7 @@ class Llama:
         mode: specstate's speculative mode: ``none`` (default), ``ngram``, ``draft``, ``mtp``, ``eagle3``.
         draft_model_path: the draft model of the ``draft`` and ``eagle3`` modes.
         n_draft: most tokens drafted per round (default :data:`N_DRAFT`).
-        draft_policy: ``adaptive`` (default :data:`DRAFT_POLICY`) or ``fixed``, as for a :class:`~specstate.Generator`.
+        draft_policy: ``fixed`` (default :data:`DRAFT_POLICY`) or ``adaptive``, as for a :class:`~specstate.Generator`.
         cost_curve: the adaptive policy's cost curve, pinned for every generation (microseconds to verify 1, 2,
             ... ``n_draft + 1`` rows; default None: each generation its own). One curve for all makes each
             reply's draft lengths, and so a sampled reply, the same in every generation.

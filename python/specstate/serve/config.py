@@ -54,10 +54,10 @@ class ServerConfig:
     n_draft: int = field(
         default=_defaults.N_DRAFT, metadata=_option("most tokens drafted per round", low=1, high=U32_MAX)
     )
-    #: How long each round's draft is in speculative modes: ``adaptive`` (the default: chosen each round from the
-    #: cost curve and the request's recent acceptance) or ``fixed`` (up to ``n_draft`` every round).
+    #: How long each round's draft is in speculative modes: ``adaptive`` (the server's default: chosen each round
+    #: from the cost curve and the request's recent acceptance) or ``fixed`` (up to ``n_draft`` every round).
     draft_policy: DraftPolicy = field(
-        default=_defaults.DRAFT_POLICY,
+        default="adaptive",
         metadata=_option("adaptive: each round's draft length from a cost curve and the acceptance; fixed: n_draft"),
     )
     #: Context length of each slot (0: the model's trained length).
