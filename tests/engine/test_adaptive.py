@@ -199,4 +199,3 @@ def test_the_policy_travels_in_checkpoints(smollm2: Model, smollm2_file: Path, t
 def test_bad_policy_settings_are_refused(llama_model: Model, settings: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Generator(llama_model, n_ctx=64, n_batch=16, **settings)  # type: ignore[arg-type]
-
