@@ -188,6 +188,10 @@ class ServerConfig:
         """Whether the slots' generations decode together on one :class:`~specstate.SharedEngine`."""
         return not self.separate_slots and self.mode in BATCHED_MODES
 
+    def policy(self) -> DraftPolicy:
+        """The draft policy the slots' generations run: ``draft_policy`` when speculating, else ``fixed``."""
+        return "fixed" if self.mode == "none" else self.draft_policy
+
     def engine_threads(self) -> int:
         """Threads of the batched engine: ``n_threads``, or the default thread count (docs/threads.md)."""
         return self.n_threads or default_threads()

@@ -250,7 +250,7 @@ def load(
         mode=config.mode,
         draft_model_path=config.draft_model_path,
         n_draft=config.n_draft,
-        draft_policy=config.draft_policy,
+        draft_policy=config.policy(),
         cost_curve=cost_curve,
         grammar_drafts=not config.no_grammar_drafts,
         chat_template=config.chat_template,
