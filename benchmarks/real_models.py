@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +55,7 @@ from speculation import (
     prompt_figures,
     ratio_text,
 )
+from verify_cost import PeerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The results of the pair's runs, and the name of the file each run writes there.
@@ -102,29 +102,14 @@ def verify_figures(args: argparse.Namespace, peer: Path) -> dict[str, Any]:
     return measure(args.verify_rounds, args.threads, args.repeats, copy_size=copy, model=QWEN_PAIR[0], peer=peer)
 
 
-class UpstreamPrefill:
+class UpstreamPrefill(PeerProcess):
     """Upstream's prefill of `tokens` (``peer_llama_cpp_python.py --prefill``), one timing per request."""
 
     def __init__(self, python: Path, model: Path, threads: int, tokens: list[int]) -> None:
-        script = ROOT / "benchmarks" / "peer_llama_cpp_python.py"
-        command = [str(python), str(script), "--prefill", str(model), str(threads)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.ask({"prompt": tokens})
-
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        answer: dict[str, Any] = json.loads(self.process.stdout.readline())
-        return answer
+        super().__init__(python, "--prefill", model, threads, {"prompt": tokens})
 
     def seconds(self) -> float:
         return float(self.ask({"repeats": 1})["seconds"])
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 def prefill_figures(model: Model, threads: int, rounds: int, peer: Path) -> dict[str, Any]:

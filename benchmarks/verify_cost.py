@@ -127,15 +127,15 @@ class BatchTimer:
         return lambda: min(self.once(rows) for _ in range(repeats))
 
 
-class UpstreamTimer:
-    """llama-cpp-python in the peer venv (``peer_llama_cpp_python.py --batches``) timing the same batches after the
-    same prompt as a BatchTimer."""
+class PeerProcess:
+    """A persistent ``peer_llama_cpp_python.py`` process in the peer venv (llama-cpp-python), started in mode
+    `flag` with `first` as its first request, answering one JSON request a line."""
 
-    def __init__(self, python: Path, model: Path, threads: int, timer: BatchTimer) -> None:
+    def __init__(self, python: Path, flag: str, model: Path, threads: int, first: dict[str, Any]) -> None:
         script = Path(__file__).resolve().parent / "peer_llama_cpp_python.py"
-        command = [str(python), str(script), "--batches", str(model), str(threads)]
+        command = [str(python), str(script), flag, str(model), str(threads)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.ask({"prompt": timer.prompt, "batch": timer.batch})
+        self.ask(first)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -144,13 +144,20 @@ class UpstreamTimer:
         answer: dict[str, Any] = json.loads(self.process.stdout.readline())
         return answer
 
-    def timer(self, rows: int, repeats: int) -> Callable[[], float]:
-        return lambda: float(self.ask({"rows": rows, "repeats": repeats})["seconds"])
-
     def close(self) -> None:
         assert self.process.stdin is not None
         self.process.stdin.close()
         self.process.wait(timeout=60)
+
+
+class UpstreamTimer(PeerProcess):
+    """llama-cpp-python timing the same batches after the same prompt as a BatchTimer (``--batches``)."""
+
+    def __init__(self, python: Path, model: Path, threads: int, timer: BatchTimer) -> None:
+        super().__init__(python, "--batches", model, threads, {"prompt": timer.prompt, "batch": timer.batch})
+
+    def timer(self, rows: int, repeats: int) -> Callable[[], float]:
+        return lambda: float(self.ask({"rows": rows, "repeats": repeats})["seconds"])
 
 
 def _ratios(seconds: dict[str, list[float]], rows: Sequence[int], prefix: str = "") -> dict[str, Any]:
