@@ -375,10 +375,11 @@ impl GeneratorConfig {
     /// [`crate::limits::MAX_EXACT_ROWS`] rows (verifications of up to 16
     /// drafted tokens, prompts in exact chunks of
     /// [`crate::limits::EXACT_PROMPT_ROWS`]: a reply is the same whatever was
-    /// cached or how it was chunked), and, since `none` drafts nothing, the
-    /// fixed draft policy (a speculative mode's is [`DEFAULT_ADAPTIVE`]). The Python constructor's signature and
-    /// `_native.GENERATOR_DEFAULTS`, the native `Context`'s signature and a
-    /// restore's default `max_n_batch` read them here.
+    /// cached or how it was chunked), the fixed draft policy (every round
+    /// drafting up to `n_draft`, so that a generation's rounds and checkpoints
+    /// are a function of its settings alone; `specstate serve` asks for the
+    /// adaptive one). The Python constructor's signature and
+    /// `_native.GENERATOR_DEFAULTS` read them here.
     pub const DEFAULT: Self = Self {
         mode: Mode::None,
         n_draft: 8,
@@ -394,13 +395,6 @@ impl Default for GeneratorConfig {
         Self::DEFAULT
     }
 }
-
-/// Whether a speculative mode's draft policy is adaptive unless one is
-/// given (`engine::policy`): fixed, every round drafting up to `n_draft`, so
-/// that a generation's rounds and checkpoints are a function of its settings
-/// alone. `none` drafts nothing, so its policy is the fixed one whatever is
-/// asked. (`specstate serve` asks for the adaptive one.)
-pub const DEFAULT_ADAPTIVE: bool = false;
 
 /// The names of the draft policies: `adaptive` off and on.
 pub const DRAFT_POLICIES: [&str; 2] = ["fixed", "adaptive"];

@@ -193,9 +193,7 @@ fn core_default(name: &str) -> Option<String> {
         }
         "NGRAM.n_max" => ngram.n_max.to_string(),
         "NGRAM.n_min" => ngram.n_min.to_string(),
-        "draft_policy_name(DEFAULT_ADAPTIVE)" => {
-            string(draft_policy_name(crate::settings::DEFAULT_ADAPTIVE))
-        }
+        "draft_policy_name(DEFAULTS.adaptive)" => string(draft_policy_name(config.adaptive)),
         "LLAMA_N_BATCH" | "crate::limits::LLAMA_N_BATCH" => {
             crate::limits::LLAMA_N_BATCH.to_string()
         }

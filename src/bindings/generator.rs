@@ -19,7 +19,7 @@ use crate::checkpoint;
 use crate::generator::{Generator, Positions};
 use crate::settings::{
     draft_policy_name, parse_draft_policy, GeneratorConfig, Mode, NgramConfig, RuntimeOptions,
-    SamplingParams, DEFAULT_ADAPTIVE,
+    SamplingParams,
 };
 
 /// The core's defaults, written once in `settings.rs`, as the constructor's signature and `GENERATOR_DEFAULTS` read them.
@@ -43,7 +43,7 @@ pub(crate) fn generator_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> 
     defaults.set_item("ngram_max", NGRAM.n_max)?;
     defaults.set_item("ngram_min", NGRAM.n_min)?;
     defaults.set_item("n_threads", RUNTIME.n_threads)?;
-    defaults.set_item("draft_policy", draft_policy_name(DEFAULT_ADAPTIVE))?;
+    defaults.set_item("draft_policy", draft_policy_name(DEFAULTS.adaptive))?;
     defaults.set_item("grammar_drafts", RUNTIME.grammar_drafts)?;
     Ok(defaults)
 }
@@ -218,7 +218,7 @@ impl PyGenerator {
                         frequency_penalty = DEFAULTS.sampling.frequency_penalty, logit_bias = None,
                         grammar = None, ngram_max = WideInt(NGRAM.n_max as i128),
                         ngram_min = WideInt(NGRAM.n_min as i128), n_threads = WideInt(RUNTIME.n_threads.into()),
-                        draft_policy = draft_policy_name(DEFAULT_ADAPTIVE), cost_curve = None, engine = None,
+                        draft_policy = draft_policy_name(DEFAULTS.adaptive), cost_curve = None, engine = None,
                         grammar_drafts = RUNTIME.grammar_drafts),
            text_signature = "(target, *, mode='none', draft_model=None, n_draft=8, n_ctx=2048, n_batch=17, \
                              temperature=0.0, top_k=0, top_p=1.0, seed=0, min_p=0.0, typical_p=1.0, \
