@@ -86,6 +86,18 @@ def build_dir(tool: str, kernels: str) -> Path:
     return BENCH_CACHE / f"{tool}-build{suffix}"
 
 
+def configured_from(build: Path, source: Path) -> bool:
+    """Whether `build` holds a configuration of `source` (a clone or worktree elsewhere configured it otherwise: its
+    cache is dropped so that the next configure starts afresh; the objects stay for ninja to reuse)."""
+    cache = build / "CMakeCache.txt"
+    if not cache.exists():
+        return False
+    if f"CMAKE_HOME_DIRECTORY:INTERNAL={source}\n" in cache.read_text(encoding="utf-8", errors="replace"):
+        return (build / "build.ninja").exists()
+    cache.unlink()
+    return False
+
+
 def configure_command(source: Path, build: Path, kernels: str = "x86-64-v3") -> list[str]:
     """The cmake configure command of the driver, against the llama.cpp at `source`."""
     return [
@@ -196,7 +208,7 @@ def build_llama_spec(kernels: str = "x86-64-v3", jobs: int = 2) -> Path:
     """The driver binary for the kernel build `kernels`, configured once and (re)built with ninja when its sources
     changed."""
     build = build_dir("llama-spec", kernels)
-    if not (build / "build.ninja").exists():
+    if not configured_from(build, DRIVER_SOURCE):
         print(f"[bench] building llama-spec ({kernels}) with cmake (10+ minutes)", file=sys.stderr, flush=True)
         subprocess.run(configure_command(llama_cpp_source(), build, kernels), check=True)
     subprocess.run(

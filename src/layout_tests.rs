@@ -2,7 +2,8 @@
 //! the sources: which top modules of `src/` each one names (`crate::name`,
 //! test code left out). Apart from the one error every layer converts into
 //! and returns (`error`, whose circle with `checkpoint` is by folder only),
-//! they form no circle, and `limits` is a leaf.
+//! they form no circle, and `limits` is a leaf. Inside a folder, no files
+//! name each other in a circle either.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -29,9 +30,14 @@ fn ident(s: &str) -> &str {
 
 /// The identifiers `crate::` is followed by in `code` (both of `crate::{a, b}`).
 fn named(code: &str) -> Vec<&str> {
+    named_after(code, "crate::")
+}
+
+/// The identifiers `prefix` is followed by in `code` (both of `prefix{a, b}`).
+fn named_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
     let mut found = Vec::new();
-    for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
+    for (at, _) in code.match_indices(prefix) {
+        let rest = &code[at + prefix.len()..];
         match rest.strip_prefix('{') {
             Some(group) => {
                 let group = &group[..group.find('}').unwrap_or(group.len())];
@@ -66,14 +72,7 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
         if module == "lib" || name.ends_with("_tests.rs") || name == "tests.rs" {
             continue;
         }
-        let text = fs::read_to_string(file).unwrap();
-        // Inline unit tests come last in a file.
-        let code = text.split("\n#[cfg(test)]\nmod tests {").next().unwrap();
-        let code: String = code
-            .lines()
-            .map(|line| line.split("//").next().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let code = code_of(file);
         let entry = graph.entry(module.clone()).or_default();
         for target in named(&code) {
             let target = if matches!(target, "Error" | "Result") {
@@ -85,6 +84,43 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
                 entry.insert(target.to_owned());
             }
         }
+    }
+    graph
+}
+
+/// The code of `file` without comments and inline unit tests (which come last in a file).
+fn code_of(file: &Path) -> String {
+    let text = fs::read_to_string(file).unwrap();
+    let code = text.split("\n#[cfg(test)]\nmod tests {").next().unwrap();
+    code.lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Each file of each folder of `src/` (by its folder and name) and the files of
+/// the same folder it names (`super::name`, `crate::folder::name`).
+fn file_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let folder = file.parent().unwrap();
+        let name = file.file_stem().unwrap().to_string_lossy().into_owned();
+        if folder == src || name == "mod" || name.ends_with("_tests") || name == "tests" {
+            continue;
+        }
+        let folder_name = folder.strip_prefix(&src).unwrap().to_string_lossy().replace('/', "::");
+        let siblings = |target: &&str| *target != name && folder.join(format!("{target}.rs")).exists();
+        let code = code_of(file);
+        let crate_path = format!("crate::{folder_name}::");
+        let targets = named_after(&code, "super::")
+            .into_iter()
+            .chain(named_after(&code, &crate_path))
+            .filter(siblings)
+            .map(|target| format!("{folder_name}/{target}"));
+        graph.entry(format!("{folder_name}/{name}")).or_default().extend(targets);
     }
     graph
 }
@@ -134,6 +170,13 @@ fn the_core_is_layered_without_circles() {
         })
         .collect();
     assert_eq!(circle(&without_error), None, "{graph:#?}");
+}
+
+#[test]
+fn no_files_of_a_folder_import_each_other() {
+    let graph = file_imports();
+    assert!(graph.values().any(|targets| !targets.is_empty()), "{graph:#?}");
+    assert_eq!(circle(&graph), None, "{graph:#?}");
 }
 
 #[test]

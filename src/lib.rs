@@ -20,7 +20,7 @@
 //! `bindings` (feature `python`) is the thin PyO3 layer that exposes all of it
 //! to Python as `specstate._native`.
 
-pub mod batched;
+pub mod batch_engine;
 #[cfg(feature = "python")]
 mod bindings;
 pub mod chat;

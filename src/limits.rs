@@ -68,7 +68,7 @@ pub const MAX_BATCH_ROWS: usize = 1 << 20;
 /// The most sequences a context may hold: llama.cpp's `LLAMA_MAX_SEQ`.
 pub const MAX_SEQUENCES: u32 = 256;
 
-/// The most rows one decode of a batched step holds ([`crate::batched`]): patch 0001's
+/// The most rows one decode of a batched step holds ([`crate::batch_engine`]): patch 0001's
 /// `GGML_CPU_EXACT_MAX_ROWS`, up to which every row of a decode gets its single decode's bits.
 /// A step whose rows are more is decoded in several decodes of at most this many.
 pub const MAX_EXACT_ROWS: usize = 17;

@@ -17,7 +17,7 @@ use crate::settings::{draft_policy_name, GeneratorConfig, NgramConfig, RuntimeOp
 /// Every bindings source with its file name.
 const BINDINGS: [(&str, &str); 16] = [
     ("arguments.rs", include_str!("bindings/arguments.rs")),
-    ("batched.rs", include_str!("bindings/batched.rs")),
+    ("batched.rs", include_str!("bindings/batch_engine.rs")),
     ("chat.rs", include_str!("bindings/chat.rs")),
     ("context.rs", include_str!("bindings/context.rs")),
     ("corpus.rs", include_str!("bindings/corpus.rs")),

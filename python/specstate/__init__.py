@@ -57,7 +57,7 @@ from specstate._typing import (  # noqa: E402
     SamplingSettings,
     TokenLogprobs,
 )
-from specstate.batching import BatchEngine, SharedEngine, StepReport  # noqa: E402
+from specstate.batch_engine import BatchEngine, SharedEngine, StepReport  # noqa: E402
 from specstate.chat import chat_template, render_chat  # noqa: E402
 from specstate.embeddings import CreateEmbeddingResponse, Embedder  # noqa: E402
 from specstate.errors import *  # noqa: E402, F403 (every exception class, as errors.__all__ lists them)

@@ -1,7 +1,7 @@
 //! The Python module `specstate._native`: a thin layer over the Rust core.
 
 mod arguments;
-mod batched;
+mod batch_engine;
 mod chat;
 mod context;
 mod corpus;
@@ -68,7 +68,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<session::PyGreedyGeneration>()?;
     module.add_class::<generator::PyGenerator>()?;
     module.add_class::<corpus::PyLookupCorpus>()?;
-    module.add_class::<batched::PyBatchEngine>()?;
+    module.add_class::<batch_engine::PyBatchEngine>()?;
     module.add_class::<shared_engine::PySharedEngine>()?;
     embedding::register(module)?;
     module.add_function(wrap_pyfunction!(generator::inspect_checkpoint, module)?)?;

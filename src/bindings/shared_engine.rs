@@ -1,5 +1,5 @@
 //! `SharedEngine`: a target context whose sequences generators attach to
-//! ([`crate::batched::SharedEngine`]).
+//! ([`crate::generator::SharedEngine`]).
 
 use std::sync::Arc;
 
@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::arguments::WideInt;
 use super::model::PyModel;
-use crate::batched::{BatchedConfig, SharedEngine, SharedStats};
+use crate::generator::{EngineShape, SharedEngine, SharedStats};
 use crate::settings::{GeneratorConfig, RuntimeOptions};
 
 const DEFAULTS: GeneratorConfig = GeneratorConfig::DEFAULT;
@@ -18,8 +18,8 @@ pub(crate) fn shape(
     n_ctx: WideInt,
     n_batch: WideInt,
     n_threads: WideInt,
-) -> PyResult<(BatchedConfig, RuntimeOptions)> {
-    let config = BatchedConfig {
+) -> PyResult<(EngineShape, RuntimeOptions)> {
+    let config = EngineShape {
         n_seq: n_seq.narrow("n_seq")?,
         n_ctx: n_ctx.narrow("n_ctx")?,
         n_batch: n_batch.narrow("n_batch")?,

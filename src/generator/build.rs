@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::batching::check_joins;
-use super::shared::SharedEngine;
+use super::multi_sequence::check_joins;
+use super::shared_engine::SharedEngine;
 use super::{DraftParts, Generator, Member, Target};
 use crate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use crate::sampling::Sampler;

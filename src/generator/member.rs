@@ -1,7 +1,7 @@
 //! A generation without its contexts: the configuration, the state between
 //! rounds, the sampler, the conversation and the log-probability records.
 //! A [`super::Generator`] holds one over a target context of its own; a
-//! [`crate::batched::Batched`] engine holds one per sequence of a shared target.
+//! [`crate::batch_engine::BatchEngine`] engine holds one per sequence of a shared target.
 
 use std::sync::Arc;
 

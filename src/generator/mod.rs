@@ -11,18 +11,20 @@
 //! contexts' sequence states and the speculative state is a complete, exact
 //! checkpoint.
 
-pub(crate) mod batching;
 mod build;
 mod member;
+pub(crate) mod multi_sequence;
 mod restore;
-pub(crate) mod shared;
+pub(crate) mod shared_engine;
 mod target;
 
 use std::sync::Arc;
 
 pub(crate) use build::{new_member, rollback_snapshots};
 pub(crate) use member::{history_drafter, Member};
+pub use multi_sequence::EngineShape;
 pub use restore::{Boundary, Positions, RestoreError};
+pub use shared_engine::{SharedEngine, SharedStats};
 pub(crate) use target::Target;
 
 use crate::chat::Conversation;
@@ -38,7 +40,7 @@ use crate::sampling::{GrammarState, Rng};
 use crate::session::DraftSession;
 use crate::settings::{GeneratorConfig, Mode, SamplingParams};
 use crate::{Error, Result};
-use batching::history_engine;
+use multi_sequence::history_engine;
 
 /// Where a generation stands at a round boundary (everything but the contexts).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,12 +248,12 @@ impl Generator {
     /// On a shared engine, keep this generation's exact cells under `key`
     /// when it gives its sequence back, and let its prompt reuse only the
     /// cells kept under the same key (`None`: keep none, reuse none). A key
-    /// of more than [`shared::MAX_REUSE_KEY_BYTES`] bytes is refused.
+    /// of more than [`shared_engine::MAX_REUSE_KEY_BYTES`] bytes is refused.
     pub fn set_reuse_key(&mut self, key: Option<&str>) -> Result<()> {
-        if let Some(key) = key.filter(|key| key.len() > shared::MAX_REUSE_KEY_BYTES) {
+        if let Some(key) = key.filter(|key| key.len() > shared_engine::MAX_REUSE_KEY_BYTES) {
             return Err(Error::Invalid(format!(
                 "a reuse key may have at most {} bytes, not {}",
-                shared::MAX_REUSE_KEY_BYTES,
+                shared_engine::MAX_REUSE_KEY_BYTES,
                 key.len()
             )));
         }
@@ -576,7 +578,7 @@ impl Generator {
 /// the `kept` tokens) are decoded on the engine's decoder thread, beside
 /// other sequences' rows when they fit, then the first token is chosen.
 fn prefill_shared(
-    attached: &shared::Attached,
+    attached: &shared_engine::Attached,
     batch: &mut Batch,
     member: &mut Member,
     prompt: &[i32],

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::shared::{Attached, SharedEngine};
+use super::shared_engine::{Attached, SharedEngine};
 use crate::native::{Context, Model, NativeResult};
 use crate::{Error, Result};
 

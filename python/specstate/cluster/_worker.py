@@ -10,7 +10,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from specstate import BatchEngine, Generator, Model, default_threads, model_fingerprint
-from specstate.batching import BATCHED_MODES
+from specstate.batch_engine import BATCHED_MODES
 
 
 def raise_cause(error: RayTaskError) -> NoReturn:

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from specstate import _defaults
 from specstate._native import MAX_THREADS, default_threads
 from specstate._typing import U32_MAX, DraftPolicy, Mode
-from specstate.batching import BATCHED_MODES
+from specstate.batch_engine import BATCHED_MODES
 from specstate.serve.request import RequestLimits
 
 #: Mebibytes, the unit of the options of sizes.

@@ -1,5 +1,5 @@
 //! What every way of running many generations over one target context
-//! shares (the explicit [`crate::batched::Batched`] engine and the
+//! shares (the explicit [`crate::batch_engine::BatchEngine`] engine and the
 //! [`super::SharedEngine`]): the target with a KV stream per sequence, what may
 //! join it, placing a sequence's state, the engine over one member, and the
 //! decodes a step's rows are packed into.
@@ -15,7 +15,7 @@ use crate::{Error, Result};
 
 /// The shape of a batched engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchedConfig {
+pub struct EngineShape {
     /// Sequences held at once (1 ..= [`MAX_SEQUENCES`]).
     pub n_seq: u32,
     /// Context length of every sequence (each has a KV stream of this many cells).
@@ -26,7 +26,7 @@ pub struct BatchedConfig {
 
 /// What a batch cannot hold: another mode than `none` and `ngram`, another
 /// context length than its sequences', longer prompt chunks than its `n_batch`.
-pub(crate) fn check_joins(member: &Member, batch: BatchedConfig) -> Result<()> {
+pub(crate) fn check_joins(member: &Member, batch: EngineShape) -> Result<()> {
     let config = &member.config;
     if matches!(config.mode, Mode::Draft | Mode::Mtp | Mode::Eagle3) {
         return Err(Error::Invalid(format!(
@@ -74,9 +74,9 @@ pub(crate) fn place_state(
 /// `config.n_ctx` cells (0: the trained length), and `config` resolved.
 pub(crate) fn batch_target(
     model: &Arc<Model>,
-    config: BatchedConfig,
+    config: EngineShape,
     runtime: RuntimeOptions,
-) -> Result<(Context, BatchedConfig)> {
+) -> Result<(Context, EngineShape)> {
     if config.n_seq == 0 || config.n_seq > MAX_SEQUENCES {
         return Err(Error::Invalid(format!(
             "n_seq must be between 1 and {MAX_SEQUENCES}, not {}",
@@ -109,7 +109,7 @@ pub(crate) fn batch_target(
     };
     let target = Context::new(Arc::clone(model), params)?;
     let n_ctx = target.n_ctx_seq();
-    Ok((target, BatchedConfig { n_ctx, ..config }))
+    Ok((target, EngineShape { n_ctx, ..config }))
 }
 
 /// Run `call` on the engine over `member` (a mode that drafts from the

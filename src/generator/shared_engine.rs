@@ -10,13 +10,13 @@
 //! whichever comes first. Whoever finds the rows ready decodes them; then
 //! each round judges its own rows (the next decode waits for all of them).
 //! What a round plans, decodes and judges is what it would alone (see
-//! [`crate::batched`]), so an attached generator's text is its text alone.
+//! [`crate::batch_engine`]), so an attached generator's text is its text alone.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::batching::{
-    decode_groups, history_engine, place_state, push_rows, undo_failed_decode, BatchedConfig,
+use super::multi_sequence::{
+    decode_groups, history_engine, place_state, push_rows, undo_failed_decode, EngineShape,
 };
 use super::Member;
 use crate::engine::{Plan, Round};
@@ -204,7 +204,7 @@ impl Core {
 /// A target context of `n_seq` sequences shared by attached generators.
 pub struct SharedEngine {
     model: Arc<Model>,
-    config: BatchedConfig,
+    config: EngineShape,
     core: Arc<Core>,
     decoder: Option<std::thread::JoinHandle<()>>,
 }
@@ -213,10 +213,10 @@ impl SharedEngine {
     /// An engine of `config.n_seq` sequences of `config.n_ctx` tokens over `model`.
     pub fn new(
         model: Arc<Model>,
-        config: BatchedConfig,
+        config: EngineShape,
         runtime: RuntimeOptions,
     ) -> Result<Arc<Self>> {
-        let (target, config) = super::batching::batch_target(&model, config, runtime)?;
+        let (target, config) = super::multi_sequence::batch_target(&model, config, runtime)?;
         let n_seq = config.n_seq as usize;
         let shared = Shared {
             target,
@@ -254,7 +254,7 @@ impl SharedEngine {
     }
 
     /// The engine's shape (`n_ctx` resolved).
-    pub fn config(&self) -> BatchedConfig {
+    pub fn config(&self) -> EngineShape {
         self.config
     }
 

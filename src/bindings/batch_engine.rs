@@ -1,4 +1,4 @@
-//! `BatchEngine`: many generations over one target context ([`crate::batched`]).
+//! `BatchEngine`: many generations over one target context ([`crate::batch_engine`]).
 
 use std::sync::Arc;
 use std::thread::ThreadId;
@@ -11,7 +11,7 @@ use super::generator::PyGenerator;
 use super::guarded::Guarded;
 use super::model::PyModel;
 use super::shared_engine::shape;
-use crate::batched::{Batched, StepReport};
+use crate::batch_engine::{BatchEngine, StepReport};
 use crate::settings::GeneratorConfig;
 
 const DEFAULTS: GeneratorConfig = GeneratorConfig::DEFAULT;
@@ -20,7 +20,7 @@ const DEFAULTS: GeneratorConfig = GeneratorConfig::DEFAULT;
 /// each reply token for token the one the same `Generator` gives alone.
 #[pyclass(name = "BatchEngine", module = "specstate._native", frozen)]
 pub(crate) struct PyBatchEngine {
-    inner: Guarded<Batched>,
+    inner: Guarded<BatchEngine>,
     target: Py<PyModel>,
     owner: ThreadId,
 }
@@ -30,7 +30,7 @@ impl PyBatchEngine {
     fn run<R: Send>(
         &self,
         py: Python<'_>,
-        work: impl FnOnce(&mut Batched) -> R + Send,
+        work: impl FnOnce(&mut BatchEngine) -> R + Send,
     ) -> PyResult<R> {
         ensure_thread(self.owner, "BatchEngine")?;
         Ok(py.detach(|| work(&mut self.inner.lock())))
@@ -56,7 +56,7 @@ impl PyBatchEngine {
     ) -> PyResult<Self> {
         let (config, runtime) = shape(n_seq, n_ctx, n_batch, n_threads)?;
         let model = Arc::clone(&target.get().inner);
-        let inner = py.detach(|| Batched::new(model, config, runtime))?;
+        let inner = py.detach(|| BatchEngine::new(model, config, runtime))?;
         Ok(Self {
             inner: Guarded::new(inner),
             target,
@@ -136,7 +136,7 @@ impl PyBatchEngine {
             rows,
             decodes,
             committed,
-        } = self.run(py, Batched::step)??;
+        } = self.run(py, BatchEngine::step)??;
         Ok((sequences, rows, decodes, committed))
     }
 

@@ -1,12 +1,12 @@
 //! Many generations over one target context: continuous batching in which
 //! every reply is, token for token, the reply the same request gets alone.
 //!
-//! A [`Batched`] engine holds one target context with a KV stream per
+//! A [`BatchEngine`] engine holds one target context with a KV stream per
 //! sequence (llama.cpp's `kv_unified = false`) and a [`Member`] per sequence:
 //! its configuration, state, sampler, grammar, adaptive draft length, budget
-//! and log-probability records. Sequences join ([`Batched::add`],
-//! [`Batched::join`], from a `Generator` or a checkpoint restored into one)
-//! and leave ([`Batched::leave`], into a `Generator` of their own, whose
+//! and log-probability records. Sequences join ([`BatchEngine::add`],
+//! [`BatchEngine::join`], from a `Generator` or a checkpoint restored into one)
+//! and leave ([`BatchEngine::leave`], into a `Generator` of their own, whose
 //! checkpoint is a `Generator` checkpoint) between steps.
 //!
 //! Why a reply does not depend on its neighbours:
@@ -27,18 +27,14 @@
 use std::sync::Arc;
 
 use crate::engine::Plan;
-use crate::generator::batching::{
+use crate::generator::multi_sequence::{
     batch_target, check_joins, decode_groups, fill_rows, history_engine, place_state,
     undo_failed_decode,
 };
-use crate::generator::{Generator, Member};
+use crate::generator::{EngineShape, Generator, Member};
 use crate::limits::MAX_EXACT_ROWS;
 use crate::native::{restream_seq_state, Batch, Context, Model};
-use crate::settings::GeneratorConfig;
-use crate::settings::RuntimeOptions;
-
-pub use crate::generator::batching::BatchedConfig;
-pub use crate::generator::shared::{SharedEngine, SharedStats, GATHER_WINDOW};
+use crate::settings::{GeneratorConfig, RuntimeOptions};
 use crate::{Error, Result};
 
 /// What one step did.
@@ -63,7 +59,7 @@ struct Sequence {
     budget: usize,
     /// Its rounds run while it holds fewer committed tokens than this not yet handed out.
     lead: usize,
-    /// A failure of its last round, handed to the next [`Batched::take`].
+    /// A failure of its last round, handed to the next [`BatchEngine::take`].
     error: Option<Error>,
 }
 
@@ -85,18 +81,18 @@ struct Planned {
 }
 
 /// Many generations over one target context (see the module documentation).
-pub struct Batched {
+pub struct BatchEngine {
     target: Context,
     /// The rows of one decode of a step.
     step: Batch,
     seqs: Vec<Option<Sequence>>,
-    config: BatchedConfig,
+    config: EngineShape,
     runtime: RuntimeOptions,
 }
 
-impl Batched {
+impl BatchEngine {
     /// An engine of `config.n_seq` empty sequences over `model`.
-    pub fn new(model: Arc<Model>, config: BatchedConfig, runtime: RuntimeOptions) -> Result<Self> {
+    pub fn new(model: Arc<Model>, config: EngineShape, runtime: RuntimeOptions) -> Result<Self> {
         let (target, config) = batch_target(&model, config, runtime)?;
         Ok(Self {
             step: Batch::new(MAX_EXACT_ROWS)?,
@@ -108,7 +104,7 @@ impl Batched {
     }
 
     /// The engine's shape (`n_ctx` resolved).
-    pub fn config(&self) -> BatchedConfig {
+    pub fn config(&self) -> EngineShape {
         self.config
     }
 
@@ -196,7 +192,7 @@ impl Batched {
     }
 
     /// Sequence `seq_id` taken out of the batch as a `Generator` of its own
-    /// ([`Batched::snapshot`], then [`Batched::remove`]).
+    /// ([`BatchEngine::snapshot`], then [`BatchEngine::remove`]).
     pub fn leave(&mut self, seq_id: i32) -> Result<Generator> {
         let generator = self.snapshot(seq_id)?;
         self.remove(seq_id)?;
@@ -259,7 +255,7 @@ impl Batched {
     }
 
     /// Hand out up to `max_n` committed tokens of `seq_id` (never runs a
-    /// round: [`Batched::step`] does), or the failure of its last round.
+    /// round: [`BatchEngine::step`] does), or the failure of its last round.
     pub fn take(&mut self, seq_id: i32, max_n: usize) -> Result<Vec<i32>> {
         let seq = self.sequence(seq_id)?;
         if let Some(error) = seq.error.take() {
@@ -284,7 +280,7 @@ impl Batched {
 
     /// One step: a round for every sequence that has handed out all its
     /// tokens and is not done, their rows decoded together. A sequence whose
-    /// round fails keeps the failure for its next [`Batched::take`]; the others go on.
+    /// round fails keeps the failure for its next [`BatchEngine::take`]; the others go on.
     pub fn step(&mut self) -> Result<StepReport> {
         let planned = self.plan_all();
         let mut report = StepReport::default();
