@@ -111,8 +111,13 @@ fn file_imports() -> BTreeMap<String, BTreeSet<String>> {
         if folder == src || name == "mod" || name.ends_with("_tests") || name == "tests" {
             continue;
         }
-        let folder_name = folder.strip_prefix(&src).unwrap().to_string_lossy().replace('/', "::");
-        let siblings = |target: &&str| *target != name && folder.join(format!("{target}.rs")).exists();
+        let folder_name = folder
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('/', "::");
+        let siblings =
+            |target: &&str| *target != name && folder.join(format!("{target}.rs")).exists();
         let code = code_of(file);
         let crate_path = format!("crate::{folder_name}::");
         let targets = named_after(&code, "super::")
@@ -120,7 +125,10 @@ fn file_imports() -> BTreeMap<String, BTreeSet<String>> {
             .chain(named_after(&code, &crate_path))
             .filter(siblings)
             .map(|target| format!("{folder_name}/{target}"));
-        graph.entry(format!("{folder_name}/{name}")).or_default().extend(targets);
+        graph
+            .entry(format!("{folder_name}/{name}"))
+            .or_default()
+            .extend(targets);
     }
     graph
 }
@@ -175,7 +183,10 @@ fn the_core_is_layered_without_circles() {
 #[test]
 fn no_files_of_a_folder_import_each_other() {
     let graph = file_imports();
-    assert!(graph.values().any(|targets| !targets.is_empty()), "{graph:#?}");
+    assert!(
+        graph.values().any(|targets| !targets.is_empty()),
+        "{graph:#?}"
+    );
     assert_eq!(circle(&graph), None, "{graph:#?}");
 }
 

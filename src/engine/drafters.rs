@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::corpus::LookupCorpus;
-use super::{ngram, position, Draft, DraftRequest, Drafter, Result};
+use super::{ngram, position, Draft, DraftRequest, Drafter, Probe, Result};
 use crate::native::{Batch, Context};
 use crate::sampling::{self, Sampler};
 use crate::session::DraftSession;
@@ -108,6 +108,17 @@ impl Drafter for DraftModelDrafter<'_> {
 
     fn samples_drafts(&self) -> bool {
         true
+    }
+
+    fn behind(&self, history: &[i32]) -> usize {
+        history.len().saturating_sub(*self.decoded)
+    }
+
+    /// A draft stops where the draft model is unsure, so a probe may ask for
+    /// the draft that would pay: on text the model cannot predict it stops
+    /// after a token or none.
+    fn probe(&self) -> Probe {
+        Probe::WhileSure
     }
 
     fn propose(

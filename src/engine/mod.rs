@@ -34,13 +34,18 @@ pub mod ngram;
 pub mod policy;
 
 pub use drafters::{DraftModelDrafter, NgramDrafter, NoDrafter, SessionDrafter, DRAFT_CONFIDENCE};
-pub use policy::AdaptiveState;
+pub use policy::{AdaptiveState, Probe};
 
 use policy::Evidence;
 
 use crate::native::{Batch, Context, Grammar, NativeError};
 use crate::sampling::{Distribution, Sampler, TokenLogprobs};
 use crate::{Error, Result};
+
+/// The most history tokens a drafter decodes before drafting when the round
+/// before drafted too: the last drafted token and the target's own after the
+/// accepted ones (a draft model does not decode its last drafted token).
+const STEADY_CATCH_UP: usize = 2;
 
 /// What a drafter is asked for at the start of a round.
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +103,19 @@ pub trait Drafter {
     /// round that drafts nothing may still ask, to learn from the proposal.
     fn proposes_freely(&self) -> bool {
         false
+    }
+    /// History tokens it decodes before drafting after `history` (a draft
+    /// model catching up): a proposal after a long gap is not a round's cost.
+    fn behind(&self, _history: &[i32]) -> usize {
+        0
+    }
+    /// How the adaptive policy probes it after rounds without evidence.
+    fn probe(&self) -> Probe {
+        if self.proposes_freely() {
+            Probe::Never
+        } else {
+            Probe::OneToken
+        }
     }
     /// Whether its drafts carry the distributions they were sampled from,
     /// which a sampled verification draws against (rejection sampling), so
@@ -422,15 +440,18 @@ impl Engine<'_> {
 
     /// The adaptive policy's draft length within `n_draft`, or `n_draft` without a policy.
     fn chosen_n_draft(&self, n_draft: usize) -> usize {
-        let freely = self.drafter.proposes_freely();
+        let probe = self.drafter.probe();
         self.policy
             .as_deref()
-            .map_or(n_draft, |policy| policy.choose(n_draft, freely))
+            .map_or(n_draft, |policy| policy.choose(n_draft, probe))
     }
 
     /// The drafter's proposal; a drafter that does not propose for free
-    /// tells a live policy what its drafting cost.
+    /// tells a live policy what its drafting cost, unless it caught up on
+    /// more than a drafting round leaves it first (a prompt, a turn, plain
+    /// rounds).
     fn timed_proposal(&mut self, request: DraftRequest<'_>) -> Result<Draft> {
+        let steady = self.drafter.behind(request.history) <= STEADY_CATCH_UP;
         let started = std::time::Instant::now();
         let draft = self
             .drafter
@@ -443,7 +464,8 @@ impl Engine<'_> {
             .as_deref_mut()
             .filter(|p| p.follows_timings(free))
         {
-            if !self.drafter.proposes_freely() {
+            // A drafter that stopped before its first token priced nothing.
+            if !self.drafter.proposes_freely() && steady && !draft.tokens.is_empty() {
                 policy.observe_draft_cost(draft.tokens.len(), micros);
             }
         }

@@ -27,10 +27,14 @@
 //! costs its verification and, with a draft model, `k` of its decodes. When a
 //! plain round is chosen, a drafter that proposes for free (prompt lookup) is
 //! still asked for one token, which is compared with the committed one; other
-//! drafters are probed with a one-token draft after [`PROBE_AFTER`] rounds
-//! without evidence, twice as many after each probe after which drafting
-//! still does not pay (up to [`MAX_PROBE_AFTER`]), since a probe after a long
-//! pause makes the draft model catch up on every token of it.
+//! drafters are probed ([`Probe`]) after [`PROBE_AFTER`] rounds without
+//! evidence, twice as many after each probe after which drafting still does
+//! not pay (up to [`MAX_PROBE_AFTER`]), since a probe after a long pause makes
+//! the draft model catch up on every token of it; and once more right after
+//! a first probe accepted whole, whose situation has no evidence of its own.
+//! A draft model stops drafting where it is unsure of its next token, so its
+//! probe asks for the draft that would pay at high acceptance: on text it
+//! predicts, one probe shows it; on text it does not, it stops early.
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve and the draft cost in microseconds, the counts in fixed point),
@@ -140,6 +144,24 @@ pub struct AdaptiveState {
 fn first_probe_after() -> u32 {
     PROBE_AFTER
 }
+
+/// How a drafter that does not propose for free is probed after rounds
+/// without evidence, and in a situation that has had none yet once the other
+/// has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// It proposes for free: a plain round compares its proposal instead.
+    Never,
+    /// A one-token draft.
+    OneToken,
+    /// The draft that would pay at [`PROBE_ACCEPTANCE`]: the drafter stops
+    /// where it is unsure, so on text it cannot predict the probe costs
+    /// little more than a one-token draft.
+    WhileSure,
+}
+
+/// The acceptance a [`Probe::WhileSure`] probe's length is chosen for.
+const PROBE_ACCEPTANCE: f64 = 0.9;
 
 /// What a round drafted, for the policy to learn from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,13 +336,10 @@ impl AdaptiveState {
     /// A round's drafting took `micros` for `drafted` tokens (a draft model's
     /// decodes, catching up on the last round's included): the draft cost
     /// moves an eighth of the way to its cost per token, or takes it while it
-    /// is an estimate. A draft after plain rounds is not timed: the draft
-    /// model then catches up on all of them first, which drafting round after
-    /// round never does.
+    /// is an estimate. (The engine does not time a draft after a gap, such as
+    /// plain rounds: the draft model then catches up on all of it first,
+    /// which drafting round after round never does.)
     pub fn observe_draft_cost(&mut self, drafted: usize, micros: u64) {
-        if self.idle > 0 {
-            return;
-        }
         let sample =
             clamp_micros(i64::try_from(micros / drafted.max(1) as u64).unwrap_or(i64::MAX));
         let current = i64::from(self.draft_us);
@@ -409,20 +428,43 @@ impl AdaptiveState {
     /// The draft length in `0..=most` that pays best, a draft of `k` tokens
     /// costing its verification and `k` draft-model decodes.
     fn best_length(&self, most: usize) -> usize {
+        self.length_at(self.acceptance(), most)
+    }
+
+    /// The draft length in `0..=most` that pays best at acceptance `alpha`.
+    fn length_at(&self, alpha: f64, most: usize) -> usize {
         let draft = f64::from(self.draft_us);
-        best_draft_length(self.acceptance(), most, |rows| {
+        best_draft_length(alpha, most, |rows| {
             self.cost(rows) + draft * (rows - 1) as f64
         })
     }
 
-    /// How many tokens to draft this round, at most `n_draft`.
-    pub fn choose(&self, n_draft: usize, proposes_freely: bool) -> usize {
+    /// How many tokens to draft this round, at most `n_draft`: the length
+    /// that pays best, else a probe as the drafter takes one (`probe`) after
+    /// [`AdaptiveState::probe_after`] rounds without evidence, or in a
+    /// situation that has had none yet.
+    pub fn choose(&self, n_draft: usize, probe: Probe) -> usize {
         let most = n_draft.min(self.cost_us.len() - 1);
         let best = self.best_length(most);
-        if best == 0 && most > 0 && !proposes_freely && self.idle >= self.probe_after {
-            return 1;
+        let due = self.idle >= self.probe_after || self.situation_unseen();
+        if best > 0 || most == 0 || !due {
+            return best;
         }
-        best
+        match probe {
+            Probe::Never => 0,
+            Probe::OneToken => 1,
+            Probe::WhileSure => self.length_at(PROBE_ACCEPTANCE, most).max(1),
+        }
+    }
+
+    /// Whether the next round's situation has had no evidence yet (its
+    /// counts at the prior) while the other one has: a generation's first
+    /// probe waits for the pause, since a draft model's first draft decodes
+    /// the whole prompt, which a short reply never repays.
+    fn situation_unseen(&self) -> bool {
+        let unseen = |at: usize| PRIOR[at] == (self.hits[at], self.trials[at]);
+        let at = usize::from(self.streak);
+        unseen(at) && !unseen(1 - at)
     }
 
     /// Learn from a round: its draft's outcome, or a free proposal's.

@@ -63,10 +63,10 @@ fn streaks_and_the_rounds_after_a_rejection_are_told_apart() {
         }
     }
     assert!(!policy.streak && policy.acceptance() < 0.9);
-    let after_rejection = policy.choose(16, true);
+    let after_rejection = policy.choose(16, Probe::Never);
     policy.observe(&round(8, 8), Evidence::Verified);
     assert!(policy.streak && policy.acceptance() > 0.9);
-    assert!(policy.choose(16, true) > after_rejection);
+    assert!(policy.choose(16, Probe::Never) > after_rejection);
 }
 
 #[test]
@@ -77,12 +77,12 @@ fn acceptance_follows_recent_rounds() {
         policy.observe(&round(8, 8), Evidence::Verified);
     }
     assert!(policy.acceptance() > 0.99);
-    assert_eq!(policy.choose(8, true), 8);
+    assert_eq!(policy.choose(8, Probe::Never), 8);
     for _ in 0..80 {
         policy.observe(&round(4, 0), Evidence::Verified);
     }
     assert!(policy.acceptance() < 0.01);
-    assert_eq!(policy.choose(8, true), 0);
+    assert_eq!(policy.choose(8, Probe::Never), 0);
     policy.validate(8).unwrap();
 }
 
@@ -92,24 +92,32 @@ fn plain_rounds_learn_from_free_proposals_or_probe() {
     for _ in 0..40 {
         policy.observe(&round(1, 0), Evidence::Verified);
     }
-    assert_eq!(policy.choose(8, false), 0);
+    assert_eq!(policy.choose(8, Probe::OneToken), 0);
     for _ in 0..PROBE_AFTER {
         policy.observe(&round(0, 0), Evidence::Nothing);
     }
-    assert_eq!(policy.choose(8, false), 1, "a probe after idle rounds");
     assert_eq!(
-        policy.choose(8, true),
+        policy.choose(8, Probe::OneToken),
+        1,
+        "a probe after idle rounds"
+    );
+    assert_eq!(
+        policy.choose(8, Probe::Never),
         0,
         "no probe where proposals are free"
     );
-    assert_eq!(policy.choose(0, false), 0, "never beyond the limit");
+    assert_eq!(
+        policy.choose(0, Probe::OneToken),
+        0,
+        "never beyond the limit"
+    );
     policy.observe(&round(0, 0), Evidence::Forced);
     assert_eq!(policy.idle, PROBE_AFTER);
     for _ in 0..40 {
         policy.observe(&round(0, 0), Evidence::Shadow(true));
     }
     assert_eq!(policy.idle, 0);
-    assert!(policy.choose(8, true) > 4);
+    assert!(policy.choose(8, Probe::Never) > 4);
 }
 
 #[test]
@@ -235,15 +243,11 @@ fn a_draft_models_decodes_are_priced_and_timed() {
         draft_us: 0,
         ..state.clone()
     };
-    assert!(free.choose(8, false) > 0);
+    assert!(free.choose(8, Probe::OneToken) > 0);
     assert_eq!(state.draft_us, 5_500);
-    assert_eq!(state.choose(8, false), 0);
+    assert_eq!(state.choose(8, Probe::OneToken), 0);
     // Timed drafting takes the place of the estimate at once, then moves an eighth of the way.
     state.draft_estimated = true;
-    state.idle = 3; // a draft after plain rounds: its catching up is not timed
-    state.observe_draft_cost(4, 8_000);
-    assert_eq!(state.draft_us, 5_500);
-    state.idle = 0;
     state.observe_draft_cost(4, 8_000);
     assert_eq!(state.draft_us, 2_000);
     state.observe_draft_cost(2, 20_000);
@@ -257,7 +261,7 @@ fn each_failed_probe_doubles_the_pause_before_the_next() {
     let mut pauses = Vec::new();
     for _ in 0..6 {
         let mut idle_rounds = 0;
-        while state.choose(4, false) == 0 {
+        while state.choose(4, Probe::OneToken) == 0 {
             state.observe(&round(0, 0), Evidence::Nothing);
             idle_rounds += 1;
         }
@@ -266,7 +270,7 @@ fn each_failed_probe_doubles_the_pause_before_the_next() {
     }
     assert_eq!(pauses, vec![16, 32, 64, 128, 256, 256]);
     // A probe after which drafting pays brings the first pause back.
-    while state.choose(4, false) == 0 {
+    while state.choose(4, Probe::OneToken) == 0 {
         state.observe(&round(0, 0), Evidence::Nothing);
     }
     state.hits = [4 * SCALE, 4 * SCALE];
@@ -285,4 +289,30 @@ fn counts_stay_bounded_under_the_longest_drafts() {
     for at in 0..2 {
         assert!(policy.trials[at] <= MAX_TRIALS && policy.hits[at] <= policy.trials[at]);
     }
+}
+
+#[test]
+fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
+    // Rows at an eighth of a plain decode, a draft model's decode at 0.45 of one: at the prior's acceptance no
+    // draft pays.
+    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
+    let mut state = AdaptiveState::new(curve).priced(Some(0.45));
+    assert_eq!(state.best_length(8), 0);
+    // The first probe waits for the pause.
+    assert_eq!(state.choose(8, Probe::WhileSure), 0);
+    for _ in 0..PROBE_AFTER {
+        state.observe(&round(0, 0), Evidence::Nothing);
+    }
+    let probe = state.choose(8, Probe::WhileSure);
+    assert!(probe > 1 && probe == state.length_at(PROBE_ACCEPTANCE, 8));
+    assert_eq!(state.choose(8, Probe::OneToken), 1);
+    assert_eq!(state.choose(8, Probe::Never), 0);
+    // The probe was accepted whole: the situation after a whole draft has no evidence yet, so it is probed too.
+    state.observe(&round(probe, probe), Evidence::Verified);
+    assert!(state.streak && state.situation_unseen());
+    assert_eq!(state.choose(8, Probe::WhileSure), probe);
+    state.observe(&round(probe, 0), Evidence::Verified);
+    // Both situations seen: the rounds' evidence decides, probes wait for the pause.
+    assert!(!state.situation_unseen() && state.idle == 0);
+    assert_eq!(state.choose(8, Probe::WhileSure), state.best_length(8));
 }
