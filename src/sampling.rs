@@ -565,7 +565,8 @@ pub struct Round<'a> {
 
 /// The target's choice from one row when greedy: the argmax after bias and
 /// penalties over `history`, among the tokens `grammar` allows (the argmax
-/// itself when allowed, which spares masking the whole vocabulary).
+/// itself when allowed, else the best allowed of the largest logits, which
+/// spares masking the whole vocabulary).
 fn greedy_choice(
     row: &[f32],
     params: &SamplingParams,
@@ -580,6 +581,9 @@ fn greedy_choice(
     if grammar.allows(best)? {
         return Ok(best);
     }
+    if let Some(choice) = best_allowed_on_top(&logits, grammar)? {
+        return choice.ok_or_else(dead_end);
+    }
     let mut masked = logits.into_owned();
     grammar.mask(&mut masked)?;
     let best = argmax(&masked);
@@ -590,6 +594,40 @@ fn greedy_choice(
         return Err(dead_end());
     }
     Ok(best)
+}
+
+/// The largest logits a greedy choice under a grammar checks in one pass of
+/// the grammar engine before it masks the whole vocabulary (the grammar's
+/// choice is nearly always among the model's first few).
+const GRAMMAR_CANDIDATES: usize = 64;
+
+/// The argmax of `logits` among the tokens `grammar` allows, as masking every
+/// forbidden logit then [`argmax`] gives it, found among the
+/// [`GRAMMAR_CANDIDATES`] largest: `Some(Some(token))`, `Some(None)` when the
+/// tokens it allows all have a logit of minus infinity (the grammar's dead
+/// end), `None` when none of them is allowed or the row holds a NaN or ids
+/// outside the vocabulary (the caller masks the whole vocabulary).
+fn best_allowed_on_top(
+    logits: &[f32],
+    grammar: &Grammar,
+) -> Result<Option<Option<i32>>, NativeError> {
+    if logits.len() > grammar.n_vocab() || logits.iter().any(|l| l.is_nan()) {
+        return Ok(None);
+    }
+    // Zeros of either sign as one key: `argmax` ranks them equal, the lower id first, and so does `top_k` then.
+    let keys: Vec<f32> = logits
+        .iter()
+        .map(|&l| if l == 0.0 { 0.0 } else { l })
+        .collect();
+    let candidates = top_k(&keys, GRAMMAR_CANDIDATES);
+    let ids: Vec<i32> = candidates.iter().map(|&(id, _)| id).collect();
+    let allowed = grammar.allowed_among(&ids)?;
+    // Every token past the candidates has a smaller key, or the same one and a larger id: the first allowed wins.
+    Ok(candidates
+        .iter()
+        .zip(allowed)
+        .find(|(_, allowed)| *allowed)
+        .map(|(&(id, key), _)| (key != f32::NEG_INFINITY).then_some(id)))
 }
 
 /// Verify `round.draft` against the target's logit rows (`rows(i)` is the

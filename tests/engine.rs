@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use specstate::generator::Generator;
-use specstate::native::{Context, ContextKind, ContextParams, Model, NativeError};
+use specstate::native::{Context, ContextKind, ContextParams, Grammar, Model, NativeError};
+use specstate::sampling::{argmax, GrammarState, Rng, Sampler};
 use specstate::session::{DraftSession, SessionConfig, SessionError, SpecType};
 use specstate::settings::SamplingParams;
 use specstate::settings::{GeneratorConfig, Mode, NgramConfig, RuntimeOptions};
@@ -314,4 +315,81 @@ fn a_grammar_over_the_engines_bounds_is_refused_with_a_typed_error() {
     reply.extend(take(&mut generator, 4));
     let text = smollm2().detokenize(&reply, false).expect("detokenize");
     assert!(text.starts_with(b"b"), "{text:?}");
+}
+
+/// The greedy choice under a grammar, as masking every forbidden logit then taking the argmax gives it.
+fn masked_choice(grammar: &Grammar, logits: &[f32]) -> Option<i32> {
+    let mut masked = logits.to_vec();
+    grammar.mask(&mut masked).expect("mask");
+    let best = argmax(&masked);
+    (masked[best as usize] != f32::NEG_INFINITY).then_some(best)
+}
+
+#[test]
+fn a_greedy_choice_under_a_grammar_is_the_best_allowed_token() {
+    let _serial = serial();
+    let model = smollm2();
+    let n_vocab = model.n_vocab();
+    let cases = [
+        // Few tokens allowed: an opening brace, spaces before it.
+        (
+            "root ::= [ ]* \"{\\\"key\\\": \" (\"true\" | \"false\") \"}\"",
+            "",
+        ),
+        // Many allowed: any lower-case word, after an opening quote.
+        ("root ::= \"\\\"\" [a-z]* \"\\\"\"", "\"ab"),
+    ];
+    let mut rng = Rng::new(11);
+    for (gbnf, prefix) in cases {
+        let mut grammar = Grammar::new(&model, gbnf).expect("grammar");
+        for token in model.tokenize(prefix, false, false).expect("tokenize") {
+            grammar
+                .accept(token)
+                .expect("the prefix follows the grammar");
+        }
+        let allowed: Vec<i32> = (0..n_vocab as i32)
+            .filter(|&id| grammar.allows(id).expect("allows"))
+            .collect();
+        let forbidden = (0..n_vocab as i32)
+            .find(|id| !allowed.contains(id))
+            .expect("a forbidden token") as usize;
+        let mut sampler = Sampler::greedy();
+        sampler.grammar = Some(GrammarState::new(grammar.clone()));
+        for round in 0..70 {
+            let mut logits: Vec<f32> = (0..n_vocab).map(|_| rng.uniform() as f32 * 20.0).collect();
+            let pick =
+                |rng: &mut Rng| allowed[(rng.uniform() * allowed.len() as f64) as usize] as usize;
+            match round % 7 {
+                // The allowed tokens far below the rest: found only by masking the whole vocabulary.
+                0 => allowed.iter().for_each(|&id| logits[id as usize] = -5.0),
+                // Ties among allowed tokens (the lowest id wins), below one forbidden token.
+                1 => {
+                    (0..3).for_each(|_| logits[pick(&mut rng)] = 30.0);
+                    logits[forbidden] = 31.0;
+                }
+                // Zeros of both signs among the allowed tokens: equal, so the lowest id wins.
+                2 => {
+                    logits.iter_mut().for_each(|l| *l = -*l);
+                    logits[pick(&mut rng)] = 0.0;
+                    logits[pick(&mut rng)] = -0.0;
+                    logits[forbidden] = 1.0;
+                }
+                // Every allowed token at minus infinity: a dead end.
+                3 => allowed
+                    .iter()
+                    .for_each(|&id| logits[id as usize] = f32::NEG_INFINITY),
+                // An allowed token a little below the best forbidden ones.
+                4 => logits[pick(&mut rng)] = 19.9,
+                // Nothing above minus infinity (the lowest ids first, an allowed one among them for the words).
+                5 => logits.fill(f32::NEG_INFINITY),
+                _ => {}
+            }
+            let chosen = sampler.choose(&logits, &[]).ok();
+            assert_eq!(
+                chosen,
+                masked_choice(&grammar, &logits),
+                "{gbnf}, round {round}"
+            );
+        }
+    }
 }

@@ -71,18 +71,24 @@ fn forced_text(
     max_bytes: usize,
 ) -> NativeResult<Vec<u8>> {
     let probes = model.byte_tokens();
-    let ids: Vec<i32> = probes.iter().map(|&(id, _)| id).collect();
     let eos = model.eos();
-    let mut state = grammar.clone();
+    // One pass of the grammar engine per character: the one-character tokens, then the end of the reply.
+    let mut ids: Vec<i32> = probes.iter().map(|&(id, _)| id).collect();
+    if eos >= 0 {
+        ids.push(eos);
+    }
+    // The grammar after the drafted text, copied at its first character (most rounds draft none).
+    let mut advanced: Option<Grammar> = None;
     let mut text = Vec::new();
     // The text of the recent history, detokenized when a whitespace choice first needs it.
     let mut before: Option<Vec<u8>> = None;
     while text.len() < max_bytes {
-        if eos >= 0 && state.allows(eos)? {
+        let state = advanced.as_ref().unwrap_or(grammar);
+        let verdicts = state.allowed_among(&ids)?;
+        if eos >= 0 && verdicts.last() == Some(&true) {
             break;
         }
-        let allowed: Vec<u8> = state
-            .allowed_among(&ids)?
+        let allowed: Vec<u8> = verdicts
             .into_iter()
             .zip(probes)
             .filter_map(|(allowed, &(_, byte))| allowed.then_some(byte))
@@ -103,6 +109,7 @@ fn forced_text(
                 next
             }
         };
+        let state = advanced.get_or_insert_with(|| grammar.clone());
         for byte in next {
             let Some(&(token, _)) = probes.iter().find(|&&(_, b)| b == byte) else {
                 return Ok(text);

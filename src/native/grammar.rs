@@ -137,6 +137,11 @@ impl Grammar {
         })
     }
 
+    /// The size of the vocabulary the grammar reads.
+    pub fn n_vocab(&self) -> usize {
+        self.model.n_vocab()
+    }
+
     /// Whether the grammar allows `token` next (an id of the vocabulary); an
     /// error if checking it exceeds the engine's bounds.
     pub fn allows(&self, token: i32) -> NativeResult<bool> {
