@@ -9,7 +9,7 @@ from typing import cast
 from specstate._native import GENERATOR_DEFAULTS
 from specstate._typing import DraftPolicy, Mode
 
-__all__ = ["DRAFT_POLICY", "MODE", "N_BATCH", "N_CTX", "N_DRAFT", "N_THREADS", "REPEAT_LAST_N"]
+__all__ = ["DRAFT_POLICY", "GRAMMAR_DRAFTS", "MODE", "N_BATCH", "N_CTX", "N_DRAFT", "N_THREADS", "REPEAT_LAST_N"]
 
 
 def _count(name: str) -> int:
@@ -22,6 +22,8 @@ def _count(name: str) -> int:
 MODE = cast(Mode, GENERATOR_DEFAULTS["mode"])
 #: How long each round's draft is in speculative modes.
 DRAFT_POLICY = cast(DraftPolicy, GENERATOR_DEFAULTS["draft_policy"])
+#: Whether rounds under a grammar draft the tokens it forces (a runtime option: checkpoints do not carry it).
+GRAMMAR_DRAFTS = bool(GENERATOR_DEFAULTS["grammar_drafts"])
 #: Most tokens drafted per round.
 N_DRAFT = _count("n_draft")
 #: Context length in tokens.

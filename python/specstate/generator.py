@@ -46,7 +46,7 @@ from collections.abc import Generator as PyGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specstate import _files, _native
+from specstate import _defaults, _files, _native
 from specstate._native import Model
 from specstate._text import StopMatcher, Utf8Decoder
 from specstate._typing import GeneratorConfig, GeneratorSettings, Message, Mode, SamplingSettings, TokenLogprobs
@@ -120,7 +120,7 @@ class Generator:
         n_threads: int | None = None,
         max_n_ctx: int | None = None,
         max_n_batch: int | None = None,
-        grammar_drafts: bool = True,
+        grammar_drafts: bool = _defaults.GRAMMAR_DRAFTS,
     ) -> Generator:
         """A generator continuing a checkpoint (bytes or a path) on these models.
 

@@ -27,6 +27,7 @@ from specstate.cluster import (
     UnknownWorkerError,
     WorkerLost,
 )
+from specstate.cluster._worker import Worker
 from specstate.errors import ModelMismatchError
 from specstate_testkit import models
 from specstate_testkit.generator_support import MODES, TINY_CTX, sampling, tiny_generator
@@ -315,3 +316,16 @@ def test_a_pool_checks_its_batch(tiny_map: dict[str, Path]) -> None:
     for batch in (-1, 257):
         with pytest.raises(ValueError, match="batch between 0 and 256"):
             Pool(tiny_map, batch=batch)
+
+
+@pytest.mark.parametrize("grammar_drafts", [False, True])
+def test_a_restored_generation_keeps_its_grammar_drafts_option(tiny_map: dict[str, Path], grammar_drafts: bool) -> None:
+    """Checkpoints do not carry the runtime option ``grammar_drafts``: the pool hands the generation's own to the
+    worker that restores it (the worker's code, called in this process)."""
+    worker = Worker({"qwen35": str(tiny_map["qwen35"])}, n_threads=1, batch=0)
+    options = dict(settings("ngram", False), grammar='root ::= [a-e ]+ "."', grammar_drafts=grammar_drafts)
+    worker.start("g", PROMPT, options, "qwen35", None)
+    worker.advance("g", 3)
+    checkpoint = worker.checkpoint_and_release("g")
+    worker.restore("h", checkpoint, "qwen35", None, grammar_drafts)
+    assert worker.generators["h"].grammar_drafts is grammar_drafts

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
+from specstate import _defaults
 from specstate.cluster._placement import Placement
 from specstate.cluster._records import Generation
 from specstate.cluster._recovery import Recovery
@@ -42,7 +43,11 @@ class Runner:
                     produced = 0
                 else:
                     call = actor.restore.remote(
-                        generation.handle.id, generation.checkpoint, generation.target, generation.draft
+                        generation.handle.id,
+                        generation.checkpoint,
+                        generation.target,
+                        generation.draft,
+                        generation.settings.get("grammar_drafts", _defaults.GRAMMAR_DRAFTS),
                     )
                     produced = get(call)
             except RayActorError:

@@ -92,10 +92,15 @@ class Worker:
         tokens = model.tokenize(prompt, add_special=True, parse_special=True) if isinstance(prompt, str) else prompt
         self._place(gid, generator, target, list(tokens))
 
-    def restore(self, gid: str, checkpoint: bytes, target: str, draft: str | None) -> int:
-        """Continue a generation from its checkpoint; returns the tokens it had handed out."""
+    def restore(self, gid: str, checkpoint: bytes, target: str, draft: str | None, grammar_drafts: bool) -> int:
+        """Continue a generation from its checkpoint (``grammar_drafts``: its runtime option, which checkpoints do
+        not carry); returns the tokens it had handed out."""
         generator = Generator.restore(
-            checkpoint, self.models[target], draft_model=self._draft(draft), n_threads=self.n_threads
+            checkpoint,
+            self.models[target],
+            draft_model=self._draft(draft),
+            n_threads=self.n_threads,
+            grammar_drafts=grammar_drafts,
         )
         self._place(gid, generator, target, None)
         return generator._native.delivered

@@ -25,6 +25,7 @@ from specstate.llama.compat import (
 )
 from specstate.llama.options import (
     DRAFT_POLICY,
+    GRAMMAR_DRAFTS,
     LAST_N_TOKENS_SIZE,
     LLAMA_DEFAULT_SEED,
     N_BATCH,
@@ -182,7 +183,7 @@ class Llama:
         n_draft: int = N_DRAFT,
         draft_policy: DraftPolicy = DRAFT_POLICY,
         cost_curve: Sequence[int] | None = None,
-        grammar_drafts: bool = True,
+        grammar_drafts: bool = GRAMMAR_DRAFTS,
         last_n_tokens_size: int = LAST_N_TOKENS_SIZE,
         chat_format: str | None = None,
         chat_template: str | None = None,

@@ -50,6 +50,8 @@ N_BATCH = _defaults.N_BATCH
 DRAFT_POLICY = _defaults.DRAFT_POLICY
 #: Most tokens drafted per round in the speculative modes: the generator's default.
 N_DRAFT = _defaults.N_DRAFT
+#: Whether rounds under a grammar draft the tokens it forces: the generator's default.
+GRAMMAR_DRAFTS = _defaults.GRAMMAR_DRAFTS
 
 #: llama-cpp-python's parameters that specstate's sampler does not implement yet, with the values that leave the
 #: output unchanged: the only values accepted (anything else raises :class:`UnsupportedParameterError`).
