@@ -71,6 +71,11 @@ impl Drafter for NgramDrafter {
 /// has less than this probability (softmax of its raw logits).
 pub const DRAFT_CONFIDENCE: f64 = 0.5;
 
+/// The most history tokens a draft model decodes before drafting when the
+/// round before drafted too: its last drafted token (never decoded by it)
+/// and the target's token after the accepted ones.
+const STEADY_CATCH_UP: usize = 2;
+
 /// Autoregressive drafting on a separate draft model with the target's vocabulary.
 pub struct DraftModelDrafter<'a> {
     /// The draft model's context.
@@ -110,8 +115,8 @@ impl Drafter for DraftModelDrafter<'_> {
         true
     }
 
-    fn behind(&self, history: &[i32]) -> usize {
-        history.len().saturating_sub(*self.decoded)
+    fn in_step(&self, history: &[i32]) -> bool {
+        history.len().saturating_sub(*self.decoded) <= STEADY_CATCH_UP
     }
 
     /// A draft stops where the draft model is unsure, so a probe may ask for

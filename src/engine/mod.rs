@@ -42,11 +42,6 @@ use crate::native::{Batch, Context, Grammar, NativeError};
 use crate::sampling::{Distribution, Sampler, TokenLogprobs};
 use crate::{Error, Result};
 
-/// The most history tokens a drafter decodes before drafting when the round
-/// before drafted too: the last drafted token and the target's own after the
-/// accepted ones (a draft model does not decode its last drafted token).
-const STEADY_CATCH_UP: usize = 2;
-
 /// What a drafter is asked for at the start of a round.
 #[derive(Clone, Copy, Debug)]
 pub struct DraftRequest<'a> {
@@ -104,10 +99,11 @@ pub trait Drafter {
     fn proposes_freely(&self) -> bool {
         false
     }
-    /// History tokens it decodes before drafting after `history` (a draft
-    /// model catching up): a proposal after a long gap is not a round's cost.
-    fn behind(&self, _history: &[i32]) -> usize {
-        0
+    /// Whether drafting after `history` costs what drafting round after
+    /// round does: a draft model first catching up on a gap (a prompt, a new
+    /// turn, plain rounds) does more.
+    fn in_step(&self, _history: &[i32]) -> bool {
+        true
     }
     /// How the adaptive policy probes it after rounds without evidence.
     fn probe(&self) -> Probe {
@@ -451,7 +447,7 @@ impl Engine<'_> {
     /// more than a drafting round leaves it first (a prompt, a turn, plain
     /// rounds).
     fn timed_proposal(&mut self, request: DraftRequest<'_>) -> Result<Draft> {
-        let steady = self.drafter.behind(request.history) <= STEADY_CATCH_UP;
+        let steady = self.drafter.in_step(request.history);
         let started = std::time::Instant::now();
         let draft = self
             .drafter
