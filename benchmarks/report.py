@@ -30,6 +30,7 @@ from quality import quality_fields
 from real_models import RESULTS as REAL_MODELS
 from real_models import load as load_real_models
 from real_models import page_fields as real_models_fields
+from serve_load import load_others as load_other_serve_runs
 from serve_load import serve_fields
 from speculation import ADAPTIVE, LLAMA_CPP_SIZES, NONE, PEERS, contenders_table, draft_text, exactness
 from speculation import targets as speculation_targets
@@ -553,10 +554,12 @@ def _runs_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_results(directory: Path = RESULTS) -> dict[str, Any]:
-    """The results files the page reads, by name, every model's quality.json (``quality``: a list), and the
-    real-model section's (``real_models``: the pair's latest run, None before the first, and its recorded runs)."""
+    """The results files the page reads, by name, every model's quality.json (``quality``: a list), the other
+    models' serve.json (``serve_others``: a list), and the real-model section's (``real_models``: the pair's
+    latest run, None before the first, and its recorded runs)."""
     results = {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
     results["quality"] = load_quality(directory)
+    results["serve_others"] = load_other_serve_runs(directory)
     results["real_models"] = load_real_models(directory / REAL_MODELS.relative_to(RESULTS))
     return results
 
@@ -573,7 +576,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **grammar_fields(results["grammar_drafts"]),
         **_runs_fields(results["runs"]),
         **busy_fields(results["busy"]),
-        **serve_fields(results["serve"]),
+        **serve_fields(results["serve"], results["serve_others"]),
         **quality_fields(results["quality"]),
         **real_models_fields(real_latest, real_runs, RUNS_SHOWN),
     }

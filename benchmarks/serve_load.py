@@ -293,18 +293,22 @@ def ratio(rounds: list[dict[str, Any]], clients: int, ours: str, theirs: str) ->
 
 
 def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | None]]:
-    """Issue 34's goals: (measure, value, target, met)."""
+    """The goals: (measure, value, target, met). On SmolLM2 issue 34's; on another model throughput against
+    llama-server, replies identical to solo, and peak RSS against llama-server's."""
     rounds, best = results["rounds"], f"{SPECSTATE} ngram"
+    other_model = title(results.get("model")) != title(None)
+    peers = ((4, LLAMA_SERVER, 1.0), (8, LLAMA_SERVER, 1.0))
     rows: list[tuple[str, float | None, str, bool | None]] = []
-    for clients, peer, target in ((4, LLAMA_SERVER, 1.0), (4, PEER, 2.5), (8, LLAMA_SERVER, 1.0)):
+    for clients, peer, target in peers if other_model else ((4, LLAMA_SERVER, 1.0), (4, PEER, 2.5), *peers[1:]):
         entry = ratio(rounds, clients, best, f"{peer} none")
         value = None if entry is None else entry["median"]
         met = None if value is None else value >= target
         rows.append((f"{clients} clients: specstate ngram / {peer} throughput", value, f">= {target:g}", met))
-    entry = ratio(rounds, 1, f"{SPECSTATE} none", ALONE)
-    value = None if entry is None else entry["median"]
-    met = None if value is None else value >= 0.97
-    rows.append(("1 client: specstate none, batched engine / a slot of its own", value, ">= 0.97", met))
+    if not other_model:
+        entry = ratio(rounds, 1, f"{SPECSTATE} none", ALONE)
+        value = None if entry is None else entry["median"]
+        met = None if value is None else value >= 0.97
+        rows.append(("1 client: specstate none, batched engine / a slot of its own", value, ">= 0.97", met))
     shares = [
         figures["identical"]
         for r in rounds
@@ -316,12 +320,25 @@ def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | 
     rows.append(
         ("specstate replies identical to solo, lowest share", share, "1.0", None if share is None else share == 1)
     )
+    if other_model:
+        return [*rows, rss_against_llama_server(rounds)]
     bound = rss_bound(results)
     rss = [f["peak_rss_mib"] for r in rounds for name, f in r.get("4", {}).items() if name in BATCHED]
     peak = max(rss) if rss else None
     met = None if peak is None else peak <= bound
     rows.append(("peak RSS, 4 slots, every specstate mode (MiB)", peak, f"<= {bound:.0f}", met))
     return rows
+
+
+def rss_against_llama_server(rounds: list[dict[str, Any]]) -> tuple[str, float | None, str, bool | None]:
+    """The memory bound on another model than SmolLM2: at 8 clients, the batched specstate servers' largest peak RSS
+    at most llama-server's + 25%."""
+    ours = [f["peak_rss_mib"] for r in rounds for name, f in r.get("8", {}).items() if name in BATCHED]
+    theirs = [
+        r["8"][f"{LLAMA_SERVER} none"]["peak_rss_mib"] for r in rounds if f"{LLAMA_SERVER} none" in r.get("8", {})
+    ]
+    value = max(ours) / max(theirs) if ours and theirs else None
+    return ("peak RSS, 8 clients, specstate / llama-server", value, "<= 1.25", None if value is None else value <= 1.25)
 
 
 def rss_bound(results: dict[str, Any]) -> float:
@@ -358,14 +375,32 @@ def tables(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def serve_fields(results: dict[str, Any]) -> dict[str, str]:
-    """The fields of docs/benchmarks.md's section (``report.py`` fills the template with them)."""
-    verdicts = [met for _, _, _, met in goals(results)]
+def _setup(run: dict[str, Any]) -> str:
+    """Another model's run: the model, the client counts, the rounds and the date."""
+    clients = ", ".join(map(str, run["clients"]))
+    return f"{title(run['model'])}, {clients} clients, {len(run['rounds'])} interleaved rounds, {run['date']}"
+
+
+def _verdict(results: dict[str, Any]) -> str:
+    verdicts = [met for _, _, _, met in goals(results) if met is not None]
+    return f"{verdicts.count(True)} of {len(verdicts)} goals met"
+
+
+def serve_fields(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, str]:
+    """The fields of docs/benchmarks.md's section (``report.py`` fills the template with them): SmolLM2's run
+    (``results``) and the other models' (``others``, :func:`load_others`)."""
+    sections = [f"On {_setup(run)}; {_verdict(run)}:\n\n{tables(run).rstrip()}" for run in others]
     return {
         "serve_setup": f"{len(results['rounds'])} interleaved rounds, {results['date']}",
         "serve_tables": tables(results).rstrip("\n"),
-        "serve_verdict": f"{verdicts.count(True)} of {len(verdicts)} goals met",
+        "serve_verdict": _verdict(results),
+        "serve_others": "\n\n".join(sections) or "No other model measured yet.",
     }
+
+
+def load_others(results: Path) -> list[dict[str, Any]]:
+    """The other models' runs under ``results`` (``models/*/serve.json``)."""
+    return [json.loads(path.read_text()) for path in sorted(results.glob("models/*/serve.json"))]
 
 
 def main(argv: list[str] | None = None) -> int:

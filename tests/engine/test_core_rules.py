@@ -3,6 +3,7 @@ refuses, with the same exception and message; the mode and draft-policy lists ar
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from typing import Any, get_args
@@ -11,6 +12,7 @@ import pytest
 
 from specstate import Model, _native
 from specstate._typing import DraftPolicy, Mode, SamplingSettings
+from specstate.llama.options import _Sampling
 
 #: Small sizes, so that only the sampling settings can be refused.
 SIZES: dict[str, Any] = {"n_ctx": 64, "n_batch": 8, "n_threads": 1}
@@ -96,6 +98,11 @@ def test_check_sampling_takes_the_sampling_settings_with_the_constructors_defaul
     assert {name: p.default for name, p in parameters.items()} == {
         name: _native.GENERATOR_DEFAULTS[name] for name in parameters
     }
+
+
+def test_the_llama_apis_sampling_holds_the_sampling_settings() -> None:
+    """``Llama``'s call settings name each sampling setting, and pass nothing else to the generator."""
+    assert {field.name for field in dataclasses.fields(_Sampling)} == SamplingSettings.__optional_keys__
 
 
 def test_the_mode_and_draft_policy_lists_are_the_cores() -> None:

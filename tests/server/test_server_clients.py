@@ -14,14 +14,14 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from specstate.serve import RequestLimits
-from test_server import KEY, MODEL, Live, config, tiny_chat
+from test_server import BACKENDS, KEY, MODEL, Live, config, tiny_chat
 
 __all__ = ["tiny_chat"]  # the module fixture, shared with test_server
 
 
-@pytest.fixture(scope="module")
-def live(tiny_chat: Path) -> Iterator[Live]:
-    server = Live(config(tiny_chat, slots=1, limits=RequestLimits(max_tokens=8)))
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def live(request: pytest.FixtureRequest, tiny_chat: Path) -> Iterator[Live]:
+    server = Live(config(tiny_chat, slots=1, limits=RequestLimits(max_tokens=8), ray_workers=BACKENDS[request.param]))
     yield server
     server.stop()
 

@@ -11,7 +11,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from test_server import KEY, Live, config
+from test_server import BACKENDS, KEY, Live, config
 from test_server_hostile import HERMES
 
 WEATHER_TOOL: dict[str, Any] = {
@@ -26,9 +26,12 @@ GREEDY = {"temperature": 0}
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.fixture(scope="module")
-def live(smollm2_file: Path) -> Iterator[Live]:
-    server = Live(config(smollm2_file, mode="ngram", n_threads=2, n_ctx=2048, chat_template=HERMES))
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def live(request: pytest.FixtureRequest, smollm2_file: Path) -> Iterator[Live]:
+    workers = BACKENDS[request.param]
+    server = Live(
+        config(smollm2_file, mode="ngram", n_threads=2, n_ctx=2048, chat_template=HERMES, ray_workers=workers)
+    )
     yield server
     server.stop()
 

@@ -13,7 +13,7 @@ from typing import Any, cast
 import openai
 import pytest
 
-from test_server import Live, config
+from test_server import BACKENDS, Live, config
 from test_server_hostile import HERMES, counter
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,16 +26,20 @@ WEATHER: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("responses")
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def live(smollm2_file: Path, cache_dir: Path) -> Iterator[Live]:
-    server = Live(
-        config(smollm2_file, mode="ngram", n_threads=2, n_ctx=2048, chat_template=HERMES, cache_dir=str(cache_dir))
-    )
+def cache_dir(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Path:
+    return tmp_path_factory.mktemp(f"responses-{backend}")
+
+
+@pytest.fixture(scope="module")
+def live(smollm2_file: Path, cache_dir: Path, backend: str) -> Iterator[Live]:
+    shape = {"mode": "ngram", "n_threads": 2, "n_ctx": 2048, "chat_template": HERMES, "cache_dir": str(cache_dir)}
+    server = Live(config(smollm2_file, ray_workers=BACKENDS[backend], **shape))
     yield server
     server.stop()
 

@@ -20,7 +20,7 @@ import pytest
 
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.request import MAX_CACHE_SALT_CHARS
-from test_server import KEY, Live, config, tiny_chat
+from test_server import BACKENDS, KEY, Live, config, tiny_chat
 
 __all__ = ["tiny_chat"]  # the module fixture, shared with test_server
 
@@ -56,13 +56,15 @@ def reused_by(live: Live, messages: list[dict[str, str]], key: str = KEY, **fiel
     return reused(live) - before
 
 
-@pytest.fixture(scope="module")
-def keyed(tiny_chat: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    """A server with two API keys (each a tenant) and the default reuse. One slot: each request lets go of the one
-    before, whose cells its engine keeps (and the state of, once its sequence is taken)."""
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def keyed(request: pytest.FixtureRequest, tiny_chat: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """A server with two API keys (each a tenant) and the default reuse, on each backend. One slot (a worker's on
+    the Ray backend): each request lets go of the one before, whose cells its engine keeps (and the state of, once
+    its sequence is taken)."""
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(f"# the server's keys\n{KEY}\n\n{OTHER_KEY}\n")
-    server = Live(config(tiny_chat, slots=1, api_key=None, api_key_file=str(keys)))
+    workers = BACKENDS[request.param]
+    server = Live(config(tiny_chat, slots=1, api_key=None, api_key_file=str(keys), ray_workers=workers))
     yield server
     server.stop()
 
@@ -107,22 +109,26 @@ def test_without_keys_every_client_is_one_tenant_unless_it_narrows(tiny_chat: Pa
         assert reused_by(live, secret(PIN), cache_salt="mine") == 0  # a salted request starts from nothing
         assert reused_by(live, secret(PIN), user="someone") == 0
         assert reused_by(live, secret(PIN)) > 0  # the unnarrowed requests are one tenant
-        assert live.state.corpora is not None and DEFAULT_TENANT in live.state.corpora
+        assert DEFAULT_TENANT in (live.state.corpus_documents() or {})
     finally:
         live.stop()
 
 
-def test_a_conversation_is_continued_and_restored_only_for_its_tenant(tiny_chat: Path) -> None:
-    live = Live(config(tiny_chat, slots=1))
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_conversation_is_continued_and_restored_only_for_its_tenant(tiny_chat: Path, backend: str) -> None:
+    live = Live(config(tiny_chat, slots=1, ray_workers=BACKENDS[backend]))
     try:
         first = secret(PIN)
         reply = chat(live, first, user="victim")["choices"][0]["message"]["content"]
-        held = live.state.slots[0].llama
-        assert held is not None and held.chat_generator is not None
-        victims = held.chat_generator
         turn = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Repeat it."}]
-        chat(live, turn, user="attacker")
-        assert held.chat_generator is not victims  # another tenant's turn is decoded from its messages
+        if live.state.driver is None:
+            held = live.state.slots[0].llama
+            assert held is not None and held.chat_generator is not None
+            victims = held.chat_generator
+            chat(live, turn, user="attacker")
+            assert held.chat_generator is not victims  # another tenant's turn is decoded from its messages
+        else:  # the driver sends it to the worker with the fewest requests, with no conversation to restore
+            chat(live, turn, user="attacker")
         assert "specstate_conversations_restored_total" not in live.get("/metrics")[1]  # nor restored
         chat(live, turn, user="victim")
         assert "specstate_conversations_restored_total 1" in live.get("/metrics")[1]  # the victim's own: restored
@@ -131,17 +137,18 @@ def test_a_conversation_is_continued_and_restored_only_for_its_tenant(tiny_chat:
 
 
 def test_each_tenant_drafts_from_its_own_corpus(keyed: Live) -> None:
-    corpora = keyed.state.corpora
-    assert corpora is not None
     victim, attacker = tenant_of(key_identity(KEY), "drafts"), tenant_of(key_identity(OTHER_KEY), "drafts")
     chat(keyed, secret("1111"), KEY, user="drafts")
-    assert corpora.get(victim).n_documents == 1 and attacker not in corpora
+    documents = keyed.state.corpus_documents()
+    assert documents is not None and documents[victim] == 1 and attacker not in documents
     chat(keyed, secret("2222"), OTHER_KEY, user="drafts")
-    assert corpora.get(victim).n_documents == 1 and corpora.get(attacker).n_documents == 1
+    documents = keyed.state.corpus_documents()
+    assert documents is not None and documents[victim] == 1 and documents[attacker] == 1
 
 
-def test_no_cross_request_reuse_keeps_nothing_between_requests(tiny_chat: Path) -> None:
-    live = Live(config(tiny_chat, slots=2, no_cross_request_reuse=True))
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_no_cross_request_reuse_keeps_nothing_between_requests(tiny_chat: Path, backend: str) -> None:
+    live = Live(config(tiny_chat, slots=2, no_cross_request_reuse=True, ray_workers=BACKENDS[backend]))
     try:
         first = secret(PIN)
         reply = chat(live, first)["choices"][0]["message"]["content"]
@@ -151,7 +158,8 @@ def test_no_cross_request_reuse_keeps_nothing_between_requests(tiny_chat: Path) 
         assert reused_by(live, turn) == 0
         metrics = live.get("/metrics")[1]
         assert "conversations_cached" not in metrics and "conversations_restored" not in metrics
-        assert live.state.corpora is None
+        assert live.state.corpus_documents() is None  # on the Ray backend, each worker's
+        # The slots of this process (none on the Ray backend, whose workers' corpora were asked for above):
         assert all(slot.llama is not None and slot.llama.lookup_corpus is None for slot in live.state.slots)
         assert all(slot.llama is not None and slot.llama.reuse_key is None for slot in live.state.slots)
     finally:

@@ -10,8 +10,8 @@ import re
 import secrets
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypedDict, cast
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from specstate import _defaults
 from specstate._native import Model, check_sampling, json_schema_to_grammar
@@ -382,45 +382,20 @@ class _Sampling:
     @classmethod
     def of(cls, config: GeneratorConfig) -> _Sampling:
         """The sampling a generator runs with (what its checkpoint records)."""
-        fields = {name: config[name] for name in _REAL_FIELDS}  # type: ignore[literal-required]
-        bias = tuple(sorted(config["logit_bias"].items()))
-        return cls(
-            top_k=config["top_k"],
-            seed=config["seed"],
-            repeat_last_n=config["repeat_last_n"],
-            logit_bias=bias,
-            grammar=config["grammar"],
-            **fields,
-        )
+        values: dict[str, Any] = {field.name: config[field.name] for field in fields(cls)}  # type: ignore[literal-required]
+        values["logit_bias"] = tuple(sorted(config["logit_bias"].items()))
+        return cls(**values)
 
     def settings(self) -> GeneratorSettings:
         """The generator settings of these parameters (a random seed drawn now when ``seed`` is None)."""
-        seed = secrets.randbits(64) if self.seed is None else self.seed
-        return {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "seed": seed,
-            "min_p": self.min_p,
-            "typical_p": self.typical_p,
-            "repeat_penalty": self.repeat_penalty,
-            "repeat_last_n": self.repeat_last_n,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "logit_bias": dict(self.logit_bias),
-            "grammar": self.grammar,
-        }
+        values: dict[str, Any] = {field.name: getattr(self, field.name) for field in fields(self)}
+        values["seed"] = secrets.randbits(64) if self.seed is None else self.seed
+        values["logit_bias"] = dict(self.logit_bias)
+        return cast(GeneratorSettings, values)
 
 
-_REAL_FIELDS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-)
+#: The real-valued parameters (the generator keeps them in single precision).
+_REAL_FIELDS = tuple(field.name for field in fields(_Sampling) if field.type == "float")
 
 
 def _single(value: float) -> float:
@@ -478,13 +453,11 @@ def _number(name: str, value: object) -> float:
     return float(value)
 
 
-#: The sampler chain's real-valued parameters and llama-cpp-python's defaults (the generator checks their ranges).
-_CHAIN_REALS = {
-    "min_p": MIN_P,
-    "typical_p": 1.0,
-    "repeat_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
+#: The sampler chain's real-valued parameters with llama-cpp-python's defaults (the generator checks their ranges).
+_CHAIN_REALS: dict[str, float] = {
+    field.name: field.default
+    for field in fields(_Sampling)
+    if field.name in _REAL_FIELDS and field.default is not MISSING
 }
 
 

@@ -70,7 +70,7 @@ from specstate.serve import messages, responses
 from specstate.serve.cache import DEFAULT_TENANT, ConversationCache, TenantCorpora, key_identity, tenant_of
 from specstate.serve.config import ServerConfig
 from specstate.serve.embeddings import EmbeddingJob, Embeddings, read_embedding_request
-from specstate.serve.jobs import DONE, Job, Metrics
+from specstate.serve.jobs import DONE, Job, Metrics, engine_counters
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
 from specstate.serve.slots import Slot, start_slots
@@ -138,6 +138,13 @@ class Server:
             self.driver.submit(job)
         else:
             self.scheduler.submit(job)
+
+    def corpus_documents(self) -> dict[str, int] | None:
+        """The documents of each tenant's lookup corpus (on the Ray backend, the workers' summed); None: requests
+        keep none."""
+        if self.driver is not None:
+            return self.driver.corpus_documents()
+        return None if self.corpora is None else self.corpora.documents()
 
     def gauges(self) -> tuple[int, int, int]:
         """Requests waiting, generations running, bytes parked."""
@@ -306,7 +313,7 @@ def build_app(config: ServerConfig) -> tuple[Starlette, Server]:
             except RequestError as error:
                 response = _error_response(error, shape)
             except Exception as error:
-                failure = RequestError(500, f"{type(error).__name__}: {error}", "server_error")
+                failure = RequestError.unforeseen(error)
                 response = _error_response(failure, shape)
             if name is not None:
                 server.metrics.request(name, response.status_code)
@@ -404,11 +411,7 @@ async def _health(server: Server, request: Request) -> Response:
 async def _metrics(server: Server, request: Request) -> Response:
     if not server.config.metrics_public:
         server.authorize(request)
-    engine = server.engine
-    batch = None
-    if engine is not None:
-        decodes, rows, sequences = engine.stats
-        batch = {"decodes": decodes, "rows": rows, "sequences": sequences, "prompt_tokens_reused": engine.reused_tokens}
+    batch = server.driver.engine_counters() if server.driver is not None else engine_counters(server.engine)
     return PlainTextResponse(server.metrics.text(*server.gauges(), batch=batch))
 
 

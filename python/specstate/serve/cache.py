@@ -174,6 +174,11 @@ class TenantCorpora:
                 self._corpora.popitem(last=False)
             return corpus
 
+    def documents(self) -> dict[str, int]:
+        """The documents each tenant's corpus holds, by tenant."""
+        with self._lock:
+            return {tenant: corpus.n_documents for tenant, corpus in self._corpora.items()}
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._corpora)

@@ -161,7 +161,7 @@ class Embeddings:
             except RequestError as error:
                 reply = error
             except Exception as error:  # the model failed: the client hears it, the worker goes on
-                reply = RequestError(500, f"{type(error).__name__}: {error}", "server_error")
+                reply = RequestError.unforeseen(error)
             if reply is None:
                 self.metrics.add("cancelled_requests")
             else:

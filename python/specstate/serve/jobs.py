@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specstate import SharedEngine
 from specstate.llama import (
     CompletionStream,
     ParkedChat,
@@ -131,6 +132,15 @@ def joined_prompts(chunks: list[Any], usage: CompletionUsage, prompts: int) -> d
         own = [chunk for chunk in chunks if chunk["choices"][0]["index"] == index]
         choices.append({**joined_completion(own, usage)["choices"][0], "index": index})
     return {**joined_completion(chunks, usage), "choices": choices}
+
+
+def engine_counters(engine: SharedEngine | None) -> dict[str, int] | None:
+    """A batched engine's counters so far, by their ``/metrics`` names: its decodes, their rows and sequences, and
+    the prompt tokens it reused (None without an engine)."""
+    if engine is None:
+        return None
+    decodes, rows, sequences = engine.stats
+    return {"decodes": decodes, "rows": rows, "sequences": sequences, "prompt_tokens_reused": engine.reused_tokens}
 
 
 class Metrics:

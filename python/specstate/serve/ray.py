@@ -77,6 +77,8 @@ class _Worker:
     poll: Any = None
     #: The requests it runs, by id.
     running: dict[str, _Running] = field(default_factory=dict)
+    #: Its batched engine's counters, as its latest report gave them (None: none yet, or separate slots).
+    engine: dict[str, int] | None = None
 
 
 @dataclass
@@ -202,6 +204,29 @@ class RayDriver(threading.Thread):
         """Workers alive (as far as the driver knows)."""
         return sum(worker.alive for worker in self.workers) if self.is_alive() else 0
 
+    def corpus_documents(self) -> dict[str, int] | None:
+        """The documents of each tenant's lookup corpus, summed over the live workers (None: requests keep none)."""
+        import ray
+
+        described: list[dict[str, Any]] = ray.get([w.actor.describe.remote() for w in self.workers if w.alive])
+        if any(worker["corpora"] is None for worker in described):
+            return None
+        summed: Counter[str] = Counter()
+        for worker in described:
+            summed.update(worker["corpora"])
+        return dict(summed)
+
+    def engine_counters(self) -> dict[str, int] | None:
+        """The workers' batched engines' counters, summed (a dead worker's as its last report gave them; None: no
+        worker has reported any)."""
+        reported = [worker.engine for worker in self.workers if worker.engine is not None]
+        if not reported:
+            return None
+        summed: Counter[str] = Counter()
+        for counters in reported:
+            summed.update(counters)
+        return dict(summed)
+
     def worker_pid(self, worker: int) -> int:
         """The process id of a worker."""
         return self.workers[worker].pid
@@ -296,13 +321,18 @@ class RayDriver(threading.Thread):
                 self._waiting.remove(job)
                 job.deliver(RequestError(503, "no Ray worker is alive", "server_error"))
                 continue
-            held = self._holder(job)
-            chosen = self._choose(job, held)
-            if chosen is None:
-                return
-            self._waiting.remove(job)
-            conversation = None if chosen == held else self._conversation(job)
-            self._send(job, chosen, conversation, _Running(job, chosen))
+            try:
+                held = self._holder(job)
+                chosen = self._choose(job, held)
+                if chosen is None:
+                    return
+                self._waiting.remove(job)
+                conversation = None if chosen == held else self._conversation(job)
+                self._send(job, chosen, conversation, _Running(job, chosen))
+            except Exception as error:  # the driver outlives any request: its client hears what failed
+                if job in self._waiting:
+                    self._waiting.remove(job)
+                job.deliver(RequestError.unforeseen(error))
 
     def _send(
         self,
@@ -313,10 +343,10 @@ class RayDriver(threading.Thread):
         resume: ParkedChat | None = None,
     ) -> None:
         ident = f"r{uuid.uuid4().hex}"
-        running.worker = worker
-        self.workers[worker].running[ident] = running
         request = dataclasses.replace(job.request, stream=True, include_usage=True)  # the driver joins whole ones
         self.workers[worker].actor.submit.remote(ident, request, conversation, resume, running.snapshots())
+        running.worker = worker
+        self.workers[worker].running[ident] = running  # what it delivers is polled for by this thread, after this
 
     def _choose(self, job: Job, held: int | None) -> int | None:
         """The worker for ``job``: the one that holds its conversation if it has a free slot, else the least loaded
@@ -382,6 +412,7 @@ class RayDriver(threading.Thread):
 
     def _take(self, index: int, worker: _Worker, report: Report) -> None:
         self.metrics.merge(report.counts)
+        worker.engine = report.engine or worker.engine
         for pairs, checkpoint, tenant in report.conversations:
             self.cache.put(pairs, checkpoint, tenant)
             key = conversation_key(pairs, tenant)
@@ -397,7 +428,7 @@ class RayDriver(threading.Thread):
                 self._deliver(worker, ident, running, item)
             except Exception as error:  # the driver outlives any request: its client hears what failed
                 worker.running.pop(ident, None)
-                running.job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+                running.job.deliver(RequestError.unforeseen(error))
 
     def _deliver(self, worker: _Worker, ident: str, running: _Running, item: object) -> None:
         """Give the client what the worker's slot delivered."""
@@ -444,8 +475,11 @@ class RayDriver(threading.Thread):
             running.job.deliver(RequestError(503, "no Ray worker is alive", "server_error"))
             return
         chosen = min(alive, key=lambda index: (len(self.workers[index].running), index))
-        conversation = None if resume is not None else self._conversation(running.job)
-        self._send(running.job, chosen, conversation, running, resume)
+        try:
+            conversation = None if resume is not None else self._conversation(running.job)
+            self._send(running.job, chosen, conversation, running, resume)
+        except Exception as error:  # as in _place
+            running.job.deliver(RequestError.unforeseen(error))
 
 
 def _labelled(running: _Running) -> dict[str, Any]:

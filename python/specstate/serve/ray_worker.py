@@ -22,7 +22,7 @@ from specstate._native import default_threads
 from specstate.llama import ParkedChat
 from specstate.serve.cache import ConversationCache, Pairs, TenantCorpora
 from specstate.serve.config import ServerConfig
-from specstate.serve.jobs import DONE, Job, Metrics
+from specstate.serve.jobs import DONE, Job, Metrics, engine_counters
 from specstate.serve.request import RequestError, ServerRequest
 from specstate.serve.scheduler import Scheduler
 from specstate.serve.slots import start_slots
@@ -45,11 +45,13 @@ Conversation = tuple[tuple[tuple[str, str], ...], bytes, str]
 @dataclass
 class Report:
     """What a worker delivered since the last report: ``(request id, item)`` in order (a chunk, a
-    :class:`RequestError` or :class:`Finished`), the conversations it finished, and its counters' increase."""
+    :class:`RequestError` or :class:`Finished`), the conversations it finished, its counters' increase, and its
+    batched engine's counters so far (None: its slots are separate)."""
 
     items: list[tuple[str, object]]
     conversations: list[Conversation]
     counts: dict[str, int]
+    engine: dict[str, int] | None = None
 
 
 def worker_config(config: ServerConfig, sharing: int) -> ServerConfig:
@@ -97,16 +99,20 @@ class ServeWorker:
         self.scheduler = Scheduler(config.queue + config.slots, config.slots, config.parked_bytes, config.spill_dir)
         self.cache = _Outbox(config.cache_bytes)
         reuse = config.mode == "ngram" and not config.no_cross_request_reuse
-        corpora = TenantCorpora() if reuse else None
-        self.slots, _ = start_slots(config, self.scheduler, self.metrics, self.cache, corpora, cost_curve)
+        self.corpora = TenantCorpora() if reuse else None
+        self.slots, self.engine = start_slots(
+            config, self.scheduler, self.metrics, self.cache, self.corpora, cost_curve
+        )
         self._jobs: dict[str, Job] = {}
         self._items: list[tuple[str, object]] = []
         self._ready = threading.Condition()
         self._reported: Counter[str] = Counter()
 
     def describe(self) -> dict[str, Any]:
-        """The worker's process id, and the cost curve its slots draft with (None: the fixed policy)."""
-        return {"pid": os.getpid(), "cost_curve": self.slots[0].cost_curve}
+        """The worker's process id, the cost curve its slots draft with (None: the fixed policy), and the documents
+        of each tenant's lookup corpus (None: its requests keep none)."""
+        documents = None if self.corpora is None else self.corpora.documents()
+        return {"pid": os.getpid(), "cost_curve": self.slots[0].cost_curve, "corpora": documents}
 
     def submit(
         self,
@@ -132,7 +138,7 @@ class ServeWorker:
         except RequestError as error:
             self._deliver(ident, error)
         except Exception as error:  # the worker outlives any request: its client hears what failed
-            self._deliver(ident, RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+            self._deliver(ident, RequestError.unforeseen(error))
 
     def cancel(self, ident: str) -> None:
         """Stop a request whose client left (its slot stops it before its next token; nothing more is reported)."""
@@ -152,7 +158,7 @@ class ServeWorker:
             name: value - self._reported[name] for name, value in counts.items() if value != self._reported[name]
         }
         self._reported = counts
-        return Report(items, self.cache.take(), increase)
+        return Report(items, self.cache.take(), increase, engine_counters(self.engine))
 
     def _deliver(self, ident: str, item: object) -> None:
         """A slot's delivery for request ``ident`` (from the slot's thread)."""

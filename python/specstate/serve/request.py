@@ -59,6 +59,11 @@ class RequestError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (RequestError, (self.status, self.message, self.kind, self.param))
 
+    @classmethod
+    def unforeseen(cls, error: BaseException) -> RequestError:
+        """A 500 for an error no rule of the request foresaw (the model failed, a bug), naming its type and text."""
+        return cls(500, f"{type(error).__name__}: {error}", "server_error")
+
     def body(self) -> dict[str, Any]:
         """OpenAI's error body."""
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}

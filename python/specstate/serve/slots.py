@@ -225,7 +225,7 @@ def _deliver_error(job: Job, error: BaseException) -> None:
     elif isinstance(error, (TypeError, ValueError, UnsupportedParameterError)):
         job.deliver(RequestError(400, str(error)))
     else:  # the model failed (a full context, say)
-        job.deliver(RequestError(500, f"{type(error).__name__}: {error}", "server_error"))
+        job.deliver(RequestError.unforeseen(error))
 
 
 def _pairs(messages: Sequence[Message]) -> list[tuple[str, str]]:
