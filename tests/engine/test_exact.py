@@ -229,7 +229,7 @@ PROMPTS = (
     "Photosynthesis is the process by which plants",
     "Hello! How are you today? I am",
 )
-GENERATED = 160
+GENERATED = 128
 
 
 @pytest.fixture(scope="module")
@@ -254,9 +254,11 @@ def plain_greedy_texts(smollm2: Model) -> list[list[int]]:
 def test_speculative_greedy_equals_plain_greedy_on_smollm2(
     smollm2: Model, draft_model: Model, plain_greedy_texts: list[list[int]], mode: str
 ) -> None:
-    """On the real model at 2 threads, speculation never changes the text: token for token, every prompt."""
+    """On the real model at 2 threads, speculation never changes the text: token for token, every prompt (every
+    other one with the draft model, whose rounds cost several times prompt lookup's)."""
     accepted = drafted = 0
-    for prompt, plain in zip(PROMPTS, plain_greedy_texts, strict=True):
+    step = 2 if mode == "draft" else 1
+    for prompt, plain in zip(PROMPTS[::step], plain_greedy_texts[::step], strict=True):
         generator = Generator(
             smollm2,
             mode=mode,  # type: ignore[arg-type]
@@ -267,7 +269,8 @@ def test_speculative_greedy_equals_plain_greedy_on_smollm2(
         generator.generate(prompt, max_tokens=GENERATED)
         assert generator.tokens == plain, f"{mode} parted from plain greedy on {prompt!r}"
         accepted, drafted = accepted + generator.accepted, drafted + generator.drafted
-    print(f"{mode}: {len(PROMPTS)} prompts x {GENERATED} tokens equal to plain greedy; accepted {accepted}/{drafted}")
+    prompts = len(PROMPTS[::step])
+    print(f"{mode}: {prompts} prompts x {GENERATED} tokens equal to plain greedy; accepted {accepted}/{drafted}")
     assert accepted > 0
 
 

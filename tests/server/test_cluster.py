@@ -39,6 +39,8 @@ DRAFTS = {"draft": "llama", "eagle3": "eagle3_draft"}
 
 @pytest.fixture(scope="module")
 def pool(tiny_map: dict[str, Path]) -> Iterator[Pool]:
+    if ray.is_initialized():  # the servers' shared instance: this pool is to start its own
+        ray.shutdown()
     with Pool(tiny_map, workers=2, n_threads=1, chunk=8) as pool:
         yield pool
     assert not ray.is_initialized()  # the pool started the local instance, so closing it stops it

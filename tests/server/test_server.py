@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -40,10 +42,27 @@ def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return models.build_llama(tmp_path_factory.mktemp("server") / "tiny.gguf", chat_template=TINY_TEMPLATE)
 
 
+def shared_ray() -> None:
+    """Join one local Ray instance for every Ray-backed server of the test run, started on first use and stopped
+    when the tests end: each server's driver then joins it (as it joins a cluster's), rather than starting and
+    stopping an instance of its own, seconds each. (``test_server_backends.py`` keeps that
+    path tested.)"""
+    import ray
+
+    from specstate.cluster.pool import _quiet_raylet
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        _quiet_raylet(True)
+        atexit.register(ray.shutdown)
+
+
 class Live:
     """A server running in a thread of this process, on a free loopback port."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, join_shared_ray: bool = True) -> None:
+        if config.ray_workers and not config.ray_address and join_shared_ray:
+            shared_ray()
         self.app, self.state = build_app(config)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -1,7 +1,8 @@
 """The Ray backend is the slot backend scaled out: one OpenAI client script, run against ``specstate serve`` and
 against ``specstate serve --ray-workers 2``, passes on both and gets the same replies at temperature 0: chats whole
 and streamed (with the usage), stop strings, log-probabilities, ``echo``, several prompts, a JSON schema, tools with
-``tool_choice: "required"``, a follow-up turn, and both agent APIs (Anthropic's Messages, OpenAI's Responses)."""
+``tool_choice: "required"``, a follow-up turn, and both agent APIs (Anthropic's Messages, OpenAI's Responses).
+Without a Ray instance to join, a server's driver starts one of its own and stops it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionMessageParam
 
-from test_server import Live, config
+from test_server import Live, config, tiny_chat
 from test_server_hostile import HERMES
+
+__all__ = ["tiny_chat"]  # the module fixture, shared with test_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0}
@@ -113,3 +116,19 @@ def test_an_openai_client_script_gets_the_same_replies_from_both_backends(smollm
             server.stop()
     for part in range(4):
         assert answers[0][part] == answers[1][part], part
+
+
+def test_a_driver_starts_and_stops_its_own_ray(tiny_chat: Path) -> None:
+    """With no Ray instance to join, the server's driver starts a local one, and stops it when the server stops."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    server = Live(config(tiny_chat, ray_workers=1), join_shared_ray=False)
+    try:
+        assert ray.is_initialized()
+        answer = server.client().completions.create(model="tiny.gguf", prompt="Hi", max_tokens=2, temperature=0)
+        assert answer.usage is not None and answer.usage.completion_tokens == 2
+    finally:
+        server.stop()
+    assert not ray.is_initialized()
