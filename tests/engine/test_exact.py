@@ -229,7 +229,7 @@ PROMPTS = (
     "Photosynthesis is the process by which plants",
     "Hello! How are you today? I am",
 )
-GENERATED = 128
+GENERATED = 96
 
 
 @pytest.fixture(scope="module")

@@ -300,6 +300,8 @@ def test_the_command_line_serves_until_interrupted(tiny_chat: Path) -> None:
 
 
 PARKING = [(False, True), (True, True), (False, False)]
+#: Tokens of the reply a higher-priority request parks: still running long after that request is served.
+LONG_REPLY = 1200
 
 
 @pytest.mark.parametrize(("spill", "streamed"), PARKING, ids=["in-memory", "spilled", "whole-answer"])
@@ -319,11 +321,11 @@ def test_a_higher_priority_request_parks_a_running_reply_that_then_resumes_exact
         def low() -> None:
             if not streamed:
                 whole.append(
-                    client.chat.completions.create(model=MODEL, messages=story, max_tokens=3000, temperature=0)
+                    client.chat.completions.create(model=MODEL, messages=story, max_tokens=LONG_REPLY, temperature=0)
                 )
                 return
             stream = client.chat.completions.create(
-                model=MODEL, messages=story, max_tokens=3000, temperature=0, stream=True
+                model=MODEL, messages=story, max_tokens=LONG_REPLY, temperature=0, stream=True
             )
             chunks.extend(c.choices[0].delta.content or "" for c in stream)
 
@@ -352,12 +354,12 @@ def test_a_higher_priority_request_parks_a_running_reply_that_then_resumes_exact
     if spill:
         assert (tmp_path / "spill").is_dir() and not list((tmp_path / "spill").iterdir())  # read back, removed
     generator = Generator(Model(tiny_chat), mode="ngram", n_ctx=4096, n_threads=1)
-    expected = generator.chat("Tell me a long story.", max_tokens=3000)
+    expected = generator.chat("Tell me a long story.", max_tokens=LONG_REPLY)
     if streamed:
         assert "".join(chunks) == expected  # no gap, no duplicate
     else:
         (answer,) = whole
-        assert answer.choices[0].message.content == expected and answer.usage.completion_tokens == 3000
+        assert answer.choices[0].message.content == expected and answer.usage.completion_tokens == LONG_REPLY
 
 
 def sampled_stream(client: openai.OpenAI, driver: Any, kill_at: int | None) -> str:

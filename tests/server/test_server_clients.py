@@ -78,10 +78,10 @@ def test_embeddings_through_the_openai_client(live: Live) -> None:
         client.embeddings.create(model=MODEL, input=[])
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_tool_calls_through_the_openai_client_streamed_and_whole(smollm2_file: Path, backend: str) -> None:
+def test_tool_calls_through_the_openai_client_streamed_and_whole(smollm2_file: Path) -> None:
+    """(On the Ray backend: ``test_server_backends.py``.)"""
     hermes = (Path(__file__).resolve().parents[2] / "examples" / "hermes_tools.jinja").read_text()
-    server = Live(config(smollm2_file, mode="none", n_threads=2, chat_template=hermes, ray_workers=BACKENDS[backend]))
+    server = Live(config(smollm2_file, mode="none", n_threads=2, chat_template=hermes))
     try:
         client = server.client()
         weather = {
