@@ -293,13 +293,17 @@ def ratio(rounds: list[dict[str, Any]], clients: int, ours: str, theirs: str) ->
 
 
 def goals(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | None]]:
-    """The goals: (measure, value, target, met). On SmolLM2 issue 34's; on another model throughput against
-    llama-server, replies identical to solo, and peak RSS against llama-server's."""
+    """The goals: (measure, value, target, met). On SmolLM2: throughput against llama-server and
+    llama-cpp-python's server, the batched engine against a slot of its own, replies identical to solo, peak RSS
+    within ``rss_bound``; on another model: throughput against llama-server, replies identical to solo, and peak
+    RSS against llama-server's."""
     rounds, best = results["rounds"], f"{SPECSTATE} ngram"
     other_model = title(results.get("model")) != title(None)
-    peers = ((4, LLAMA_SERVER, 1.0), (8, LLAMA_SERVER, 1.0))
+    peers = [(4, LLAMA_SERVER, 1.0), (8, LLAMA_SERVER, 1.0)]
+    if not other_model:
+        peers.insert(1, (4, PEER, 2.5))
     rows: list[tuple[str, float | None, str, bool | None]] = []
-    for clients, peer, target in peers if other_model else ((4, LLAMA_SERVER, 1.0), (4, PEER, 2.5), *peers[1:]):
+    for clients, peer, target in peers:
         entry = ratio(rounds, clients, best, f"{peer} none")
         value = None if entry is None else entry["median"]
         met = None if value is None else value >= target

@@ -44,7 +44,8 @@ def test_the_fuzzer_reports_crashes_hangs_and_dead_workers_and_carries_on(
     tiny_map: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(INJECT_ENV, "crash@2,hang@5,exit@7")
-    config = FuzzConfig(cases=10, seed=0, workers=2, timeout=3.0, smollm2_share=0.0, chunk=5)  # a tiny case: ~15 ms
+    # A tiny case takes milliseconds: 3 s is a hang.
+    config = FuzzConfig(cases=10, seed=0, workers=2, timeout=3.0, smollm2_share=0.0, chunk=5)
     summary = fuzz(config, tiny=tiny_map, bases_dir=tmp_path / "bases", log=print)
     print(format_summary(summary))
     failing = {case["index"]: case for case in summary["failing_cases"]}

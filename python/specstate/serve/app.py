@@ -146,6 +146,12 @@ class Server:
             return self.driver.corpus_documents()
         return None if self.corpora is None else self.corpora.documents()
 
+    def engine_counters(self) -> dict[str, int] | None:
+        """The batched engine's counters (on the Ray backend, the workers' summed); None: no batched engine."""
+        if self.driver is not None:
+            return self.driver.engine_counters()
+        return engine_counters(self.engine)
+
     def gauges(self) -> tuple[int, int, int]:
         """Requests waiting, generations running, bytes parked."""
         if self.driver is not None:
@@ -411,8 +417,7 @@ async def _health(server: Server, request: Request) -> Response:
 async def _metrics(server: Server, request: Request) -> Response:
     if not server.config.metrics_public:
         server.authorize(request)
-    batch = server.driver.engine_counters() if server.driver is not None else engine_counters(server.engine)
-    return PlainTextResponse(server.metrics.text(*server.gauges(), batch=batch))
+    return PlainTextResponse(server.metrics.text(*server.gauges(), batch=server.engine_counters()))
 
 
 #: Each path: its method, its handler, and the name its requests are counted under in /metrics (None: not).

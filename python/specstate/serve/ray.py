@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,21 +211,13 @@ class RayDriver(threading.Thread):
         described: list[dict[str, Any]] = ray.get([w.actor.describe.remote() for w in self.workers if w.alive])
         if any(worker["corpora"] is None for worker in described):
             return None
-        summed: Counter[str] = Counter()
-        for worker in described:
-            summed.update(worker["corpora"])
-        return dict(summed)
+        return _summed(worker["corpora"] for worker in described)
 
     def engine_counters(self) -> dict[str, int] | None:
         """The workers' batched engines' counters, summed (a dead worker's as its last report gave them; None: no
         worker has reported any)."""
         reported = [worker.engine for worker in self.workers if worker.engine is not None]
-        if not reported:
-            return None
-        summed: Counter[str] = Counter()
-        for counters in reported:
-            summed.update(counters)
-        return dict(summed)
+        return _summed(reported) if reported else None
 
     def worker_pid(self, worker: int) -> int:
         """The process id of a worker."""
@@ -480,6 +472,14 @@ class RayDriver(threading.Thread):
             self._send(running.job, chosen, conversation, running, resume)
         except Exception as error:  # as in _place
             running.job.deliver(RequestError.unforeseen(error))
+
+
+def _summed(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The workers' counts added up, by name."""
+    summed: Counter[str] = Counter()
+    for each in counts:
+        summed.update(each)
+    return dict(summed)
 
 
 def _labelled(running: _Running) -> dict[str, Any]:
