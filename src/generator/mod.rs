@@ -40,7 +40,7 @@ use crate::sampling::{GrammarState, Rng};
 use crate::session::DraftSession;
 use crate::settings::{GeneratorConfig, Mode, SamplingParams};
 use crate::{Error, Result};
-use multi_sequence::history_engine;
+use multi_sequence::{history_engine, member_engine};
 
 /// Where a generation stands at a round boundary (everything but the contexts).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -368,7 +368,7 @@ impl Generator {
             member,
         } = self;
         match target {
-            Target::Own(context) => own_engine(context, batch, parts, member, call),
+            Target::Own(context) => member_engine(context, batch, parts, member, 0, call),
             Target::Shared(attached) => {
                 let mut shared = attached.settle();
                 history_engine(&mut shared.target, member, batch, attached.seq(), call)
@@ -619,30 +619,21 @@ impl Drop for Generator {
     }
 }
 
-/// Run `call` on the engine over a generator's own target context and its mode's drafter.
-fn own_engine<T>(
-    target: &mut Context,
-    batch: &mut Batch,
-    parts: &mut DraftParts,
-    member: &mut Member,
-    call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
-) -> Result<T> {
-    let grammar_drafts = member.grammar_draft_limit();
-    let Member {
-        config,
-        state,
-        sampler,
-        logprobs,
-        corpus,
-        ..
-    } = member;
+/// The drafter of `mode` over a generator's draft parts: the draft model's or
+/// the session's in the modes that have them, the history's otherwise.
+fn parts_drafter<'a>(
+    config: &GeneratorConfig,
+    parts: &'a mut DraftParts,
+    draft_past: &'a mut usize,
+    corpus: &Option<Arc<LookupCorpus>>,
+) -> Result<Box<dyn Drafter + 'a>> {
     let n_draft = config.n_draft as usize;
-    let mut drafter: Box<dyn Drafter + '_> = match (config.mode, parts) {
+    Ok(match (config.mode, parts) {
         (Mode::Draft | Mode::Mtp | Mode::Eagle3, DraftParts::Model { context, batch }) => {
             Box::new(DraftModelDrafter {
                 context,
                 batch,
-                decoded: &mut state.draft_past,
+                decoded: draft_past,
                 n_draft,
                 seq_id: 0,
             })
@@ -655,21 +646,5 @@ fn own_engine<T>(
             })
         }
         (mode, _) => history_drafter(mode, n_draft, corpus.clone())?,
-    };
-    let mut engine = Engine {
-        target,
-        batch,
-        drafter: drafter.as_mut(),
-        sampler,
-        seq_id: 0,
-        policy: state.adaptive.as_mut(),
-        logprobs: logprobs.as_mut(),
-        grammar_drafts,
-    };
-    let at = Cursor {
-        history: &state.history,
-        n_past: state.n_past,
-        finished: state.finished,
-    };
-    call(&mut engine, at)
+    })
 }

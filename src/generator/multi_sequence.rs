@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use super::{history_drafter, Member};
-use crate::engine::{Cursor, Drafter, Engine, Plan};
+use super::{parts_drafter, DraftParts, Member};
+use crate::engine::{Cursor, Engine, Plan};
 use crate::limits::{MAX_EXACT_ROWS, MAX_SEQUENCES};
 use crate::native::{restream_seq_state, Batch, Context, ContextKind, ContextParams, Model};
 use crate::settings::{Mode, RuntimeOptions};
@@ -121,32 +121,40 @@ pub(crate) fn history_engine<T>(
     seq_id: i32,
     call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
 ) -> Result<T> {
-    let corpus = member.corpus.clone();
-    let mut drafter = history_drafter(member.config.mode, member.config.n_draft as usize, corpus)?;
-    member_engine(target, batch, drafter.as_mut(), member, seq_id, call)
+    member_engine(
+        target,
+        batch,
+        &mut DraftParts::History,
+        member,
+        seq_id,
+        call,
+    )
 }
 
-/// Run `call` on the engine over `member` and `drafter` on sequence `seq_id`
-/// of `target`, prompt chunks going through `batch`.
-pub(crate) fn member_engine<T>(
+/// Run `call` on the engine over `member` and the drafter of its mode over
+/// `parts` on sequence `seq_id` of `target`, prompt chunks going through `batch`.
+pub(super) fn member_engine<T>(
     target: &mut Context,
     batch: &mut Batch,
-    drafter: &mut dyn Drafter,
+    parts: &mut DraftParts,
     member: &mut Member,
     seq_id: i32,
     call: impl FnOnce(&mut Engine<'_>, Cursor<'_>) -> Result<T>,
 ) -> Result<T> {
     let grammar_drafts = member.grammar_draft_limit();
     let Member {
+        config,
         state,
         sampler,
         logprobs,
+        corpus,
         ..
     } = member;
+    let mut drafter = parts_drafter(config, parts, &mut state.draft_past, corpus)?;
     let mut engine = Engine {
         target,
         batch,
-        drafter,
+        drafter: drafter.as_mut(),
         sampler,
         seq_id,
         policy: state.adaptive.as_mut(),

@@ -16,6 +16,7 @@ from specstate import (
     GeneratorSettings,
     ModelFingerprint,
     NativeInfo,
+    SamplingSettings,
     inspect_checkpoint,
     native_info,
 )
@@ -82,6 +83,17 @@ def test_ngram_lengths_are_the_only_optional_config_keys() -> None:
     assert GeneratorConfig.__optional_keys__ == {"ngram_max", "ngram_min"}
     assert ModelFingerprint.__required_keys__ == {"file", "size", "sha256"}
     assert not CheckpointInfo.__optional_keys__ and not ModelFingerprint.__optional_keys__
+
+
+def test_a_config_records_every_sampling_setting_with_its_type() -> None:
+    """The configuration's sampling part is :class:`SamplingSettings`, every key present: the scalars of the same
+    type, the bias as the dict it is read back as, the grammar as given."""
+    settings = get_type_hints(SamplingSettings)
+    config = get_type_hints(GeneratorConfig)
+    run = {"mode", "n_draft", "n_ctx", "n_batch", "draft_policy"}
+    assert GeneratorConfig.__required_keys__ - run == SamplingSettings.__optional_keys__
+    read_back = {"logit_bias": dict[int, float]}
+    assert {name: config[name] for name in settings} == {**settings, **read_back}
 
 
 @pytest.mark.parametrize("mode", MODES)

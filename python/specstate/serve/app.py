@@ -73,7 +73,7 @@ from specstate.serve.embeddings import EmbeddingJob, Embeddings, read_embedding_
 from specstate.serve.jobs import DONE, Job, Metrics, engine_counters
 from specstate.serve.request import Kind, RequestError, ServerRequest, read_json, read_request
 from specstate.serve.scheduler import Scheduler
-from specstate.serve.slots import Slot, start_slots
+from specstate.serve.slots import Slot, lookup_corpora, start_slots
 
 if TYPE_CHECKING:
     from specstate.serve.ray import RayDriver
@@ -122,10 +122,9 @@ class Server:
         #: The threads that read requests (bodies parsed, every field checked), and nothing else: no model work
         #: waits there, so a request is read however busy the slots and the embedding workers are.
         self.reader = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="specstate-read")
-        #: Each tenant's finished prompts and replies, which ``ngram`` mode's prompt lookup copies from for that
-        #: tenant's requests (None in the other modes, and when nothing is reused between requests).
-        reuse = config.mode == "ngram" and not config.no_cross_request_reuse
-        self.corpora = TenantCorpora() if reuse else None
+        #: The slots' lookup corpora, once started (:func:`~specstate.serve.slots.lookup_corpora`; the Ray workers
+        #: keep their own).
+        self.corpora: TenantCorpora | None = None
         #: Stored responses (``/v1/responses``), each API key's, in ``cache_dir`` too when it is given.
         self.responses = responses.ResponseStore(config.cache_dir)
         keys = config.api_keys()
@@ -175,6 +174,7 @@ class Server:
             self.model = self.driver.model
             self.template = _template_source(self.model, self.config)
             return
+        self.corpora = lookup_corpora(self.config)
         self.slots, self.engine = start_slots(self.config, self.scheduler, self.metrics, self.cache, self.corpora, None)
         assert self.slots[0].llama is not None
         self.model = self.slots[0].llama.model

@@ -20,12 +20,12 @@ from typing import Any
 
 from specstate._native import default_threads
 from specstate.llama import ParkedChat
-from specstate.serve.cache import ConversationCache, Pairs, TenantCorpora
+from specstate.serve.cache import ConversationCache, Pairs
 from specstate.serve.config import ServerConfig
 from specstate.serve.jobs import DONE, Job, Metrics, engine_counters
 from specstate.serve.request import RequestError, ServerRequest
 from specstate.serve.scheduler import Scheduler
-from specstate.serve.slots import start_slots
+from specstate.serve.slots import lookup_corpora, start_slots
 
 __all__ = ["Finished", "Report", "ServeWorker", "worker_config"]
 
@@ -98,8 +98,7 @@ class ServeWorker:
         self.metrics = Metrics()
         self.scheduler = Scheduler(config.queue + config.slots, config.slots, config.parked_bytes, config.spill_dir)
         self.cache = _Outbox(config.cache_bytes)
-        reuse = config.mode == "ngram" and not config.no_cross_request_reuse
-        self.corpora = TenantCorpora() if reuse else None
+        self.corpora = lookup_corpora(config)
         self.slots, self.engine = start_slots(
             config, self.scheduler, self.metrics, self.cache, self.corpora, cost_curve
         )

@@ -191,6 +191,12 @@ class Slot(threading.Thread):
         self.metrics.add("conversations_restored")
 
 
+def lookup_corpora(config: ServerConfig) -> TenantCorpora | None:
+    """The tenants' lookup corpora that ``ngram`` mode's prompt lookup copies from, each tenant's from its own
+    finished prompts and replies (None in the other modes, and when nothing is reused between requests)."""
+    return TenantCorpora() if config.mode == "ngram" and not config.no_cross_request_reuse else None
+
+
 def start_slots(
     config: ServerConfig,
     scheduler: Scheduler,
