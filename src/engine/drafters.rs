@@ -76,14 +76,23 @@ pub const DRAFT_CONFIDENCE: f64 = 0.5;
 /// and the target's token after the accepted ones.
 const STEADY_CATCH_UP: usize = 2;
 
+/// Generated tokens a draft model decodes at most to catch up on rounds it
+/// did not draft in: the ones before them are skipped, the draft's memory
+/// moved up to end where the history does, so that a probe after a long pause
+/// costs what a short one does. The prompt is always decoded whole.
+pub const CATCH_UP_WINDOW: usize = 16;
+
 /// Autoregressive drafting on a separate draft model with the target's vocabulary.
 pub struct DraftModelDrafter<'a> {
     /// The draft model's context.
     pub context: &'a mut Context,
     /// The batch the draft context decodes through.
     pub batch: &'a mut Batch,
-    /// Tokens of the history decoded in the draft context.
+    /// Tokens of the history the draft context has passed: decoded, or
+    /// skipped while catching up; its memory ends at position `decoded - 1`.
     pub decoded: &'a mut usize,
+    /// Tokens of the history before the reply (never skipped).
+    pub n_prompt: usize,
     /// Most tokens per draft.
     pub n_draft: usize,
     /// The sequence drafted on.
@@ -91,16 +100,32 @@ pub struct DraftModelDrafter<'a> {
 }
 
 impl DraftModelDrafter<'_> {
-    /// Decode what the draft context has not seen of the history (the last token included).
+    /// Bring the draft context to the end of the history (the last token
+    /// included): the prompt whole, of the reply the last [`CATCH_UP_WINDOW`]
+    /// tokens where the memory can move positions.
     fn catch_up(&mut self, history: &[i32]) -> Result<()> {
+        self.decode_up_to(history, self.n_prompt)?;
+        let window = history.len().saturating_sub(CATCH_UP_WINDOW);
+        if *self.decoded < window {
+            let skip = position(window - *self.decoded)?;
+            if self.context.seq_shift(self.seq_id, -1, -1, skip) {
+                *self.decoded = window;
+            }
+        }
+        self.decode_up_to(history, history.len())
+    }
+
+    /// Decode `history[decoded..end]` in the draft context, where it is behind.
+    fn decode_up_to(&mut self, history: &[i32], end: usize) -> Result<()> {
+        let end = end.min(history.len());
         let chunk = self.batch.capacity();
-        while *self.decoded < history.len() {
+        while *self.decoded < end {
             let start = *self.decoded;
-            let end = (start + chunk).min(history.len());
+            let stop = (start + chunk).min(end);
             self.batch
-                .fill(&history[start..end], position(start)?, self.seq_id, false)?;
+                .fill(&history[start..stop], position(start)?, self.seq_id, false)?;
             self.context.decode(self.batch)?;
-            *self.decoded = end;
+            *self.decoded = stop;
         }
         Ok(())
     }

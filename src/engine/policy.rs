@@ -29,8 +29,9 @@
 //! still asked for one token, which is compared with the committed one; other
 //! drafters are probed ([`Probe`]) after [`PROBE_AFTER`] rounds without
 //! evidence, twice as many after each probe after which drafting still does
-//! not pay (up to [`MAX_PROBE_AFTER`]), since a probe after a long pause makes
-//! the draft model catch up on every token of it; and once more right after
+//! not pay (up to [`MAX_PROBE_AFTER`]), since a probe makes the draft model
+//! catch up on the pause (its last tokens, `drafters::CATCH_UP_WINDOW`) and
+//! draft; and once more right after
 //! a first probe accepted whole, whose situation has no evidence of its own.
 //! A draft model stops drafting where it is unsure of its next token, so its
 //! probe asks for the draft that would pay at high acceptance: on text it
@@ -172,6 +173,11 @@ pub enum Evidence {
     Shadow(bool),
     /// Nothing was drafted or proposed by the policy's choice.
     Nothing,
+    /// The policy chose to draft, and a drafter whose drafting costs (a
+    /// draft model) stopped before its first token, unsure of it: a miss,
+    /// since what it declines is rarely accepted, and the round paid a draft
+    /// decode for it.
+    Declined,
     /// The round's limit was zero (a budget or the context), not the policy's choice.
     Forced,
 }
@@ -337,8 +343,8 @@ impl AdaptiveState {
     /// decodes, catching up on the last round's included): the draft cost
     /// moves an eighth of the way to its cost per token, or takes it while it
     /// is an estimate. (The engine does not time a draft after a gap, such as
-    /// plain rounds: the draft model then catches up on all of it first,
-    /// which drafting round after round never does.)
+    /// plain rounds: the draft model then catches up on it first, which
+    /// drafting round after round never does.)
     pub fn observe_draft_cost(&mut self, drafted: usize, micros: u64) {
         let sample =
             clamp_micros(i64::try_from(micros / drafted.max(1) as u64).unwrap_or(i64::MAX));
@@ -475,6 +481,7 @@ impl AdaptiveState {
                 (round.accepted as u32, round.accepted as u32 + rejected)
             }
             Evidence::Shadow(hit) => (u32::from(hit), 1),
+            Evidence::Declined => (0, 1),
             Evidence::Nothing => {
                 self.idle = (self.idle + 1).min(self.probe_after);
                 return;

@@ -625,6 +625,7 @@ fn parts_drafter<'a>(
     config: &GeneratorConfig,
     parts: &'a mut DraftParts,
     draft_past: &'a mut usize,
+    n_prompt: usize,
     corpus: &Option<Arc<LookupCorpus>>,
 ) -> Result<Box<dyn Drafter + 'a>> {
     let n_draft = config.n_draft as usize;
@@ -634,6 +635,7 @@ fn parts_drafter<'a>(
                 context,
                 batch,
                 decoded: draft_past,
+                n_prompt,
                 n_draft,
                 seq_id: 0,
             })

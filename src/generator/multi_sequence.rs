@@ -150,7 +150,7 @@ pub(super) fn member_engine<T>(
         corpus,
         ..
     } = member;
-    let mut drafter = parts_drafter(config, parts, &mut state.draft_past, corpus)?;
+    let mut drafter = parts_drafter(config, parts, &mut state.draft_past, state.n_prompt, corpus)?;
     let mut engine = Engine {
         target,
         batch,

@@ -492,6 +492,34 @@ impl Context {
         }
     }
 
+    /// Move the positions `p0..p1` of `seq_id` by `delta` (the keys rotated to
+    /// their new positions at the next decode); false if refused: an invalid
+    /// sequence, or a memory that cannot move positions.
+    pub fn seq_shift(&mut self, seq_id: i32, p0: i32, p1: i32, delta: i32) -> bool {
+        if !self.valid_seq(seq_id, false) || !self.can_shift() {
+            return false;
+        }
+        let _changing = self.handle.hold();
+        // SAFETY: the context and its memory are live and exclusively borrowed;
+        // `seq_id` is one of its sequences.
+        unsafe {
+            sys::llama_memory_seq_add(
+                sys::llama_get_memory(self.raw.as_ptr()),
+                seq_id,
+                p0,
+                p1,
+                delta,
+            );
+        }
+        true
+    }
+
+    /// Whether this context's memory can move positions ([`Context::seq_shift`]).
+    pub fn can_shift(&self) -> bool {
+        // SAFETY: the context and its memory are live.
+        unsafe { sys::llama_memory_can_shift(sys::llama_get_memory(self.raw.as_ptr())) }
+    }
+
     /// Clear every sequence (KV cells and recurrent state).
     pub fn clear(&mut self) {
         let _changing = self.handle.hold();

@@ -111,6 +111,31 @@ def test_drafters_that_cost_are_probed_now_and_then(tiny_map: dict[str, Path]) -
     assert 1 <= generator.drafted <= generator.rounds // 16 + 1
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_probe_after_a_long_pause_skips_it_and_resumes_exactly(tiny_map: dict[str, Path], sampled: bool) -> None:
+    """A draft model catching up on a pause decodes only its last tokens, its memory moved up past the rest; the
+    checkpoint carries the gap, so a restored generation drafts as the uninterrupted one does."""
+
+    def make() -> Generator:
+        return tiny_generator("draft", tiny_map, sampled=sampled, draft_policy="adaptive", cost_curve=unaffordable(4))
+
+    first = make()
+    first.generate(REPEATING, max_tokens=90)
+    target, draft = first._native.memory_positions
+    assert draft is not None and draft[0] > 0 and draft[1] <= target[1]
+    restored = Generator.restore(
+        first.checkpoint(), Model(tiny_map["qwen35"]), draft_model=Model(tiny_map["llama"]), n_threads=1
+    )
+    assert restored._native.memory_positions == first._native.memory_positions
+    for generator in (first, restored):
+        generator.generate(max_tokens=60)
+    uninterrupted = make()
+    uninterrupted.generate(REPEATING, max_tokens=150)
+    runs = [(g.tokens, g.rounds, g.drafted, g.accepted) for g in (first, restored, uninterrupted)]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][2] > 0
+
+
 def test_a_measured_curve_leaves_no_trace(smollm2: Model) -> None:
     measured = Generator(smollm2, mode="ngram", draft_policy="adaptive", n_ctx=512, n_threads=1)
     assert measured.cost_curve is None
