@@ -505,12 +505,10 @@ impl Engine<'_> {
             ..round.clone()
         };
         let round = &own;
-        let declined = plan.own == 0 && !self.drafter.proposes_freely();
         let evidence = match (plan.n_draft, plan.chosen, plan.shadow) {
             (0, ..) => Evidence::Forced,
             (_, 0, Some(token)) => Evidence::Shadow(round.committed.first() == Some(&token)),
             (_, 0, None) => Evidence::Nothing,
-            _ if declined => Evidence::Declined,
             _ => Evidence::Verified,
         };
         policy.observe(round, evidence);

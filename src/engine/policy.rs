@@ -173,11 +173,6 @@ pub enum Evidence {
     Shadow(bool),
     /// Nothing was drafted or proposed by the policy's choice.
     Nothing,
-    /// The policy chose to draft, and a drafter whose drafting costs (a
-    /// draft model) stopped before its first token, unsure of it: a miss,
-    /// since what it declines is rarely accepted, and the round paid a draft
-    /// decode for it.
-    Declined,
     /// The round's limit was zero (a budget or the context), not the policy's choice.
     Forced,
 }
@@ -481,7 +476,6 @@ impl AdaptiveState {
                 (round.accepted as u32, round.accepted as u32 + rejected)
             }
             Evidence::Shadow(hit) => (u32::from(hit), 1),
-            Evidence::Declined => (0, 1),
             Evidence::Nothing => {
                 self.idle = (self.idle + 1).min(self.probe_after);
                 return;

@@ -121,34 +121,6 @@ fn plain_rounds_learn_from_free_proposals_or_probe() {
 }
 
 #[test]
-fn a_draft_declined_before_its_first_token_is_a_miss_and_a_probe() {
-    let mut policy = AdaptiveState::new(cpu_curve(9));
-    assert!(policy.choose(8, Probe::WhileSure) > 0, "the prior drafts");
-    let mut declined = 0;
-    while policy.choose(8, Probe::WhileSure) > 0 {
-        policy.observe(&round(0, 0), Evidence::Declined);
-        declined += 1;
-    }
-    assert!(
-        declined <= 4,
-        "{declined} declined drafts before plain rounds"
-    );
-    for _ in 0..PROBE_AFTER {
-        policy.observe(&round(0, 0), Evidence::Nothing);
-    }
-    assert!(
-        policy.choose(8, Probe::WhileSure) > 0,
-        "a probe after idle rounds"
-    );
-    policy.observe(&round(0, 0), Evidence::Declined);
-    assert_eq!(
-        (policy.idle, policy.probe_after),
-        (0, 2 * PROBE_AFTER),
-        "a declined probe waits twice as long for the next"
-    );
-}
-
-#[test]
 fn states_outside_what_updates_reach_are_refused() {
     let good = AdaptiveState::new(cpu_curve(5));
     assert!(good.validate(4).is_ok());
