@@ -430,6 +430,7 @@ impl Engine<'_> {
             self.roll_back_target(round.n_past)?;
         }
         self.learn(&round, &plan);
+        self.learn_sureness(first_row)?;
         self.learn_cost(plan.draft.tokens.len() + 1, verify_micros);
         Ok(round)
     }
@@ -512,6 +513,20 @@ impl Engine<'_> {
             _ => Evidence::Verified,
         };
         policy.observe(round, evidence);
+    }
+
+    /// Tell a policy that probes a draft model how sure the target was of
+    /// the round's first token (its row at `first_row` of the last decode).
+    fn learn_sureness(&mut self, first_row: i32) -> Result<()> {
+        let Some(policy) = self.policy.as_deref_mut() else {
+            return Ok(());
+        };
+        if self.drafter.probe() != Probe::WhileSure {
+            return Ok(());
+        }
+        let row = self.target.logits(first_row)?;
+        policy.observe_sureness(crate::sampling::top_probability(row));
+        Ok(())
     }
 
     /// Whether the text is the same whatever the draft lengths: greedy

@@ -33,6 +33,11 @@
 //! catch up on the pause (its last tokens, `drafters::CATCH_UP_WINDOW`) and
 //! draft; and once more right after
 //! a first probe accepted whole, whose situation has no evidence of its own.
+//! A draft model drafts, and is probed, only while the target has been sure
+//! of most of its recent tokens ([`AdaptiveState::sure`]): where the target
+//! itself hesitates (free prose), a smaller model rarely predicts its choice,
+//! and the draft model's catch-up on the prompt and the pause would be paid
+//! for nothing.
 //! A draft model stops drafting where it is unsure of its next token, so its
 //! probe asks for the draft that would pay at high acceptance: on text it
 //! predicts, one probe shows it; on text it does not, it stops early.
@@ -80,6 +85,16 @@ pub const PROBE_AFTER: u32 = 16;
 /// The longest pause between probes: each probe after which drafting still
 /// does not pay doubles the pause, up to this.
 pub const MAX_PROBE_AFTER: u32 = 256;
+/// A target row whose most likely token has at least this probability counts
+/// as sure ([`AdaptiveState::observe_sureness`]).
+const SURE_PROBABILITY: f64 = 0.9;
+/// The share of sure rounds (times [`SCALE`]) below which a draft model
+/// neither drafts nor is probed, and the share a generation starts from.
+const SURE_TO_PROBE: u32 = SCALE / 2;
+/// The share of sure rounds decays by a 32nd per round: a stretch of sure
+/// tokens in prose does not open the way to a probe, a reply that copies or
+/// follows a pattern soon does.
+const SURE_DECAY_SHIFT: u32 = 5;
 /// The cost of a plain decode in an estimated curve before anything was timed
 /// (microseconds; only the ratios matter until the first timing scales them).
 const NOMINAL_MICROS: u32 = 10_000;
@@ -140,10 +155,19 @@ pub struct AdaptiveState {
     /// Rounds without evidence before the next probe ([`PROBE_AFTER`] to [`MAX_PROBE_AFTER`]).
     #[serde(default = "first_probe_after")]
     pub probe_after: u32,
+    /// The share of recent rounds whose first target row was sure
+    /// ([`SURE_PROBABILITY`]), decayed, times [`SCALE`] ([`SURE_TO_PROBE`]
+    /// at first): observed only where a draft model is probed.
+    #[serde(default = "first_sure")]
+    pub sure: u32,
 }
 
 fn first_probe_after() -> u32 {
     PROBE_AFTER
+}
+
+fn first_sure() -> u32 {
+    SURE_TO_PROBE
 }
 
 /// How a drafter that does not propose for free is probed after rounds
@@ -192,6 +216,7 @@ impl AdaptiveState {
             estimated: Vec::new(),
             draft_estimated: false,
             probe_after: PROBE_AFTER,
+            sure: SURE_TO_PROBE,
         }
     }
 
@@ -395,6 +420,9 @@ impl AdaptiveState {
                 self.probe_after
             ));
         }
+        if self.sure > SCALE {
+            return Err(format!("the share of sure rounds {} exceeds {SCALE}", self.sure));
+        }
         if self.idle > self.probe_after {
             return Err(format!(
                 "{} idle rounds exceed the probe interval {}",
@@ -440,11 +468,15 @@ impl AdaptiveState {
         })
     }
 
-    /// How many tokens to draft this round, at most `n_draft`: the length
-    /// that pays best, else a probe as the drafter takes one (`probe`) after
-    /// [`AdaptiveState::probe_after`] rounds without evidence, or in a
-    /// situation that has had none yet.
+    /// How many tokens to draft this round, at most `n_draft`: none for a
+    /// draft model while the target is unsure ([`AdaptiveState::sure`]), else
+    /// the length that pays best, else a probe as the drafter takes one
+    /// (`probe`) after [`AdaptiveState::probe_after`] rounds without evidence,
+    /// or in a situation that has had none yet.
     pub fn choose(&self, n_draft: usize, probe: Probe) -> usize {
+        if probe == Probe::WhileSure && self.sure < SURE_TO_PROBE {
+            return 0;
+        }
         let most = n_draft.min(self.cost_us.len() - 1);
         let best = self.best_length(most);
         let due = self.idle >= self.probe_after || self.situation_unseen();
@@ -466,6 +498,13 @@ impl AdaptiveState {
         let unseen = |at: usize| PRIOR[at] == (self.hits[at], self.trials[at]);
         let at = usize::from(self.streak);
         unseen(at) && !unseen(1 - at)
+    }
+
+    /// Learn how sure the target was of a round's first token: the
+    /// probability of its most likely one.
+    pub fn observe_sureness(&mut self, top_probability: f64) {
+        let sure = u32::from(top_probability >= SURE_PROBABILITY);
+        self.sure = self.sure - (self.sure >> SURE_DECAY_SHIFT) + sure * (SCALE >> SURE_DECAY_SHIFT);
     }
 
     /// Learn from a round: its draft's outcome, or a free proposal's.

@@ -316,3 +316,33 @@ fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
     assert!(!state.situation_unseen() && state.idle == 0);
     assert_eq!(state.choose(8, Probe::WhileSure), state.best_length(8));
 }
+
+#[test]
+fn a_draft_model_drafts_only_while_the_target_is_sure() {
+    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
+    let mut state = AdaptiveState::new(curve).priced(Some(0.45));
+    for _ in 0..PROBE_AFTER {
+        state.observe(&round(0, 0), Evidence::Nothing);
+    }
+    let probe = state.choose(8, Probe::WhileSure);
+    assert!(probe > 0);
+    // Prose the target hesitates over: no probe, nor a draft that would pay at the acceptance seen so far.
+    for _ in 0..8 {
+        state.observe_sureness(0.6);
+    }
+    assert!(state.sure < SURE_TO_PROBE);
+    assert_eq!(state.choose(8, Probe::WhileSure), 0);
+    state.hits = [4 * SCALE, 4 * SCALE];
+    state.trials = [4 * SCALE, 4 * SCALE];
+    assert!(state.best_length(8) > 0);
+    assert_eq!(state.choose(8, Probe::WhileSure), 0);
+    // Drafters that cost nothing to ask are not held back.
+    assert_eq!(state.choose(8, Probe::OneToken), state.best_length(8));
+    // A stretch of sure rows opens the way again; the share stays within its scale.
+    for _ in 0..1000 {
+        state.observe_sureness(0.99);
+    }
+    assert_eq!(state.sure, SCALE);
+    assert!(state.validate(8).is_ok());
+    assert_eq!(state.choose(8, Probe::WhileSure), state.best_length(8));
+}

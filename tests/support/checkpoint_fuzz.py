@@ -190,15 +190,17 @@ ADAPTIVE_FIELDS = (
     "estimated",
     "draft_estimated",
     "probe_after",
+    "sure",
 )
 #: ``live`` (whether the curve follows the rounds' timings), ``unsettled`` (a live curve's last verification
 #: of several rows), ``draft_us`` (a draft model's decode), ``estimated`` (the curve's entries still estimates),
-#: ``draft_estimated`` and ``probe_after`` (the pause before the next probe) may be left out: serde's defaults,
-#: false, [0, 0], 0, [], false and 16.
+#: ``draft_estimated``, ``probe_after`` (the pause before the next probe) and ``sure`` (the share of rounds the target
+#: was sure of) may be left out: serde's defaults, false, [0, 0], 0, [], false, 16 and 128.
 ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:5]
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
-MAX_TRIALS = (4096 + 2) * 8 * 256
+SCALE = 256
+MAX_TRIALS = (4096 + 2) * 8 * SCALE
 PROBE_AFTER = 16
 #: llama.cpp rounds a context's length up to a multiple of this (llama-context.cpp): the length a history must fit.
 CONTEXT_PADDING = 256
@@ -425,9 +427,10 @@ def adaptive_problem(value: Any, version: int) -> str | None:
     if not isinstance(estimated, list) or not all(isinstance(mark, bool) for mark in estimated):
         return "estimated is not a list of booleans"
     if not all(
-        _is_int(adaptive.get(name, 0)) and 0 <= adaptive.get(name, 0) <= U32 for name in ("draft_us", "probe_after")
+        _is_int(adaptive.get(name, 0)) and 0 <= adaptive.get(name, 0) <= U32
+        for name in ("draft_us", "probe_after", "sure")
     ):
-        return "draft_us or probe_after is not a u32"
+        return "draft_us, probe_after or sure is not a u32"
 
     def u32s(value: Any, length: int | None = None) -> bool:
         if not isinstance(value, list) or (length is not None and len(value) != length):
@@ -538,6 +541,8 @@ def adaptive_fit_problem(adaptive: dict[str, Any], n_draft: int) -> str | None:
         return "idle rounds beyond the probe interval"
     if adaptive.get("draft_us", 0) > MAX_COST_MICROS or len(adaptive.get("estimated", [])) not in (0, n_draft + 1):
         return "a draft cost or estimate marks out of range"
+    if adaptive.get("sure", 0) > SCALE:
+        return "a share of sure rounds above the scale"
     return None
 
 
