@@ -37,7 +37,8 @@
 //! of most of its recent tokens ([`AdaptiveState::sure`]): where the target
 //! itself hesitates (free prose), a smaller model rarely predicts its choice,
 //! and the draft model's catch-up on the prompt and the pause would be paid
-//! for nothing.
+//! for nothing; where the target is sure of its first tokens, the first probe
+//! does not wait for the pause.
 //! A draft model stops drafting where it is unsure of its next token, so its
 //! probe asks for the draft that would pay at high acceptance: on text it
 //! predicts, one probe shows it; on text it does not, it stops early.
@@ -91,6 +92,9 @@ const SURE_PROBABILITY: f64 = 0.9;
 /// The share of sure rounds (times [`SCALE`]) below which a draft model
 /// neither drafts nor is probed, and the share a generation starts from.
 const SURE_TO_PROBE: u32 = SCALE / 2;
+/// The share of sure rounds at which a draft model's first probe comes
+/// before the pause: four sure rounds in a row from the start.
+const SURE_TO_PROBE_EARLY: u32 = SCALE / 2 + SCALE / 16;
 /// The share of sure rounds decays by a 32nd per round: a stretch of sure
 /// tokens in prose does not open the way to a probe, a reply that copies or
 /// follows a pattern soon does.
@@ -421,7 +425,10 @@ impl AdaptiveState {
             ));
         }
         if self.sure > SCALE {
-            return Err(format!("the share of sure rounds {} exceeds {SCALE}", self.sure));
+            return Err(format!(
+                "the share of sure rounds {} exceeds {SCALE}",
+                self.sure
+            ));
         }
         if self.idle > self.probe_after {
             return Err(format!(
@@ -479,7 +486,9 @@ impl AdaptiveState {
         }
         let most = n_draft.min(self.cost_us.len() - 1);
         let best = self.best_length(most);
-        let due = self.idle >= self.probe_after || self.situation_unseen();
+        let due = self.idle >= self.probe_after
+            || self.situation_unseen()
+            || (probe == Probe::WhileSure && self.sure_from_the_start());
         if best > 0 || most == 0 || !due {
             return best;
         }
@@ -488,6 +497,15 @@ impl AdaptiveState {
             Probe::OneToken => 1,
             Probe::WhileSure => self.length_at(PROBE_ACCEPTANCE, most).max(1),
         }
+    }
+
+    /// Whether a draft model's first probe may come before the pause: no
+    /// evidence yet in either situation, and the target sure of its tokens
+    /// from the start ([`SURE_TO_PROBE_EARLY`]): a reply that copies or
+    /// follows a pattern repays the prompt's catch-up.
+    fn sure_from_the_start(&self) -> bool {
+        let unseen = |at: usize| PRIOR[at] == (self.hits[at], self.trials[at]);
+        unseen(0) && unseen(1) && self.sure >= SURE_TO_PROBE_EARLY
     }
 
     /// Whether the next round's situation has had no evidence yet (its
@@ -504,7 +522,8 @@ impl AdaptiveState {
     /// probability of its most likely one.
     pub fn observe_sureness(&mut self, top_probability: f64) {
         let sure = u32::from(top_probability >= SURE_PROBABILITY);
-        self.sure = self.sure - (self.sure >> SURE_DECAY_SHIFT) + sure * (SCALE >> SURE_DECAY_SHIFT);
+        self.sure =
+            self.sure - (self.sure >> SURE_DECAY_SHIFT) + sure * (SCALE >> SURE_DECAY_SHIFT);
     }
 
     /// Learn from a round: its draft's outcome, or a free proposal's.

@@ -346,3 +346,29 @@ fn a_draft_model_drafts_only_while_the_target_is_sure() {
     assert!(state.validate(8).is_ok());
     assert_eq!(state.choose(8, Probe::WhileSure), state.best_length(8));
 }
+
+#[test]
+fn a_target_sure_from_the_start_brings_a_draft_models_first_probe_forward() {
+    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
+    let mut state = AdaptiveState::new(curve).priced(Some(0.45));
+    let mut rounds = 0;
+    while state.choose(8, Probe::WhileSure) == 0 {
+        state.observe_sureness(0.99);
+        state.observe(&round(0, 0), Evidence::Nothing);
+        rounds += 1;
+    }
+    assert_eq!(rounds, 4);
+    // Only the first probe: once a probe gave evidence, the pause decides again.
+    state.observe(&round(1, 0), Evidence::Verified);
+    state.observe_sureness(0.99);
+    assert_eq!(state.choose(8, Probe::WhileSure), 0);
+    // Nor for drafters that are asked for free or probed with one token.
+    let fresh =
+        AdaptiveState::new((0..9).map(|extra| 10_000 + 1_250 * extra).collect()).priced(Some(0.45));
+    let mut sure = fresh.clone();
+    for _ in 0..4 {
+        sure.observe_sureness(0.99);
+    }
+    assert!(sure.sure >= SURE_TO_PROBE_EARLY && fresh.sure < SURE_TO_PROBE_EARLY);
+    assert_eq!(sure.choose(8, Probe::OneToken), 0);
+}
