@@ -504,8 +504,7 @@ impl AdaptiveState {
     /// from the start ([`SURE_TO_PROBE_EARLY`]): a reply that copies or
     /// follows a pattern repays the prompt's catch-up.
     fn sure_from_the_start(&self) -> bool {
-        let unseen = |at: usize| PRIOR[at] == (self.hits[at], self.trials[at]);
-        unseen(0) && unseen(1) && self.sure >= SURE_TO_PROBE_EARLY
+        self.unseen(0) && self.unseen(1) && self.sure >= SURE_TO_PROBE_EARLY
     }
 
     /// Whether the next round's situation has had no evidence yet (its
@@ -513,9 +512,13 @@ impl AdaptiveState {
     /// probe waits for the pause, since a draft model's first draft decodes
     /// the whole prompt, which a short reply never repays.
     fn situation_unseen(&self) -> bool {
-        let unseen = |at: usize| PRIOR[at] == (self.hits[at], self.trials[at]);
         let at = usize::from(self.streak);
-        unseen(at) && !unseen(1 - at)
+        self.unseen(at) && !self.unseen(1 - at)
+    }
+
+    /// Whether situation `at` has had no evidence yet (its counts at the prior).
+    fn unseen(&self, at: usize) -> bool {
+        PRIOR[at] == (self.hits[at], self.trials[at])
     }
 
     /// Learn how sure the target was of a round's first token: the

@@ -18,6 +18,13 @@ fn cpu_curve(rows: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Rows at an eighth of a plain decode, a draft model's decode at 0.45 of one: at the prior's acceptance no draft
+/// pays.
+fn draft_model_state() -> AdaptiveState {
+    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
+    AdaptiveState::new(curve).priced(Some(0.45))
+}
+
 #[test]
 fn timed_rows_are_both_sides_of_each_power_of_two_and_the_longest() {
     assert_eq!(timed_rows(9), vec![1, 2, 3, 4, 5, 8, 9]);
@@ -293,10 +300,7 @@ fn counts_stay_bounded_under_the_longest_drafts() {
 
 #[test]
 fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
-    // Rows at an eighth of a plain decode, a draft model's decode at 0.45 of one: at the prior's acceptance no
-    // draft pays.
-    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
-    let mut state = AdaptiveState::new(curve).priced(Some(0.45));
+    let mut state = draft_model_state();
     assert_eq!(state.best_length(8), 0);
     // The first probe waits for the pause.
     assert_eq!(state.choose(8, Probe::WhileSure), 0);
@@ -319,8 +323,7 @@ fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
 
 #[test]
 fn a_draft_model_drafts_only_while_the_target_is_sure() {
-    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
-    let mut state = AdaptiveState::new(curve).priced(Some(0.45));
+    let mut state = draft_model_state();
     for _ in 0..PROBE_AFTER {
         state.observe(&round(0, 0), Evidence::Nothing);
     }
@@ -349,8 +352,7 @@ fn a_draft_model_drafts_only_while_the_target_is_sure() {
 
 #[test]
 fn a_target_sure_from_the_start_brings_a_draft_models_first_probe_forward() {
-    let curve = (0..9).map(|extra| 10_000 + 1_250 * extra).collect();
-    let mut state = AdaptiveState::new(curve).priced(Some(0.45));
+    let mut state = draft_model_state();
     let mut rounds = 0;
     while state.choose(8, Probe::WhileSure) == 0 {
         state.observe_sureness(0.99);
@@ -363,8 +365,7 @@ fn a_target_sure_from_the_start_brings_a_draft_models_first_probe_forward() {
     state.observe_sureness(0.99);
     assert_eq!(state.choose(8, Probe::WhileSure), 0);
     // Nor for drafters that are asked for free or probed with one token.
-    let fresh =
-        AdaptiveState::new((0..9).map(|extra| 10_000 + 1_250 * extra).collect()).priced(Some(0.45));
+    let fresh = draft_model_state();
     let mut sure = fresh.clone();
     for _ in 0..4 {
         sure.observe_sureness(0.99);
