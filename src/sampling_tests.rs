@@ -54,6 +54,52 @@ fn top_probability_is_the_softmax_maximum() {
     assert!((top_probability(&[0.0, 0.0]) - 0.5).abs() < 1e-12);
     assert!(top_probability(&[10.0, 0.0, 0.0]) > 0.99);
     assert_eq!(top_probability(&[]), 0.0);
+    assert_eq!(top_probability(&[f32::NEG_INFINITY; 3]), 0.0);
+    assert_eq!(top_probability(&[0.0, f32::INFINITY]), 0.0);
+    assert!((top_probability(&[0.0, f32::NAN, 0.0]) - 0.5).abs() < 1e-6);
+}
+
+/// The softmax maximum in f64 with libm's `exp`: what `top_probability` approximates.
+fn reference_top_probability(logits: &[f32]) -> f64 {
+    let best = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    1.0 / logits
+        .iter()
+        .map(|&l| (f64::from(l) - f64::from(best)).exp())
+        .sum::<f64>()
+}
+
+#[test]
+fn top_probability_agrees_with_the_f64_softmax_on_vocabulary_sized_rows() {
+    let mut rng = Rng::new(11);
+    for (n, spread) in [
+        (1, 1.0),
+        (15, 3.0),
+        (17, 40.0),
+        (49_152, 12.0),
+        (151_936, 30.0),
+        (151_936, 200.0),
+    ] {
+        let mut logits: Vec<f32> = (0..n)
+            .map(|_| (rng.uniform() as f32 - 0.5) * spread)
+            .collect();
+        logits[n / 2] += spread / 4.0;
+        let (fast, exact) = (top_probability(&logits), reference_top_probability(&logits));
+        assert!(
+            (fast / exact - 1.0).abs() < 1e-4,
+            "n {n}, spread {spread}: {fast} against {exact}"
+        );
+    }
+}
+
+#[test]
+fn exp_nonpositive_is_within_3e_7_of_libm_down_to_the_smallest_normal() {
+    let mut x = 0.0_f32;
+    while x > -87.0 {
+        let relative = f64::from(exp_nonpositive(x)) / f64::from(x).exp() - 1.0;
+        assert!(relative.abs() < 3e-7, "e^{x}: relative error {relative}");
+        x -= 0.001_7;
+    }
+    assert_eq!(exp_nonpositive(-1_000.0), exp_nonpositive(-87.0));
 }
 
 #[test]

@@ -85,7 +85,8 @@ CODE_PROMPT = (
     "Rewrite the whole file, adding type hints to every function. Output only the code.<|im_end|>\n"
     "<|im_start|>assistant\n```python\n"
 )
-#: Speculation that pays (2): answer with quotes from a given document.
+#: Speculation that pays (2): answer with quotes from a given document. "Whole sentences in quotation marks": asked
+#: only for "every sentence", instruction-tuned coders answer with the days alone.
 QUOTE_PROMPT = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     "<|im_start|>user\nRead this notice:\n\n"
@@ -93,7 +94,8 @@ QUOTE_PROMPT = (
     "through the drop box next to the main entrance. The reading room will reopen on Tuesday at nine "
     "in the morning. Members who need help can write to the front desk, which answers every message "
     "within one working day. Late fees are waived for the days the library is closed.\n\n"
-    "Quote, word for word, every sentence of the notice that mentions a day of the week.<|im_end|>\n"
+    "Quote, word for word and in quotation marks, every whole sentence of the notice that mentions a day of the "
+    "week.<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
 
