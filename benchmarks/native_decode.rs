@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use specstate::limits::EXACT_PROMPT_ROWS;
 use specstate::native::{Batch, Context, ContextKind, ContextParams, Model};
 use specstate::settings::GeneratorConfig;
 
@@ -41,13 +42,19 @@ fn run(model: &Arc<Model>, prompt: &[i32], tokens: usize, threads: i32) -> (f64,
     };
     let mut context = Context::new(Arc::clone(model), params).expect("context");
     let mut batch = Batch::new(n_batch as usize).expect("batch");
-    for (pos, &token) in prompt.iter().enumerate() {
-        batch
-            .push(token, pos as i32, 0, pos + 1 == prompt.len())
-            .expect("push");
-    }
     let started = Instant::now();
-    context.decode(&batch).expect("prefill");
+    // The prompt in the engine's exact chunks, the logits of its last row only.
+    for (chunk_index, chunk) in prompt.chunks(EXACT_PROMPT_ROWS).enumerate() {
+        batch.clear();
+        let first = chunk_index * EXACT_PROMPT_ROWS;
+        for (offset, &token) in chunk.iter().enumerate() {
+            let pos = first + offset;
+            batch
+                .push(token, pos as i32, 0, pos + 1 == prompt.len())
+                .expect("push");
+        }
+        context.decode(&batch).expect("prefill");
+    }
     let mut next = argmax(context.logits(batch.len() as i32 - 1).expect("logits"));
     let prefill = started.elapsed().as_secs_f64();
     let mut generated = vec![next];
