@@ -115,3 +115,47 @@ fn main() {
         specstate::native::info::compiled_simd_features().join(",")
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specstate::generator::Generator;
+    use specstate::settings::RuntimeOptions;
+
+    /// SmolLM2, as `tests/engine.rs` finds it (`make test-rust` fetches it and names it).
+    fn smollm2() -> Arc<Model> {
+        let path = std::env::var_os("SPECSTATE_SMOLLM2")
+            .map(PathBuf::from)
+            .expect("SPECSTATE_SMOLLM2: run `make test-rust`, which fetches SmolLM2 first");
+        Arc::new(Model::load(&path, 0).expect("model"))
+    }
+
+    /// The benchmark's loop generates what the engine generates greedily
+    /// from a prompt longer than one exact chunk, so `make bench` times the
+    /// same work as the `none` mode it is set beside.
+    #[test]
+    fn the_native_loop_generates_the_engines_greedy_tokens() {
+        const TOKENS: usize = 24;
+        let model = smollm2();
+        let prompt = model.tokenize(PROMPT, true, false).expect("tokenize");
+        assert!(
+            prompt.len() > EXACT_PROMPT_ROWS,
+            "the prompt spans several chunks"
+        );
+        let (_, _, looped) = run(&model, &prompt, TOKENS, 2);
+        let runtime = RuntimeOptions {
+            n_threads: 2,
+            ..RuntimeOptions::DEFAULT
+        };
+        let mut engine =
+            Generator::new(model, None, GeneratorConfig::DEFAULT, runtime).expect("generator");
+        engine.prefill(&prompt).expect("prefill");
+        let mut generated = Vec::new();
+        while generated.len() < TOKENS {
+            let more = engine.take(TOKENS - generated.len()).expect("take");
+            assert!(!more.is_empty(), "the engine stopped early");
+            generated.extend(more);
+        }
+        assert_eq!(looped, generated);
+    }
+}

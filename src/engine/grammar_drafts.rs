@@ -8,9 +8,10 @@
 //! character is the reply's next. Where it allows one character and, before
 //! it, only optional whitespace (JSON's `space` rule), the draft takes the
 //! whitespace the reply put between the same two characters the last time it
-//! wrote them, and stops where the reply has no such place yet. The text is
-//! tokenized as the model's tokenizer would, and the tokens the grammar
-//! accepts in turn are the draft.
+//! wrote them (a member after `{`, `[` or `,` spaced alike); where the reply
+//! has no such place yet, the layout of pretty-printed JSON
+//! ([`usual_spacing`]). The text is tokenized as the model's tokenizer would,
+//! and the tokens the grammar accepts in turn are the draft.
 //!
 //! A grammar draft is verified as any draft is ([`crate::sampling::verify`]):
 //! a token the target would not have chosen is rejected, so the reply is the
@@ -103,7 +104,8 @@ fn forced_text(
                     Some(recent) => recent,
                     none => none.insert(recent_text(model, history)?),
                 };
-                let Some(next) = spacing_before(recent, &text, single) else {
+                let Some(next) = spacing_before(&[recent.as_slice(), &text].concat(), single)
+                else {
                     break;
                 };
                 next
@@ -143,16 +145,37 @@ fn recent_text(model: &Model, history: &[i32]) -> NativeResult<Vec<u8>> {
     model.detokenize(&history[start..], false)
 }
 
-/// The whitespace then `single` the reply wrote the last time it went from
-/// the character the text ends with (`recent` then `drafted`) to `single`;
-/// `None` when it never did.
-fn spacing_before(recent: &[u8], drafted: &[u8], single: u8) -> Option<Vec<u8>> {
-    let last = drafted.last().or(recent.last()).copied()?;
-    for (at, &byte) in recent.iter().enumerate().rev() {
+/// Characters after which a member of an object or an element of an array
+/// begins: the reply spaces a member after any of them alike.
+const MEMBER_STARTS: &[u8] = b"{[,";
+
+/// The whitespace then `single` to draft after `text` (the recent history,
+/// then the drafted text): what the reply wrote the last time it went from
+/// the character `text` ends with to `single` (or from any of
+/// [`MEMBER_STARTS`] when it ends with one), else [`usual_spacing`]; `None`
+/// after whitespace (the reply chose a layout of its own) or where neither
+/// applies.
+fn spacing_before(text: &[u8], single: u8) -> Option<Vec<u8>> {
+    let last = *text.last().filter(|&&byte| !is_spacing(byte))?;
+    let spacing = last_spacing(text, single, |byte| byte == last)
+        .or_else(|| {
+            MEMBER_STARTS
+                .contains(&last)
+                .then(|| last_spacing(text, single, |byte| MEMBER_STARTS.contains(&byte)))
+                .flatten()
+        })
+        .or_else(|| usual_spacing(text, last, single))?;
+    (spacing.len() <= MAX_SPACING_BYTES).then(|| [spacing.as_slice(), &[single]].concat())
+}
+
+/// The whitespace `text` held the last time a character that passes `after`
+/// was followed by whitespace then `single`; `None` when it never was.
+fn last_spacing(text: &[u8], single: u8, after: impl Fn(u8) -> bool) -> Option<Vec<u8>> {
+    for (at, &byte) in text.iter().enumerate().rev() {
         if byte != single {
             continue;
         }
-        let run = recent[..at]
+        let run = text[..at]
             .iter()
             .rev()
             .take_while(|&&b| is_spacing(b))
@@ -160,28 +183,112 @@ fn spacing_before(recent: &[u8], drafted: &[u8], single: u8) -> Option<Vec<u8>> 
         if run > MAX_SPACING_BYTES || at <= run {
             continue;
         }
-        if recent[at - run - 1] == last && !is_spacing(last) {
-            return Some(recent[at - run..=at].to_vec());
+        let before = text[at - run - 1];
+        if after(before) && !is_spacing(before) {
+            return Some(text[at - run..at].to_vec());
         }
     }
     None
+}
+
+/// The whitespace pretty-printed JSON puts between `last` (the character
+/// `text` ends with) and `single`, for a reply that has not shown its own:
+/// none before a colon and a space after it; a member on a new line, indented two spaces past
+/// the line that opens it; a closing bracket on a new line at the
+/// indentation of its opening bracket's line, or right after the value
+/// where the reply wrote the members on the opening bracket's line.
+fn usual_spacing(text: &[u8], last: u8, single: u8) -> Option<Vec<u8>> {
+    match (last, single) {
+        (b':', _) => Some(b" ".to_vec()),
+        (_, b':') => Some(Vec::new()),
+        (_, b'}' | b']') => {
+            let opening = matching_opener(text)?;
+            let members = &text[opening..];
+            if members.contains(&b'\n') {
+                Some([b"\n", indentation(&text[..opening])].concat())
+            } else {
+                Some(Vec::new())
+            }
+        }
+        (b'{' | b'[', _) => Some([b"\n", indentation(text), b"  "].concat()),
+        _ => None,
+    }
+}
+
+/// Where the bracket that the end of `text` is inside opens (brackets in
+/// strings counted too: this only guesses a layout); `None` when it is not
+/// in `text`.
+fn matching_opener(text: &[u8]) -> Option<usize> {
+    let mut depth = 0usize;
+    for (at, &byte) in text.iter().enumerate().rev() {
+        match byte {
+            b'}' | b']' => depth += 1,
+            b'{' | b'[' if depth == 0 => return Some(at),
+            b'{' | b'[' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The spaces and tabs that begin the last line of `text`.
+fn indentation(text: &[u8]) -> &[u8] {
+    let line = text
+        .iter()
+        .rposition(|&byte| byte == b'\n')
+        .map_or(text, |newline| &text[newline + 1..]);
+    let width = line
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    &line[..width]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `spacing_before` on `recent` then `drafted`.
+    fn spaced(recent: &[u8], drafted: &[u8], single: u8) -> Option<Vec<u8>> {
+        spacing_before(&[recent, drafted].concat(), single)
+    }
+
     #[test]
     fn spacing_follows_the_last_place_with_the_same_two_characters() {
-        let recent = br#"{"a": "x", "b":"y""#;
-        // From a comma to a quote: a space the one time the reply did it.
-        assert_eq!(spacing_before(recent, b",", b'"'), Some(b" \"".to_vec()));
+        let recent = br#"{"a":  "x", "b":"y""#;
+        // From a comma to a quote: the one time the reply did it.
+        assert_eq!(spaced(recent, b",", b'"'), Some(b" \"".to_vec()));
         // From a colon to a quote: the latest place wins (no space).
-        assert_eq!(spacing_before(recent, b"\":", b'"'), Some(b"\"".to_vec()));
-        assert_eq!(spacing_before(recent, b"", b':'), Some(b":".to_vec()));
-        // Never a closing brace yet, nor anything in an empty text.
-        assert_eq!(spacing_before(recent, b"y", b'}'), None);
-        assert_eq!(spacing_before(b"", b"x", b':'), None);
+        assert_eq!(spaced(recent, b"\":", b'"'), Some(b"\"".to_vec()));
+        assert_eq!(spaced(recent, b"", b':'), Some(b":".to_vec()));
+        // Nothing to follow after whitespace, nor in an empty text.
+        assert_eq!(spaced(recent, b" ", b'"'), None);
+        assert_eq!(spaced(b"", b"", b':'), None);
+    }
+
+    #[test]
+    fn a_member_is_spaced_as_after_any_member_start() {
+        // The first comma of the reply: spaced as the member after the opening brace.
+        assert_eq!(
+            spaced(b"{\n    \"a\": 1", b",", b'"'),
+            Some(b"\n    \"".to_vec())
+        );
+        assert_eq!(spaced(b"[\"a\"", b",", b'"'), Some(b"\"".to_vec()));
+    }
+
+    #[test]
+    fn a_reply_with_no_layout_yet_is_spaced_as_pretty_printed_json() {
+        assert_eq!(spaced(b"answer:\n", b"{", b'"'), Some(b"\n  \"".to_vec()));
+        assert_eq!(spaced(b"{\n  \"a\"", b"", b':'), Some(b":".to_vec()));
+        assert_eq!(spaced(b"{\n  \"a\":", b"", b'"'), Some(b" \"".to_vec()));
+        let nested = b"{\n  \"a\": {\n    \"b\": 1";
+        assert_eq!(spaced(nested, b"", b'}'), Some(b"\n  }".to_vec()));
+        assert_eq!(spaced(nested, b"\n  }", b'}'), Some(b"\n}".to_vec()));
+        // Members on their opening line: the bracket closes right after them.
+        assert_eq!(spaced(b"x\n[1, 2", b"", b']'), Some(b"]".to_vec()));
+        // No guess between two values, nor without the opening bracket.
+        assert_eq!(spaced(b"{\"a\": 1", b"", b','), None);
+        assert_eq!(spaced(b"\"b\": 1", b"", b'}'), None);
     }
 
     #[test]
