@@ -102,11 +102,19 @@ const SURE_DECAY_SHIFT: u32 = 5;
 /// The cost of a plain decode in an estimated curve before anything was timed
 /// (microseconds; only the ratios matter until the first timing scales them).
 const NOMINAL_MICROS: u32 = 10_000;
-/// An estimated curve's cost of each row beyond the first, as a share of a
-/// plain decode: what the exact multi-column kernels cost, or a little less,
-/// so that a draft is tried and its timing corrects the estimate (an estimate
-/// too high would never be tried, and never corrected).
-const ESTIMATED_ROW_SHARE: f64 = 0.125;
+/// An estimated curve's cost of a batch of `rows` rows, in plain decodes:
+/// what the exact multi-column kernels cost, or a little less for short
+/// drafts, so that a draft is tried and its timing corrects the estimate (an
+/// estimate too high would never be tried, and never corrected). Each row
+/// beyond the first adds a tenth of a plain decode, and a little more the
+/// more rows there are (the kernels take columns in groups: 8 rows cost about
+/// twice one row, 16 rows about four times), so that an estimate for a long
+/// draft, tried only where drafts have been accepted, does not promise it
+/// for less than it costs.
+fn estimated_shape(rows: usize) -> f64 {
+    let extra = rows.saturating_sub(1) as f64;
+    1.0 + 0.1 * extra + extra * extra / 150.0
+}
 /// The largest cost a curve may hold: one minute, in microseconds.
 pub const MAX_COST_MICROS: u32 = 60_000_000;
 /// The largest trial count the decaying counts can reach (a round adds at
@@ -225,13 +233,13 @@ impl AdaptiveState {
     }
 
     /// An estimated curve of `rows` entries that follows the rounds' timings:
-    /// each row beyond the first adds [`ESTIMATED_ROW_SHARE`] of a plain
-    /// decode, and a draft model's decode costs `draft_share` of one (its
+    /// a batch costs [`estimated_shape`] plain decodes, and a draft model's
+    /// decode costs `draft_share` of one (its
     /// weights' share of the target's; `None`: a drafter that costs nothing).
     pub fn estimated(rows: usize, draft_share: Option<f64>) -> Self {
         let plain = f64::from(NOMINAL_MICROS);
-        let cost_us = (0..rows)
-            .map(|extra| (plain * (1.0 + ESTIMATED_ROW_SHARE * extra as f64)).round() as u32)
+        let cost_us = (1..=rows)
+            .map(|batch| (plain * estimated_shape(batch)).round() as u32)
             .collect();
         Self {
             estimated: vec![true; rows],
@@ -338,14 +346,13 @@ impl AdaptiveState {
     }
 
     /// Each estimated entry from its nearest timed entries: linear between
-    /// one below and one above, else along the estimate's slope from the
-    /// nearest one.
+    /// one below and one above, else in the estimate's proportions
+    /// ([`estimated_shape`]) from the nearest one.
     fn reestimate(&mut self) {
         let timed: Vec<(usize, f64)> = (1..=self.cost_us.len())
             .filter(|&rows| !self.is_estimate(rows))
             .map(|rows| (rows, f64::from(self.cost_us[rows - 1])))
             .collect();
-        let shape = |rows: usize| 1.0 + ESTIMATED_ROW_SHARE * (rows - 1) as f64;
         let estimates: Vec<usize> = (1..=self.cost_us.len())
             .filter(|&rows| self.is_estimate(rows))
             .collect();
@@ -356,7 +363,9 @@ impl AdaptiveState {
                 (Some(&(r0, c0)), Some(&(r1, c1))) => {
                     c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64
                 }
-                (Some(&(r, c)), None) | (None, Some(&(r, c))) => c * shape(rows) / shape(r),
+                (Some(&(r, c)), None) | (None, Some(&(r, c))) => {
+                    c * estimated_shape(rows) / estimated_shape(r)
+                }
                 (None, None) => continue,
             };
             self.cost_us[rows - 1] = clamp_micros(cost.round() as i64);

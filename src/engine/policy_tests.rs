@@ -217,13 +217,16 @@ fn a_live_curve_moves_an_eighth_of_the_way_to_each_verify_time() {
 
 #[test]
 fn an_estimated_curve_is_scaled_by_its_first_timing_and_replaced_by_the_next() {
+    // Long batches are not promised for less than the exact kernels cost: 8 rows about twice one, 16 four times.
+    let long = AdaptiveState::estimated(17, None).cost_us;
+    assert_eq!([long[7], long[15]], [20_267, 40_000]);
     let mut state = AdaptiveState::estimated(5, Some(0.5));
-    assert_eq!(state.cost_us, vec![10_000, 11_250, 12_500, 13_750, 15_000]);
+    assert_eq!(state.cost_us, vec![10_000, 11_067, 12_267, 13_600, 15_067]);
     assert_eq!(state.draft_us, 5_000);
     assert!(state.validate(4).is_ok() && state.follows_timings(true));
     // The first timing (a plain decode after a plain decode) scales every estimate.
     state.observe_cost(1, 20_000);
-    assert_eq!(state.cost_us, vec![20_000, 22_500, 25_000, 27_500, 30_000]);
+    assert_eq!(state.cost_us, vec![20_000, 22_133, 24_533, 27_200, 30_133]);
     assert_eq!(state.draft_us, 10_000);
     // A verification of 5 rows, settled by the plain round after it: it replaces its
     // estimate, and the estimates between the timed entries lie on the line between them.
