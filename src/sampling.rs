@@ -86,7 +86,8 @@ fn best_indices(logits: &[f32], k: usize) -> Vec<usize> {
 /// The probability of the most likely token under the softmax of `logits` (0 where the largest logit is not
 /// finite). Computed in f32 in [`SUM_LANES`] running sums (a fixed order: the same bits on every run) with
 /// [`exp_nonpositive`], so it costs a fraction of a libm `exp` per logit: it is taken over the whole vocabulary
-/// every round and for every token a draft model drafts. Its relative error is about 1e-5, far inside the margins it is compared against.
+/// every round and for every token a draft model drafts. Its relative error is about 1e-5, far inside the margins
+/// it is compared against.
 pub fn top_probability(logits: &[f32]) -> f64 {
     let best = largest(logits);
     if !best.is_finite() {

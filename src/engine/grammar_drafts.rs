@@ -183,8 +183,8 @@ fn last_spacing(text: &[u8], single: u8, after: impl Fn(u8) -> bool) -> Option<V
         if run > MAX_SPACING_BYTES || at <= run {
             continue;
         }
-        let before = text[at - run - 1];
-        if after(before) && !is_spacing(before) {
+        // Not whitespace: the run above stopped at it.
+        if after(text[at - run - 1]) {
             return Some(text[at - run..at].to_vec());
         }
     }
@@ -193,10 +193,10 @@ fn last_spacing(text: &[u8], single: u8, after: impl Fn(u8) -> bool) -> Option<V
 
 /// The whitespace pretty-printed JSON puts between `last` (the character
 /// `text` ends with) and `single`, for a reply that has not shown its own:
-/// none before a colon and a space after it; a member on a new line, indented two spaces past
-/// the line that opens it; a closing bracket on a new line at the
-/// indentation of its opening bracket's line, or right after the value
-/// where the reply wrote the members on the opening bracket's line.
+/// none before a colon and a space after it; a member on a new line,
+/// indented two spaces past the line that opens it; a closing bracket on a
+/// new line at the indentation of its opening bracket's line, or right after
+/// the value where the reply wrote the members on the opening bracket's line.
 fn usual_spacing(text: &[u8], last: u8, single: u8) -> Option<Vec<u8>> {
     match (last, single) {
         (b':', _) => Some(b" ".to_vec()),

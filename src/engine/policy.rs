@@ -107,10 +107,10 @@ const NOMINAL_MICROS: u32 = 10_000;
 /// drafts, so that a draft is tried and its timing corrects the estimate (an
 /// estimate too high would never be tried, and never corrected). Each row
 /// beyond the first adds a tenth of a plain decode, and a little more the
-/// more rows there are (the kernels take columns in groups: 8 rows cost about
-/// twice one row, 16 rows about four times), so that an estimate for a long
-/// draft, tried only where drafts have been accepted, does not promise it
-/// for less than it costs.
+/// more rows there are, as the exact kernels' cost rises (they take columns
+/// in groups): 8 rows come to about twice one row and 16 rows to four times,
+/// so that an estimate for a long draft, tried only where drafts have been
+/// accepted, does not promise it for less than it costs.
 fn estimated_shape(rows: usize) -> f64 {
     let extra = rows.saturating_sub(1) as f64;
     1.0 + 0.1 * extra + extra * extra / 150.0
@@ -234,8 +234,8 @@ impl AdaptiveState {
 
     /// An estimated curve of `rows` entries that follows the rounds' timings:
     /// a batch costs [`estimated_shape`] plain decodes, and a draft model's
-    /// decode costs `draft_share` of one (its
-    /// weights' share of the target's; `None`: a drafter that costs nothing).
+    /// decode costs `draft_share` of one (its weights' share of the target's;
+    /// `None`: a drafter that costs nothing).
     pub fn estimated(rows: usize, draft_share: Option<f64>) -> Self {
         let plain = f64::from(NOMINAL_MICROS);
         let cost_us = (1..=rows)
