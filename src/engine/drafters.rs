@@ -115,10 +115,11 @@ impl DraftModelDrafter<'_> {
         self.decode_up_to(history, history.len())
     }
 
-    /// Decode `history[decoded..end]` in the draft context, where it is behind.
+    /// Decode `history[decoded..end]` in the draft context, where it is
+    /// behind, in the chunks a prompt is decoded in.
     fn decode_up_to(&mut self, history: &[i32], end: usize) -> Result<()> {
         let end = end.min(history.len());
-        let chunk = self.batch.capacity();
+        let chunk = crate::limits::prompt_chunk_rows(self.batch.capacity());
         while *self.decoded < end {
             let start = *self.decoded;
             let stop = (start + chunk).min(end);
@@ -142,6 +143,19 @@ impl Drafter for DraftModelDrafter<'_> {
 
     fn in_step(&self, history: &[i32]) -> bool {
         history.len().saturating_sub(*self.decoded) <= STEADY_CATCH_UP
+    }
+
+    /// The prompt's first token, which its first draft's catch-up would
+    /// decode anyway.
+    fn time_one_decode(&mut self, history: &[i32]) -> Result<Option<u64>> {
+        if *self.decoded > 0 || history.is_empty() {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        self.decode_up_to(history, 1)?;
+        Ok(Some(
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        ))
     }
 
     /// A draft stops where the draft model is unsure, so a probe may ask for

@@ -113,6 +113,14 @@ pub trait Drafter {
             Probe::OneToken
         }
     }
+    /// Decode the first token a draft would need decoded (of a draft model
+    /// that has decoded nothing yet, the prompt's first) and return how long
+    /// it took, so that a policy prices the draft model's decodes before its
+    /// first draft makes it catch up on the whole prompt; `None` where there
+    /// is no such decode.
+    fn time_one_decode(&mut self, _history: &[i32]) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// Whether its drafts carry the distributions they were sampled from,
     /// which a sampled verification draws against (rejection sampling), so
     /// that a sampled generation's text depends on its draft lengths.
@@ -389,7 +397,7 @@ impl Engine<'_> {
         let request = DraftRequest {
             history: at.history,
             n_past: at.n_past,
-            n_draft: self.chosen_n_draft(n_draft),
+            n_draft: self.chosen_n_draft(at.history, n_draft)?,
         };
         let draft = match request.n_draft {
             0 => Draft::default(),
@@ -435,12 +443,26 @@ impl Engine<'_> {
         Ok(round)
     }
 
-    /// The adaptive policy's draft length within `n_draft`, or `n_draft` without a policy.
-    fn chosen_n_draft(&self, n_draft: usize) -> usize {
+    /// The adaptive policy's draft length within `n_draft`, or `n_draft`
+    /// without a policy. A live policy about to draft on an estimated draft
+    /// cost first times one decode of the draft model, and chooses again.
+    fn chosen_n_draft(&mut self, history: &[i32], n_draft: usize) -> Result<usize> {
         let probe = self.drafter.probe();
-        self.policy
-            .as_deref()
-            .map_or(n_draft, |policy| policy.choose(n_draft, probe))
+        let free = self.lengths_leave_text_alone();
+        let Some(policy) = self.policy.as_deref_mut() else {
+            return Ok(n_draft);
+        };
+        let chosen = policy.choose(n_draft, probe);
+        if chosen == 0 || !policy.draft_estimated || !policy.follows_timings(free) {
+            return Ok(chosen);
+        }
+        match self.drafter.time_one_decode(history)? {
+            Some(micros) => {
+                policy.observe_draft_cost(1, micros);
+                Ok(policy.choose(n_draft, probe))
+            }
+            None => Ok(chosen),
+        }
     }
 
     /// The drafter's proposal; a drafter that does not propose for free

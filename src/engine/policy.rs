@@ -40,8 +40,14 @@
 //! for nothing; where the target is sure of its first tokens, the first probe
 //! does not wait for the pause.
 //! A draft model stops drafting where it is unsure of its next token, so its
-//! probe asks for the draft that would pay at high acceptance: on text it
-//! predicts, one probe shows it; on text it does not, it stops early.
+//! probe asks for as long a draft as the round allows: on text it predicts,
+//! one probe shows how far it does; on text it does not, it stops early.
+//! Such a probe is evidence of many tokens at once, so a draft model's
+//! counts start from a lighter prior ([`DRAFT_MODEL_PRIOR`]). It is probed
+//! only where some draft would pay at high acceptance ([`PROBE_ACCEPTANCE`])
+//! at its own cost, which a greedy generation times on one decode (the
+//! prompt's first token) before the first probe: a draft model that costs
+//! nearly what the target does never repays its catch-up on the prompt.
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve and the draft cost in microseconds, the counts in fixed point),
@@ -79,6 +85,13 @@ const DECAY_SHIFT: u32 = 3;
 /// accepted by chance on text that does not repeat (docs/measured.md,
 /// "Adaptive draft length").
 const PRIOR: [(u32, u32); 2] = [(2 * SCALE, 3 * SCALE); 2];
+/// The counts a draft model's generation starts from: two in three as well,
+/// weighing half as much. Its drafts stop where it is unsure and its probes
+/// draft as far as it is sure, so a probe is evidence of many tokens at
+/// once: after two probes accepted whole the estimate is near what they
+/// showed, where the heavier prior would keep it low enough that drafting
+/// at a draft model's cost never seems to pay.
+const DRAFT_MODEL_PRIOR: [(u32, u32); 2] = [(SCALE, 3 * SCALE / 2); 2];
 /// Rounds without evidence after which a drafter that does not propose for
 /// free is probed with a one-token draft (at first, and after a probe that
 /// found an accepted token).
@@ -172,6 +185,9 @@ pub struct AdaptiveState {
     /// at first): observed only where a draft model is probed.
     #[serde(default = "first_sure")]
     pub sure: u32,
+    /// Whether a draft model drafts: its counts start from [`DRAFT_MODEL_PRIOR`].
+    #[serde(default)]
+    pub model_drafts: bool,
 }
 
 fn first_probe_after() -> u32 {
@@ -191,13 +207,18 @@ pub enum Probe {
     Never,
     /// A one-token draft.
     OneToken,
-    /// The draft that would pay at [`PROBE_ACCEPTANCE`]: the drafter stops
-    /// where it is unsure, so on text it cannot predict the probe costs
-    /// little more than a one-token draft.
+    /// A draft as long as the round allows: the drafter stops where it is
+    /// unsure, so on text it predicts one probe shows how far it does, and on
+    /// text it cannot predict the probe costs little more than a one-token
+    /// draft. Such a probe comes only where some draft would pay at
+    /// [`PROBE_ACCEPTANCE`].
     WhileSure,
 }
 
-/// The acceptance a [`Probe::WhileSure`] probe's length is chosen for.
+/// The acceptance at which a [`Probe::WhileSure`] drafter must be able to
+/// pay for a probe to come: a draft model's probe makes it catch up on the
+/// prompt and the pause, which only drafts that pay at high acceptance
+/// repay.
 const PROBE_ACCEPTANCE: f64 = 0.9;
 
 /// What a round drafted, for the policy to learn from.
@@ -229,6 +250,7 @@ impl AdaptiveState {
             draft_estimated: false,
             probe_after: PROBE_AFTER,
             sure: SURE_TO_PROBE,
+            model_drafts: false,
         }
     }
 
@@ -249,13 +271,27 @@ impl AdaptiveState {
     }
 
     /// This curve pricing a draft model's decode at `draft_share` of its
-    /// plain decode (`None`: a drafter that costs nothing).
+    /// plain decode, its counts at [`DRAFT_MODEL_PRIOR`] (`None`: a drafter
+    /// that costs nothing).
     pub fn priced(mut self, draft_share: Option<f64>) -> Self {
         let plain = f64::from(self.cost_us.first().copied().unwrap_or(0));
         self.draft_us = draft_share.map_or(0, |share| {
             clamp_micros((plain * share.clamp(0.0, 1e3)).round() as i64)
         });
+        self.model_drafts = draft_share.is_some();
+        let prior = self.prior();
+        self.hits = prior.map(|(hits, _)| hits);
+        self.trials = prior.map(|(_, trials)| trials);
         self
+    }
+
+    /// The counts this generation started from.
+    fn prior(&self) -> [(u32, u32); 2] {
+        if self.model_drafts {
+            DRAFT_MODEL_PRIOR
+        } else {
+            PRIOR
+        }
     }
 
     /// Whether the entry for `rows` rows is still an estimate.
@@ -504,7 +540,8 @@ impl AdaptiveState {
         match probe {
             Probe::Never => 0,
             Probe::OneToken => 1,
-            Probe::WhileSure => self.length_at(PROBE_ACCEPTANCE, most).max(1),
+            Probe::WhileSure if self.length_at(PROBE_ACCEPTANCE, most) > 0 => most,
+            Probe::WhileSure => 0,
         }
     }
 
@@ -527,7 +564,7 @@ impl AdaptiveState {
 
     /// Whether situation `at` has had no evidence yet (its counts at the prior).
     fn unseen(&self, at: usize) -> bool {
-        PRIOR[at] == (self.hits[at], self.trials[at])
+        self.prior()[at] == (self.hits[at], self.trials[at])
     }
 
     /// Learn how sure the target was of a round's first token: the

@@ -302,7 +302,7 @@ fn counts_stay_bounded_under_the_longest_drafts() {
 }
 
 #[test]
-fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
+fn a_drafter_that_stops_when_unsure_is_probed_with_the_longest_draft() {
     let mut state = draft_model_state();
     assert_eq!(state.best_length(8), 0);
     // The first probe waits for the pause.
@@ -311,7 +311,7 @@ fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
         state.observe(&round(0, 0), Evidence::Nothing);
     }
     let probe = state.choose(8, Probe::WhileSure);
-    assert!(probe > 1 && probe == state.length_at(PROBE_ACCEPTANCE, 8));
+    assert_eq!(probe, 8);
     assert_eq!(state.choose(8, Probe::OneToken), 1);
     assert_eq!(state.choose(8, Probe::Never), 0);
     // The probe was accepted whole: the situation after a whole draft has no evidence yet, so it is probed too.
@@ -322,6 +322,41 @@ fn a_drafter_that_stops_when_unsure_is_probed_with_the_draft_that_would_pay() {
     // Both situations seen: the rounds' evidence decides, probes wait for the pause.
     assert!(!state.situation_unseen() && state.idle == 0);
     assert_eq!(state.choose(8, Probe::WhileSure), state.best_length(8));
+}
+
+#[test]
+fn two_probes_accepted_whole_make_a_draft_model_draft() {
+    let mut state = draft_model_state();
+    assert!(state.model_drafts && state.unseen(0) && state.unseen(1));
+    for _ in 0..2 {
+        state.observe(&round(8, 8), Evidence::Verified);
+    }
+    assert!(state.acceptance() > 0.95, "{}", state.acceptance());
+    assert!(state.choose(8, Probe::WhileSure) >= 4);
+    // The heavier prior of drafters that stop anywhere keeps the same evidence below it.
+    let mut heavier = AdaptiveState::new(state.cost_us.clone());
+    heavier.draft_us = state.draft_us;
+    for _ in 0..2 {
+        heavier.observe(&round(8, 8), Evidence::Verified);
+    }
+    assert!(heavier.acceptance() < state.acceptance());
+}
+
+#[test]
+fn a_draft_model_that_would_not_pay_at_high_acceptance_is_not_probed() {
+    let mut state = draft_model_state();
+    for _ in 0..PROBE_AFTER {
+        state.observe(&round(0, 0), Evidence::Nothing);
+    }
+    assert_eq!(state.choose(8, Probe::WhileSure), 8);
+    // Its decode timed at 0.7 of the target's: no draft pays at 90% acceptance.
+    state.draft_estimated = true;
+    state.observe_draft_cost(1, 7_000);
+    assert!(!state.draft_estimated && state.draft_us == 7_000);
+    assert_eq!(state.length_at(PROBE_ACCEPTANCE, 8), 0);
+    assert_eq!(state.choose(8, Probe::WhileSure), 0);
+    // A one-token probe (an MTP or EAGLE-3 session) still comes.
+    assert_eq!(state.choose(8, Probe::OneToken), 1);
 }
 
 #[test]

@@ -191,11 +191,13 @@ ADAPTIVE_FIELDS = (
     "draft_estimated",
     "probe_after",
     "sure",
+    "model_drafts",
 )
 #: ``live`` (whether the curve follows the rounds' timings), ``unsettled`` (a live curve's last verification
 #: of several rows), ``draft_us`` (a draft model's decode), ``estimated`` (the curve's entries still estimates),
-#: ``draft_estimated``, ``probe_after`` (the pause before the next probe) and ``sure`` (the share of rounds the target
-#: was sure of) may be left out: serde's defaults, false, [0, 0], 0, [], false, 16 and 128.
+#: ``draft_estimated``, ``probe_after`` (the pause before the next probe), ``sure`` (the share of rounds the target
+#: was sure of) and ``model_drafts`` (whether a draft model drafts) may be left out: serde's defaults, false,
+#: [0, 0], 0, [], false, 16, 128 and false.
 ADAPTIVE_REQUIRED = ADAPTIVE_FIELDS[:5]
 MAX_COST_MICROS = 60_000_000
 #: The adaptive policy's bounds (src/engine/policy.rs): counts in fixed point (x256), probes after 16 idle rounds.
@@ -421,8 +423,8 @@ def adaptive_problem(value: Any, version: int) -> str | None:
     adaptive = _adaptive_struct(value)
     if adaptive is None or not set(ADAPTIVE_REQUIRED) <= set(adaptive) <= set(ADAPTIVE_FIELDS):
         return "adaptive is not an object of cost_us, hits, trials, streak, idle and its optional fields"
-    if not all(isinstance(adaptive.get(flag, False), bool) for flag in ("live", "draft_estimated")):
-        return "live or draft_estimated is not a boolean"
+    if not all(isinstance(adaptive.get(flag, False), bool) for flag in ("live", "draft_estimated", "model_drafts")):
+        return "live, draft_estimated or model_drafts is not a boolean"
     estimated = adaptive.get("estimated", [])
     if not isinstance(estimated, list) or not all(isinstance(mark, bool) for mark in estimated):
         return "estimated is not a list of booleans"
