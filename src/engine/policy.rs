@@ -43,11 +43,12 @@
 //! probe asks for as long a draft as the round allows: on text it predicts,
 //! one probe shows how far it does; on text it does not, it stops early.
 //! Such a probe is evidence of many tokens at once, so a draft model's
-//! counts start from a lighter prior ([`DRAFT_MODEL_PRIOR`]). It is probed
-//! only where some draft would pay at high acceptance ([`PROBE_ACCEPTANCE`])
-//! at its own cost, which a greedy generation times on one decode (the
-//! prompt's first token) before the first probe: a draft model that costs
-//! nearly what the target does never repays its catch-up on the prompt.
+//! counts start from a lighter prior ([`DRAFT_MODEL_PRIOR`]). Its first
+//! probe comes only where some draft would pay at high acceptance
+//! ([`PROBE_ACCEPTANCE`]) at its own cost, which a greedy generation times on
+//! one decode (the prompt's first token) before that probe: a draft model
+//! that costs nearly what the target does never repays its catch-up on the
+//! prompt.
 //!
 //! **Exactness.** Everything here is integer state that a checkpoint carries
 //! (the curve and the draft cost in microseconds, the counts in fixed point),
@@ -210,15 +211,14 @@ pub enum Probe {
     /// A draft as long as the round allows: the drafter stops where it is
     /// unsure, so on text it predicts one probe shows how far it does, and on
     /// text it cannot predict the probe costs little more than a one-token
-    /// draft. Such a probe comes only where some draft would pay at
+    /// draft. The first such probe comes only where some draft would pay at
     /// [`PROBE_ACCEPTANCE`].
     WhileSure,
 }
 
 /// The acceptance at which a [`Probe::WhileSure`] drafter must be able to
-/// pay for a probe to come: a draft model's probe makes it catch up on the
-/// prompt and the pause, which only drafts that pay at high acceptance
-/// repay.
+/// pay for its first probe to come: that probe makes a draft model catch up
+/// on the whole prompt, which only drafts that pay at high acceptance repay.
 const PROBE_ACCEPTANCE: f64 = 0.9;
 
 /// What a round drafted, for the policy to learn from.
@@ -540,9 +540,18 @@ impl AdaptiveState {
         match probe {
             Probe::Never => 0,
             Probe::OneToken => 1,
-            Probe::WhileSure if self.length_at(PROBE_ACCEPTANCE, most) > 0 => most,
-            Probe::WhileSure => 0,
+            Probe::WhileSure if self.first_probe_cannot_pay(most) => 0,
+            Probe::WhileSure => most,
         }
+    }
+
+    /// Whether this would be a draft model's first probe (no evidence yet in
+    /// either situation) and no draft of up to `most` tokens would pay even
+    /// at [`PROBE_ACCEPTANCE`]: the first probe makes it catch up on the
+    /// whole prompt, which only drafts that pay at high acceptance repay.
+    /// Once that is paid, later probes come as for any drafter.
+    fn first_probe_cannot_pay(&self, most: usize) -> bool {
+        self.unseen(0) && self.unseen(1) && self.length_at(PROBE_ACCEPTANCE, most) == 0
     }
 
     /// Whether a draft model's first probe may come before the pause: no

@@ -343,7 +343,7 @@ fn two_probes_accepted_whole_make_a_draft_model_draft() {
 }
 
 #[test]
-fn a_draft_model_that_would_not_pay_at_high_acceptance_is_not_probed() {
+fn a_draft_model_that_would_not_pay_at_high_acceptance_is_not_probed_first() {
     let mut state = draft_model_state();
     for _ in 0..PROBE_AFTER {
         state.observe(&round(0, 0), Evidence::Nothing);
@@ -357,6 +357,12 @@ fn a_draft_model_that_would_not_pay_at_high_acceptance_is_not_probed() {
     assert_eq!(state.choose(8, Probe::WhileSure), 0);
     // A one-token probe (an MTP or EAGLE-3 session) still comes.
     assert_eq!(state.choose(8, Probe::OneToken), 1);
+    // Once a probe has caught it up on the prompt, later probes come after the pause.
+    state.observe(&round(8, 3), Evidence::Verified);
+    for _ in 0..state.probe_after {
+        state.observe(&round(0, 0), Evidence::Nothing);
+    }
+    assert_eq!(state.choose(8, Probe::WhileSure), 8);
 }
 
 #[test]
