@@ -339,7 +339,7 @@ impl BatchEngine {
             self.target.decode(&self.step)?;
             Ok(())
         });
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let micros = crate::engine::micros_since(started);
         let Self { target, seqs, .. } = self;
         let mut first_row = 0;
         let mut committed = 0;

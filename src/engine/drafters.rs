@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::corpus::LookupCorpus;
-use super::{ngram, position, Draft, DraftRequest, Drafter, Probe, Result};
+use super::{micros_since, ngram, position, Draft, DraftRequest, Drafter, Probe, Result};
 use crate::native::{Batch, Context};
 use crate::sampling::{self, Sampler};
 use crate::session::DraftSession;
@@ -153,14 +153,12 @@ impl Drafter for DraftModelDrafter<'_> {
         }
         let started = std::time::Instant::now();
         self.decode_up_to(history, 1)?;
-        Ok(Some(
-            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        ))
+        Ok(Some(micros_since(started)))
     }
 
     /// A draft stops where the draft model is unsure, so a probe may ask for
-    /// the draft that would pay: on text the model cannot predict it stops
-    /// after a token or none.
+    /// as long a draft as the round allows: on text the model cannot predict
+    /// it stops after a token or none.
     fn probe(&self) -> Probe {
         Probe::WhileSure
     }

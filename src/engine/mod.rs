@@ -382,7 +382,7 @@ impl Engine<'_> {
         };
         let started = std::time::Instant::now();
         self.decode_verify_batch(&plan)?;
-        let verify_micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let verify_micros = micros_since(started);
         self.finish_round(&at, plan, 0, verify_micros)
     }
 
@@ -476,7 +476,7 @@ impl Engine<'_> {
             .drafter
             .propose(self.target, request, self.sampler)?
             .truncated(request.n_draft);
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let micros = micros_since(started);
         let free = self.lengths_leave_text_alone();
         if let Some(policy) = self
             .policy
@@ -756,4 +756,9 @@ pub(crate) fn decode_in_chunks(
 
 pub(crate) fn position(index: usize) -> Result<i32> {
     i32::try_from(index).map_err(|_| Error::Invalid(format!("position {index} overflows i32")))
+}
+
+/// Microseconds since `started` (saturating), as rounds and drafts are timed.
+pub(crate) fn micros_since(started: std::time::Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }

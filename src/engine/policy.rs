@@ -94,8 +94,8 @@ const PRIOR: [(u32, u32); 2] = [(2 * SCALE, 3 * SCALE); 2];
 /// at a draft model's cost never seems to pay.
 const DRAFT_MODEL_PRIOR: [(u32, u32); 2] = [(SCALE, 3 * SCALE / 2); 2];
 /// Rounds without evidence after which a drafter that does not propose for
-/// free is probed with a one-token draft (at first, and after a probe that
-/// found an accepted token).
+/// free is probed as it takes a probe ([`Probe`]; at first, and after a
+/// probe that found an accepted token).
 pub const PROBE_AFTER: u32 = 16;
 /// The longest pause between probes: each probe after which drafting still
 /// does not pay doubles the pause, up to this.
@@ -755,7 +755,7 @@ impl BatchTimer {
         batch.fill(&tokens, first, self.seq_id, true)?;
         let start = Instant::now();
         let decoded = target.decode(batch);
-        let micros = start.elapsed().as_micros();
+        let micros = super::micros_since(start);
         target.seq_rm(self.seq_id, first, -1);
         decoded?;
         Ok(u32::try_from(micros)

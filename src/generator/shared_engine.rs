@@ -575,7 +575,7 @@ impl Shared {
         }
         let started = Instant::now();
         let decoded = self.decode_group(&group);
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let micros = crate::engine::micros_since(started);
         let mut first_row = 0;
         let rows = group
             .iter()
