@@ -164,12 +164,12 @@ def test_attention_sharing_each_cell_gives_the_same_bits(quantized: dict[str, Mo
 #: The multi-column kernels with a switch each copy runs: the switch back to the single-column kernel and where the
 #: worker's output gives its way and chunk count (from the end), for each; and the ways of summing the model's
 #: tensors run with (Q5_0's ``avx512vnni`` takes its AVX-512 tiles, ``avx2`` its multi-column kernel; a CPU without
-#: AVX512-VNNI falls back to AVX2, so the Q5_K copy's one way runs the best kernel each CPU has; Q4_K's
-#: ``avx512vnni`` runs its gemv and its columns in AVX-512 registers, patch 0017, ``avx2`` the AVX2 gemv). The Q4_K
-#: copy's 576-wide tensors are Q5_0 (its kernels are checked there, in the same processes), the Q5_K copy's Q5_1.
+#: AVX512-VNNI falls back to AVX2, so the Q5_K copy's one way runs the best kernel each CPU has; Q4_K's and Q6_K's
+#: ``avx512vnni`` run their products in AVX-512 registers, patches 0017 and 0018, ``avx2`` in AVX2). The Q4_K copy's
+#: 576-wide tensors are Q5_0 (its kernels are checked there, in the same processes), the Q5_K copy's Q5_1.
 COLUMN_KERNELS: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
     "Q4_K": ({"GGML_CPU_EXACT_Q4_K": -7, "GGML_CPU_EXACT_Q5_0": -11}, ("avx2", "avx512vnni")),
-    "Q6_K": ({"GGML_CPU_EXACT_Q6_K": -9}, ("avx2",)),
+    "Q6_K": ({"GGML_CPU_EXACT_Q6_K": -9}, ("avx2", "avx512vnni")),
     "Q4_0": ({"GGML_CPU_EXACT_Q4_0": -13}, ("avx2",)),
     "Q5_K": ({"GGML_CPU_EXACT_Q5_K": -17, "GGML_CPU_EXACT_Q5_1": -15}, ("avx512vnni",)),
 }
