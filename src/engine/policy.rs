@@ -551,7 +551,7 @@ impl AdaptiveState {
     /// whole prompt, which only drafts that pay at high acceptance repay.
     /// Once that is paid, later probes come as for any drafter.
     fn first_probe_cannot_pay(&self, most: usize) -> bool {
-        self.unseen(0) && self.unseen(1) && self.length_at(PROBE_ACCEPTANCE, most) == 0
+        self.nothing_seen() && self.length_at(PROBE_ACCEPTANCE, most) == 0
     }
 
     /// Whether a draft model's first probe may come before the pause: no
@@ -559,7 +559,7 @@ impl AdaptiveState {
     /// from the start ([`SURE_TO_PROBE_EARLY`]): a reply that copies or
     /// follows a pattern repays the prompt's catch-up.
     fn sure_from_the_start(&self) -> bool {
-        self.unseen(0) && self.unseen(1) && self.sure >= SURE_TO_PROBE_EARLY
+        self.nothing_seen() && self.sure >= SURE_TO_PROBE_EARLY
     }
 
     /// Whether the next round's situation has had no evidence yet (its
@@ -569,6 +569,11 @@ impl AdaptiveState {
     fn situation_unseen(&self) -> bool {
         let at = usize::from(self.streak);
         self.unseen(at) && !self.unseen(1 - at)
+    }
+
+    /// Whether neither situation has had evidence yet (both counts at the prior).
+    fn nothing_seen(&self) -> bool {
+        self.unseen(0) && self.unseen(1)
     }
 
     /// Whether situation `at` has had no evidence yet (its counts at the prior).

@@ -327,7 +327,7 @@ fn a_drafter_that_stops_when_unsure_is_probed_with_the_longest_draft() {
 #[test]
 fn two_probes_accepted_whole_make_a_draft_model_draft() {
     let mut state = draft_model_state();
-    assert!(state.model_drafts && state.unseen(0) && state.unseen(1));
+    assert!(state.model_drafts && state.nothing_seen());
     for _ in 0..2 {
         state.observe(&round(8, 8), Evidence::Verified);
     }
