@@ -8,7 +8,9 @@ modes, all under the same exactness contract:
 ``ngram``  prompt lookup: drafts what followed the latest repeat of the last
            n tokens of the history (no extra model)
 ``draft``  a separate draft model with the same vocabulary drafts
-           autoregressively
+           autoregressively; where the history's last 8 tokens repeat an
+           earlier passage, prompt lookup drafts its continuation instead
+           (copied text costs no draft model decode)
 ``mtp``    the target's own multi-token-prediction head (llama.cpp MTP)
 ``eagle3`` a separate EAGLE-3 draft model (llama.cpp EAGLE-3)
 ========  ==================================================================
@@ -27,7 +29,7 @@ What each mode guarantees:
   draft kept while it matches, so a seeded reply is ``none`` mode's, token for
   token, whatever the drafts. ``draft`` mode verifies by speculative
   rejection sampling against the draft model's distribution (more drafts
-  accepted): committed tokens follow the target's sampling distribution
+  accepted; a copied draft is verified as ``ngram`` mode's): committed tokens follow the target's sampling distribution
   exactly, but the samples differ from ``none`` mode's (the RNG is consumed
   differently). Every mode is reproducible from its seed.
 * Every mode: a checkpoint taken between rounds resumes bit for bit -- the

@@ -63,6 +63,7 @@ impl Drafter for NgramDrafter {
         Ok(Draft {
             tokens,
             distributions: None,
+            free: true,
         })
     }
 }
@@ -70,6 +71,17 @@ impl Drafter for NgramDrafter {
 /// `draft` mode stops drafting when the draft model's most likely next token
 /// has less than this probability (softmax of its raw logits).
 pub const DRAFT_CONFIDENCE: f64 = 0.5;
+
+/// Where the history's end has occurred before, after at least this many
+/// agreeing tokens, `draft` mode copies what followed it (prompt lookup,
+/// which costs nothing) instead of running the draft model: text that
+/// repeats (an edit of code, a quotation) is copied more surely and far
+/// more cheaply than a small model predicts it. A long agreement keeps
+/// chance repetitions of ordinary prose to the model.
+const LOOKUP_BEFORE_MODEL: NgramConfig = NgramConfig {
+    n_max: ngram::RESYNC_CONTEXT,
+    n_min: ngram::RESYNC_CONTEXT,
+};
 
 /// The most history tokens a draft model decodes before drafting when the
 /// round before drafted too: its last drafted token (never decoded by it)
@@ -169,6 +181,14 @@ impl Drafter for DraftModelDrafter<'_> {
         request: DraftRequest<'_>,
         sampler: &mut Sampler,
     ) -> Result<Draft> {
+        let copied = ngram::propose(request.history, LOOKUP_BEFORE_MODEL, request.n_draft);
+        if !copied.is_empty() {
+            return Ok(Draft {
+                tokens: copied,
+                distributions: None,
+                free: true,
+            });
+        }
         self.catch_up(request.history)?;
         let mut tokens = Vec::with_capacity(request.n_draft);
         let mut dists = Vec::with_capacity(request.n_draft);
@@ -198,6 +218,7 @@ impl Drafter for DraftModelDrafter<'_> {
         Ok(Draft {
             tokens,
             distributions: Some(dists),
+            free: false,
         })
     }
 
@@ -265,6 +286,7 @@ impl Drafter for SessionDrafter<'_> {
         Ok(Draft {
             tokens,
             distributions: None,
+            free: false,
         })
     }
 

@@ -70,6 +70,9 @@ pub struct Draft {
     pub tokens: Vec<i32>,
     /// The distribution of each token, if the drafter sampled them.
     pub distributions: Option<Vec<Distribution>>,
+    /// Whether it was proposed without running a model (prompt lookup), so
+    /// that its time says nothing of what drafting costs.
+    pub free: bool,
 }
 
 impl Draft {
@@ -483,8 +486,8 @@ impl Engine<'_> {
             .as_deref_mut()
             .filter(|p| p.follows_timings(free))
         {
-            // A drafter that stopped before its first token priced nothing.
-            if !self.drafter.proposes_freely() && steady && !draft.tokens.is_empty() {
+            // A free draft, or one that stopped before its first token, priced nothing.
+            if !draft.free && steady && !draft.tokens.is_empty() {
                 policy.observe_draft_cost(draft.tokens.len(), micros);
             }
         }

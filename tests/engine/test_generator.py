@@ -85,6 +85,25 @@ def test_speculation_on_smollm2_matches_plain_greedy(smollm2: Model, smollm2_dra
     assert speculative.rounds < 127
 
 
+def test_draft_mode_copies_a_repeated_passage_without_the_draft_model(
+    smollm2: Model, smollm2_draft_path: Path
+) -> None:
+    """Where the history's end repeats an earlier passage (8 tokens agreeing), draft mode drafts what followed it by
+    prompt lookup: the round runs no draft model decode, and the reply is still plain greedy decoding's."""
+    functions = smollm2.tokenize(REPEATING, add_special=False)
+    prompt = functions + functions[:12]
+    generator = Generator(smollm2, mode="draft", draft_model=Model(smollm2_draft_path), n_ctx=512, n_draft=6)
+    generator.generate(prompt, max_tokens=1)
+    generator.generate(max_tokens=1)
+    _, draft_memory = generator._native.memory_positions
+    assert draft_memory == (-1, -1)  # the draft model has decoded nothing, not even the prompt
+    assert generator.drafted == 6
+    generator.generate(max_tokens=40)
+    none = Generator(smollm2, n_ctx=512)
+    none.generate(prompt, max_tokens=len(generator.tokens))
+    assert generator.tokens == none.tokens
+
+
 # --- exact resume -----------------------------------------------------------------------------------
 
 
