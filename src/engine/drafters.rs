@@ -63,7 +63,6 @@ impl Drafter for NgramDrafter {
         Ok(Draft {
             tokens,
             distributions: None,
-            free: true,
         })
     }
 }
@@ -153,6 +152,10 @@ impl Drafter for DraftModelDrafter<'_> {
         true
     }
 
+    fn copied(&self, history: &[i32], n_draft: usize) -> Vec<i32> {
+        ngram::propose(history, LOOKUP_BEFORE_MODEL, n_draft)
+    }
+
     fn in_step(&self, history: &[i32]) -> bool {
         history.len().saturating_sub(*self.decoded) <= STEADY_CATCH_UP
     }
@@ -181,14 +184,6 @@ impl Drafter for DraftModelDrafter<'_> {
         request: DraftRequest<'_>,
         sampler: &mut Sampler,
     ) -> Result<Draft> {
-        let copied = ngram::propose(request.history, LOOKUP_BEFORE_MODEL, request.n_draft);
-        if !copied.is_empty() {
-            return Ok(Draft {
-                tokens: copied,
-                distributions: None,
-                free: true,
-            });
-        }
         self.catch_up(request.history)?;
         let mut tokens = Vec::with_capacity(request.n_draft);
         let mut dists = Vec::with_capacity(request.n_draft);
@@ -218,7 +213,6 @@ impl Drafter for DraftModelDrafter<'_> {
         Ok(Draft {
             tokens,
             distributions: Some(dists),
-            free: false,
         })
     }
 
@@ -286,7 +280,6 @@ impl Drafter for SessionDrafter<'_> {
         Ok(Draft {
             tokens,
             distributions: None,
-            free: false,
         })
     }
 

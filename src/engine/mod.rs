@@ -70,9 +70,6 @@ pub struct Draft {
     pub tokens: Vec<i32>,
     /// The distribution of each token, if the drafter sampled them.
     pub distributions: Option<Vec<Distribution>>,
-    /// Whether it was proposed without running a model (prompt lookup), so
-    /// that its time says nothing of what drafting costs.
-    pub free: bool,
 }
 
 impl Draft {
@@ -129,6 +126,12 @@ pub trait Drafter {
     /// that a sampled generation's text depends on its draft lengths.
     fn samples_drafts(&self) -> bool {
         false
+    }
+    /// Up to `n_draft` tokens copied from the history (prompt lookup) that a
+    /// round drafts instead of running the drafter's model, which costs
+    /// nothing; empty where there are none, or the drafter copies nothing.
+    fn copied(&self, _history: &[i32], _n_draft: usize) -> Vec<i32> {
+        Vec::new()
     }
     /// Whether its state stays right when a round verifies tokens after its
     /// own draft (the grammar's): it is told of its own tokens only.
@@ -397,6 +400,33 @@ impl Engine<'_> {
         let Some(n_draft) = self.round_n_draft(at, max_commit) else {
             return Ok(None);
         };
+        let copied = self.drafter.copied(at.history, n_draft);
+        let (chosen, draft, shadow) = if copied.is_empty() {
+            self.drafters_own(at, n_draft)?
+        } else {
+            let (chosen, draft) = self.copied_draft(copied, n_draft);
+            (chosen, draft, None)
+        };
+        let (draft, own) = self.with_grammar_draft(at, draft, max_commit);
+        Ok(Some(Plan {
+            n_past: at.n_past,
+            id_last: at.history.last().copied().unwrap_or_default(),
+            n_draft,
+            chosen,
+            draft,
+            own,
+            shadow,
+        }))
+    }
+
+    /// The drafter's own draft for a round that allows `n_draft` tokens: its
+    /// chosen length, the draft, and in a round kept plain a free drafter's
+    /// first proposal.
+    fn drafters_own(
+        &mut self,
+        at: &Cursor<'_>,
+        n_draft: usize,
+    ) -> Result<(usize, Draft, Option<i32>)> {
         let request = DraftRequest {
             history: at.history,
             n_past: at.n_past,
@@ -407,16 +437,26 @@ impl Engine<'_> {
             _ => self.timed_proposal(request)?,
         };
         let shadow = self.shadow_proposal(&request, n_draft)?;
-        let (draft, own) = self.with_grammar_draft(at, draft, max_commit);
-        Ok(Some(Plan {
-            n_past: at.n_past,
-            id_last: request.id_last(),
-            n_draft,
-            chosen: request.n_draft,
-            draft,
-            own,
-            shadow,
-        }))
+        Ok((request.n_draft, draft, shadow))
+    }
+
+    /// A draft copied from the history (free) and its length: as many of its
+    /// tokens as the adaptive policy drafts when drafting costs only the
+    /// verification (all without a policy). A round that keeps plain
+    /// compares nothing: a copy's first token is no evidence of what the
+    /// drafter's model would draft, whose first probe must wait until it
+    /// could pay for the model's catch-up on the prompt.
+    fn copied_draft(&self, copied: Vec<i32>, n_draft: usize) -> (usize, Draft) {
+        let chosen = self
+            .policy
+            .as_deref()
+            .map_or(n_draft, |policy| policy.choose_free(n_draft))
+            .min(copied.len());
+        let draft = Draft {
+            tokens: copied,
+            distributions: None,
+        };
+        (chosen, draft.truncated(chosen))
     }
 
     /// The second half of a round: judge the plan's rows, decoded at output
@@ -486,8 +526,8 @@ impl Engine<'_> {
             .as_deref_mut()
             .filter(|p| p.follows_timings(free))
         {
-            // A free draft, or one that stopped before its first token, priced nothing.
-            if !draft.free && steady && !draft.tokens.is_empty() {
+            // A drafter that stopped before its first token priced nothing.
+            if !self.drafter.proposes_freely() && steady && !draft.tokens.is_empty() {
                 policy.observe_draft_cost(draft.tokens.len(), micros);
             }
         }

@@ -545,6 +545,15 @@ impl AdaptiveState {
         }
     }
 
+    /// How many tokens of a draft that costs nothing to propose (copied
+    /// from the history beside a draft model) to verify, at most `n_draft`:
+    /// the length that pays best at the acceptance seen, priced by its
+    /// verification alone.
+    pub fn choose_free(&self, n_draft: usize) -> usize {
+        let most = n_draft.min(self.cost_us.len() - 1);
+        best_draft_length(self.acceptance(), most, |rows| self.cost(rows))
+    }
+
     /// Whether this would be a draft model's first probe (no evidence yet in
     /// either situation) and no draft of up to `most` tokens would pay even
     /// at [`PROBE_ACCEPTANCE`]: the first probe makes it catch up on the

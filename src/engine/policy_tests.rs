@@ -417,3 +417,18 @@ fn a_target_sure_from_the_start_brings_a_draft_models_first_probe_forward() {
     assert!(sure.sure >= SURE_TO_PROBE_EARLY && fresh.sure < SURE_TO_PROBE_EARLY);
     assert_eq!(sure.choose(8, Probe::OneToken), 0);
 }
+
+#[test]
+fn a_copied_draft_is_priced_by_its_verification_alone() {
+    // At the prior's acceptance a draft model's tokens do not pay here; copied ones, which cost no decode, do.
+    let state = draft_model_state();
+    assert_eq!(state.choose(8, Probe::OneToken), 0);
+    let free = state.choose_free(8);
+    assert!(free > 0, "{free}");
+    assert_eq!(
+        free,
+        best_draft_length(state.acceptance(), 8, |rows| state.cost(rows))
+    );
+    // Never beyond the curve.
+    assert!(state.choose_free(100) <= 8);
+}
