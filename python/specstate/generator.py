@@ -29,9 +29,10 @@ What each mode guarantees:
   draft kept while it matches, so a seeded reply is ``none`` mode's, token for
   token, whatever the drafts. ``draft`` mode verifies by speculative
   rejection sampling against the draft model's distribution (more drafts
-  accepted; a copied draft is verified as ``ngram`` mode's): committed tokens follow the target's sampling distribution
-  exactly, but the samples differ from ``none`` mode's (the RNG is consumed
-  differently). Every mode is reproducible from its seed.
+  accepted; a copied draft is verified as ``ngram`` mode's): committed
+  tokens follow the target's sampling distribution exactly, but the samples
+  differ from ``none`` mode's (the RNG is consumed differently). Every mode
+  is reproducible from its seed.
 * Every mode: a checkpoint taken between rounds resumes bit for bit -- the
   continuation equals the uninterrupted run token for token, in any process
   that has the same model files, at any thread count. The RNG state is part

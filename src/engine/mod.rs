@@ -57,8 +57,13 @@ pub struct DraftRequest<'a> {
 impl DraftRequest<'_> {
     /// The last committed token.
     pub fn id_last(&self) -> i32 {
-        self.history.last().copied().unwrap_or_default()
+        last_committed(self.history)
     }
+}
+
+/// The last token of `history`, the committed one a round decodes first.
+fn last_committed(history: &[i32]) -> i32 {
+    history.last().copied().unwrap_or_default()
 }
 
 /// A proposal: tokens and, for rejection sampling, the distributions they
@@ -410,7 +415,7 @@ impl Engine<'_> {
         let (draft, own) = self.with_grammar_draft(at, draft, max_commit);
         Ok(Some(Plan {
             n_past: at.n_past,
-            id_last: at.history.last().copied().unwrap_or_default(),
+            id_last: last_committed(at.history),
             n_draft,
             chosen,
             draft,
