@@ -38,7 +38,7 @@ pub use policy::{AdaptiveState, Probe};
 
 use policy::Evidence;
 
-use crate::native::{Batch, Context, Grammar, NativeError};
+use crate::native::{Batch, Context};
 use crate::sampling::{Distribution, Sampler, TokenLogprobs};
 use crate::{Error, Result};
 
@@ -603,92 +603,6 @@ impl Engine<'_> {
     /// choices, or drafts that carry no distributions to sample against.
     fn lengths_leave_text_alone(&self) -> bool {
         self.sampler.is_greedy() || !self.drafter.samples_drafts()
-    }
-
-    /// `own`, the drafter's draft, followed by the tokens the grammar forces
-    /// after it ([`grammar_drafts`]), and how many of the draft's first
-    /// tokens are the drafter's. A drafter's token the grammar forbids ends
-    /// the draft (the target would reject it); a draft whose first token is
-    /// not the one the grammar forces is replaced by the grammar's. Nothing
-    /// is added without a grammar, under a drafter that must not verify other
-    /// tokens, or when the drafter sampled its draft from the generation's
-    /// RNG (drafting more would move its later draws, and so the reply); nor
-    /// when probing the grammar fails (verification reports that error if
-    /// the reply reaches it).
-    fn with_grammar_draft(&self, at: &Cursor<'_>, own: Draft, max_commit: usize) -> (Draft, usize) {
-        let n_own = own.tokens.len();
-        let Some(grammar) = self.sampler.grammar().filter(|_| self.grammar_drafts > 0) else {
-            return (own, n_own);
-        };
-        let limit = self.grammar_room(at, max_commit);
-        let moves_text = !self.lengths_leave_text_alone();
-        if limit == 0 || moves_text || !self.drafter.follows_foreign_drafts() {
-            return (own, n_own);
-        }
-        match self.grammar_draft(grammar, at.history, &own.tokens, limit) {
-            Ok((kept, forced)) => {
-                let mut draft = own.truncated(kept);
-                if let Some(dists) = draft.distributions.as_mut() {
-                    dists.extend(forced.iter().map(|&token| vec![(token, 1.0)]));
-                }
-                draft.tokens.extend(forced);
-                (draft, kept)
-            }
-            Err(_) => (own, n_own),
-        }
-    }
-
-    /// How many of the drafter's `own` tokens to keep (those the grammar
-    /// allows in turn; none when the grammar forces another first token) and
-    /// the tokens the grammar forces after them, in all at most `limit`
-    /// beyond the kept ones.
-    fn grammar_draft(
-        &self,
-        grammar: &Grammar,
-        history: &[i32],
-        own: &[i32],
-        limit: usize,
-    ) -> std::result::Result<(usize, Vec<i32>), NativeError> {
-        let model = self.target.model();
-        let forced = grammar_drafts::forced_tokens(model, grammar, history, limit)?;
-        if own.is_empty() || (!forced.is_empty() && own.first() != forced.first()) {
-            return Ok((0, forced));
-        }
-        let mut state = grammar.clone();
-        let mut kept = 0;
-        for &token in own {
-            if !state.try_accept(token)? {
-                return Ok((kept, Vec::new()));
-            }
-            kept += 1;
-        }
-        let room = limit.saturating_sub(kept);
-        let lookback = history
-            .len()
-            .saturating_sub(grammar_drafts::LOOKBACK_TOKENS);
-        let after = [&history[lookback..], own].concat();
-        let forced = grammar_drafts::forced_tokens(model, &state, &after, room)?;
-        Ok((kept, forced))
-    }
-
-    /// Most tokens this round may draft from the grammar: its
-    /// `grammar_drafts`, within the context, the batch and `max_commit`, and
-    /// on a recurrent or hybrid target within the recurrent-state snapshots
-    /// it keeps to roll back (none in `none` mode).
-    fn grammar_room(&self, at: &Cursor<'_>, max_commit: usize) -> usize {
-        let room = (self.target.n_ctx_seq() as usize).saturating_sub(at.n_past + 1);
-        let rows = self.batch.capacity().saturating_sub(1);
-        let capacity = self.target.capacity();
-        let snapshots = if capacity.recurrent_or_hybrid {
-            capacity.recurrent_slots as usize
-        } else {
-            usize::MAX
-        };
-        self.grammar_drafts
-            .min(room.saturating_sub(1))
-            .min(rows)
-            .min(max_commit.saturating_sub(1))
-            .min(snapshots)
     }
 
     /// Move the live cost curve's entry for a verify batch of `rows` rows toward its time.
