@@ -248,7 +248,7 @@ fn indentation(text: &[u8]) -> &[u8] {
 /// How a round adds the grammar's tokens to its draft.
 impl Engine<'_> {
     /// `own`, the drafter's draft, followed by the tokens the grammar forces
-    /// after it (this module), and how many of the draft's first
+    /// after it ([`forced_tokens`]), and how many of the draft's first
     /// tokens are the drafter's. A drafter's token the grammar forbids ends
     /// the draft (the target would reject it); a draft whose first token is
     /// not the one the grammar forces is replaced by the grammar's. Nothing
