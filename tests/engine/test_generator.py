@@ -85,9 +85,7 @@ def test_speculation_on_smollm2_matches_plain_greedy(smollm2: Model, smollm2_dra
     assert speculative.rounds < 127
 
 
-def test_draft_mode_copies_a_repeated_passage_without_the_draft_model(
-    smollm2: Model, smollm2_draft_path: Path
-) -> None:
+def test_draft_mode_copies_a_repeated_passage_without_the_draft_model(smollm2: Model, smollm2_draft_path: Path) -> None:
     """Where the history's end repeats an earlier passage (8 tokens agreeing), draft mode drafts what followed it by
     prompt lookup: the round runs no draft model decode, and the reply is still plain greedy decoding's."""
     functions = smollm2.tokenize(REPEATING, add_special=False)
