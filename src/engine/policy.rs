@@ -509,12 +509,13 @@ impl AdaptiveState {
     /// The draft length in `0..=most` that pays best, a draft of `k` tokens
     /// costing its verification and `k` draft-model decodes.
     fn best_length(&self, most: usize) -> usize {
-        self.length_at(self.acceptance(), most)
+        self.length_at(self.acceptance(), most, self.draft_us)
     }
 
-    /// The draft length in `0..=most` that pays best at acceptance `alpha`.
-    fn length_at(&self, alpha: f64, most: usize) -> usize {
-        let draft = f64::from(self.draft_us);
+    /// The draft length in `0..=most` that pays best at acceptance `alpha`,
+    /// each drafted token costing `draft_us` besides the verification.
+    fn length_at(&self, alpha: f64, most: usize, draft_us: u32) -> usize {
+        let draft = f64::from(draft_us);
         best_draft_length(alpha, most, |rows| {
             self.cost(rows) + draft * (rows - 1) as f64
         })
@@ -545,13 +546,11 @@ impl AdaptiveState {
         }
     }
 
-    /// How many tokens of a draft that costs nothing to propose (copied
-    /// from the history beside a draft model) to verify, at most `n_draft`:
-    /// the length that pays best at the acceptance seen, priced by its
-    /// verification alone.
+    /// How many tokens of a draft that costs nothing to propose (copied from
+    /// the history) to verify, at most `n_draft`: priced by verification alone.
     pub fn choose_free(&self, n_draft: usize) -> usize {
         let most = n_draft.min(self.cost_us.len() - 1);
-        best_draft_length(self.acceptance(), most, |rows| self.cost(rows))
+        self.length_at(self.acceptance(), most, 0)
     }
 
     /// Whether this would be a draft model's first probe (no evidence yet in
@@ -560,7 +559,7 @@ impl AdaptiveState {
     /// whole prompt, which only drafts that pay at high acceptance repay.
     /// Once that is paid, later probes come as for any drafter.
     fn first_probe_cannot_pay(&self, most: usize) -> bool {
-        self.nothing_seen() && self.length_at(PROBE_ACCEPTANCE, most) == 0
+        self.nothing_seen() && self.length_at(PROBE_ACCEPTANCE, most, self.draft_us) == 0
     }
 
     /// Whether a draft model's first probe may come before the pause: no

@@ -353,7 +353,7 @@ fn a_draft_model_that_would_not_pay_at_high_acceptance_is_not_probed_first() {
     state.draft_estimated = true;
     state.observe_draft_cost(1, 7_000);
     assert!(!state.draft_estimated && state.draft_us == 7_000);
-    assert_eq!(state.length_at(PROBE_ACCEPTANCE, 8), 0);
+    assert_eq!(state.length_at(PROBE_ACCEPTANCE, 8, state.draft_us), 0);
     assert_eq!(state.choose(8, Probe::WhileSure), 0);
     // A one-token probe (an MTP or EAGLE-3 session) still comes.
     assert_eq!(state.choose(8, Probe::OneToken), 1);
