@@ -483,7 +483,7 @@ impl PyGenerator {
         self.check_thread()?;
         let generator = &mut *self.inner.lock_waiting(py);
         let capture = checkpoint::capture(generator)?;
-        PyBytes::new_with(py, capture.encoded_len(), |out| {
+        super::buffers::filled_bytes(py, capture.encoded_len(), |out| {
             Ok(capture.encode_into(generator, out)?)
         })
     }

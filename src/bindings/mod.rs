@@ -2,6 +2,7 @@
 
 mod arguments;
 mod batch_engine;
+mod buffers;
 mod chat;
 mod context;
 mod corpus;

@@ -529,7 +529,7 @@ impl Context {
 
     /// The exact state of one sequence (its KV cells and recurrent state, no logits).
     pub fn seq_state(&mut self, seq_id: i32) -> NativeResult<Vec<u8>> {
-        let mut state = vec![0_u8; self.seq_state_size(seq_id)?];
+        let mut state = super::zeroed_buffer(self.seq_state_size(seq_id)?);
         self.seq_state_into(seq_id, &mut state)?;
         Ok(state)
     }

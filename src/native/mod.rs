@@ -16,6 +16,7 @@ mod embedding;
 mod grammar;
 pub mod info;
 mod model;
+mod pages;
 mod pool;
 mod seq_state;
 mod session;
@@ -34,6 +35,7 @@ pub use embedding::{
 };
 pub use grammar::{json_schema_to_grammar, Grammar};
 pub use model::Model;
+pub use pages::{advise_huge_pages, zeroed_buffer};
 pub use session::{OtherContexts, SessionConfig, SessionHandle, SpecType, StateStatus};
 pub use threads::default_threads;
 
