@@ -282,10 +282,12 @@ bench-serve: develop
 	$(BIN)/python benchmarks/serve_load.py $(MODEL_OPTIONS)
 
 # Perplexity and KL divergence of specstate's exact decoding (chunks of 16 rows) against upstream llama.cpp's
-# (llama-cpp-python from the benchmark venv) at n_batch 512 and 1, on one fixed text; MODEL= as for `make bench`.
-# Not part of `make bench`: four decodes of the text with every row's logits, one token at a time among them.
+# (llama-cpp-python from the benchmark venv) at n_batch 512 and 1, on one fixed text; then llama-perplexity
+# --kl-divergence of the crate's llama.cpp patched against the same unpatched; MODEL= as for `make bench`.
+# Not part of `make bench`: decodes of the text with every row's logits, one token at a time among them.
 bench-quality: develop
 	$(BIN)/python benchmarks/quality.py $(if $(MODEL),--model $(MODEL))
+	$(BIN)/python benchmarks/perplexity_kl.py $(if $(MODEL),--model $(MODEL))
 	$(BIN)/python benchmarks/report.py
 
 # The batched engine against the same requests served one by one (1, 4, 8 at once), and replies identical to solo.

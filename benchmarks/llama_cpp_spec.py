@@ -115,37 +115,46 @@ def configure_command(source: Path, build: Path, kernels: str = "x86-64-v3") -> 
     ]
 
 
-def llama_bench(kernels: str = "x86-64-v3") -> Path:
-    """llama.cpp's llama-bench, built with cmake from the pinned crate's source (once per kernel build)."""
-    build = build_dir("llama-bench", kernels)
-    binary = build / "bin" / "llama-bench"
-    if binary.exists():
+#: The CMake options of every tool built from a whole llama.cpp tree here: the library and its tools, nothing that
+#: needs the network, static (each binary carries its own llama.cpp).
+TOOL_OPTIONS = [
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+]
+
+
+def llama_cpp_tool(
+    target: str,
+    source: Path,
+    build: Path,
+    kernels: str = "x86-64-v3",
+    options: tuple[str, ...] = (),
+    refresh: bool = False,
+) -> Path:
+    """llama.cpp's tool `target` (``llama-bench``, ``llama-perplexity``), built with cmake from the tree at `source`
+    into `build`: once, or with `refresh` configured again and rebuilt where its sources changed (the first build
+    takes several minutes on 2 cores, a second tool of the same build seconds)."""
+    binary = build / "bin" / target
+    if binary.exists() and not refresh:
         return binary
-    print("[bench] building llama-bench with cmake (several minutes on 2 cores)", file=sys.stderr, flush=True)
-    subprocess.run(
-        [
-            "cmake",
-            "-S",
-            str(llama_cpp_source()),
-            "-B",
-            str(build),
-            "-G",
-            "Ninja",
-            "-DCMAKE_BUILD_TYPE=Release",
-            *KERNEL_BUILDS[kernels],
-            "-DLLAMA_CURL=OFF",
-            "-DLLAMA_OPENSSL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_SERVER=OFF",
-            "-DLLAMA_BUILD_APP=OFF",
-            "-DLLAMA_BUILD_TOOLS=ON",
-            "-DBUILD_SHARED_LIBS=OFF",
-        ],
-        check=True,
-    )
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", "2"], check=True)
+    print(f"[bench] building {target} with cmake", file=sys.stderr, flush=True)
+    if refresh or not (build / "build.ninja").exists():
+        configure = [build_tool("cmake"), "-S", str(source), "-B", str(build), "-G", "Ninja"]
+        configure += [f"-DCMAKE_MAKE_PROGRAM={build_tool('ninja')}", "-DCMAKE_BUILD_TYPE=Release"]
+        subprocess.run([*configure, *KERNEL_BUILDS[kernels], *TOOL_OPTIONS, *options], check=True)
+    subprocess.run([build_tool("cmake"), "--build", str(build), "--target", target, "-j", "2"], check=True)
     return binary
+
+
+def llama_bench(kernels: str = "x86-64-v3") -> Path:
+    """llama.cpp's llama-bench, built with cmake from the pinned crate's source, unpatched (once per kernel build)."""
+    return llama_cpp_tool("llama-bench", llama_cpp_source(), build_dir("llama-bench", kernels), kernels)
 
 
 #: llama-cpp-python's sdist (the version the benchmarks measure), whose ``vendor/llama.cpp`` is llama.cpp's whole

@@ -25,6 +25,8 @@ from typing import Any
 from bench_models import title
 from busy import busy_fields
 from grammar_drafts import grammar_fields
+from perplexity_kl import kl_fields
+from perplexity_kl import load_all as load_kl
 from quality import load_all as load_quality
 from quality import quality_fields
 from real_models import RESULTS as REAL_MODELS
@@ -554,11 +556,12 @@ def _runs_fields(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_results(directory: Path = RESULTS) -> dict[str, Any]:
-    """The results files the page reads, by name, every model's quality.json (``quality``: a list), the other
-    models' serve.json (``serve_others``: a list), and the real-model section's (``real_models``: the pair's
-    latest run, None before the first, and its recorded runs)."""
+    """The results files the page reads, by name, every model's quality.json and perplexity_kl.json
+    (``quality``, ``perplexity_kl``: lists), the other models' serve.json (``serve_others``: a list), and the
+    real-model section's (``real_models``: the pair's latest run, None before the first, and its recorded runs)."""
     results = {name: json.loads((directory / f"{name}.json").read_text()) for name in PAGE_RESULTS}
     results["quality"] = load_quality(directory)
+    results["perplexity_kl"] = load_kl(directory)
     results["serve_others"] = load_other_serve_runs(directory)
     results["real_models"] = load_real_models(directory / REAL_MODELS.relative_to(RESULTS))
     return results
@@ -578,6 +581,7 @@ def page(results: dict[str, Any], template: Path = TEMPLATE) -> str:
         **busy_fields(results["busy"]),
         **serve_fields(results["serve"], results["serve_others"]),
         **quality_fields(results["quality"]),
+        **kl_fields(results["perplexity_kl"]),
         **real_models_fields(real_latest, real_runs, RUNS_SHOWN),
     }
     return Template(template.read_text()).substitute({name: str(value) for name, value in fields.items()})

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from specstate import Model
 from specstate.bench import (
     checkpoint_figures,
@@ -356,6 +358,78 @@ def test_quality_figures_from_small_logits(tmp_path: Path) -> None:
     assert verdict.startswith("The exact path stays within upstream's own batch-size variation on 1 of 1 models;")
     assert "is at most that of specstate n_batch 512 (" in verdict and verdict.endswith("single decode on 1 of 1")
     assert quality_fields([])["quality_setup"] == "not measured yet"
+
+
+#: The lines of llama-perplexity's output that benchmarks/perplexity_kl.py reads (a KL run's, as printed).
+KL_OUTPUT = """
+====== Perplexity statistics ======
+Mean PPL(Q)                   :  46.062947 ±   3.353190
+Mean PPL(base)                :  45.838379 ±   3.310341
+====== KL divergence statistics ======
+Mean    KLD:   0.003933 ±   0.000076
+Maximum KLD:   0.054385
+99.9%   KLD:   0.023861
+99.0%   KLD:   0.014466
+Same top p: 95.784 ± 0.444 %
+"""
+
+
+def test_perplexity_kl_figures_verdicts_and_tables() -> None:
+    """benchmarks/perplexity_kl.py: llama-perplexity's figures read with their standard errors (a missing one
+    refused), the exact path within upstream's variation by each criterion against the larger of upstream's two
+    small-batch runs, and the tables and the page's fields from them."""
+    from perplexity_kl import (
+        EXACT,
+        FIGURES,
+        FINAL,
+        REFERENCE,
+        SAME_BUILD,
+        UPSTREAM_SMALL,
+        kl_fields,
+        parse,
+        tables,
+        verdict,
+        within,
+    )
+
+    figures = parse(KL_OUTPUT, FIGURES)
+    assert figures == {
+        "perplexity": 46.062947,
+        "perplexity_se": 3.35319,
+        "kl_mean": 0.003933,
+        "kl_mean_se": 0.000076,
+        "kl_p99": 0.014466,
+        "kl_max": 0.054385,
+        "same_top": 95.784,
+        "same_top_se": 0.444,
+    }
+    assert parse("Final estimate: PPL = 46.0268 +/- 3.34395", {"perplexity": FINAL}) == {
+        "perplexity": 46.0268,
+        "perplexity_se": 3.34395,
+    }
+    with pytest.raises(ValueError, match="printed no kl_mean"):
+        parse(KL_OUTPUT.replace("Mean    KLD", "KLD"), FIGURES)
+
+    def run(kl: float, ln_ratio: float, same_top: float = 95.0) -> dict[str, float]:
+        figures = {"perplexity": 46.0, "kl_mean": kl, "kl_mean_se": 1e-4, "kl_p99": 0.01, "kl_max": 0.05}
+        return figures | {"same_top": same_top, "ln_ratio": ln_ratio}
+
+    runs = {REFERENCE: {"perplexity": 46.0, "ln_ratio": 0.0}, UPSTREAM_SMALL[0]: run(0.0039, -0.002)}
+    runs |= {UPSTREAM_SMALL[1]: run(0.0040, 0.003), EXACT: run(0.0040, -0.003), SAME_BUILD: run(0.0, 0.0, 100.0)}
+    result = {"model": "m.gguf", "date": "today", "chunks": 8, "threads": 2, "runs": runs}
+    assert within(result) == {"kl_mean": True, "perplexity": True}
+    runs[EXACT] = run(0.0041, 0.0031)
+    assert within(result) == {"kl_mean": False, "perplexity": False}
+    lines = tables([result]).splitlines()
+    assert lines[2] == "| m.gguf | unpatched ub 512 | 46.000 | (reference) | | |  |"
+    assert f"| m.gguf | {EXACT} | 46.000 | 4.10e-03 ± 1.0e-04 | 1.00e-02 | 5.00e-02 | 95.00% |" in lines
+    assert all(line.count("|") == lines[1].count("|") for line in lines)
+    assert verdict([result]).endswith(
+        "on 0 of 1 models (not on m.gguf: mean KL and perplexity); the patched "
+        "build's big batches agree with the reference on every top token on 1 of 1"
+    )
+    assert kl_fields([result])["kl_setup"] == "8 chunks of 512 tokens, 2 threads, today to today"
+    assert kl_fields([])["kl_setup"] == "not measured yet"
 
 
 def test_real_model_goals_runs_and_tables(tmp_path: Path) -> None:
