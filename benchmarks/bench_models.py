@@ -215,6 +215,14 @@ def add_model_options(parser: argparse.ArgumentParser, draft: str | None = None)
         parser.add_argument("--draft-model", help=f"a GGUF path or a known model: {draft}")
 
 
+def add_quality_options(parser: argparse.ArgumentParser, results: str) -> None:
+    """The options of a quality run (``quality.py``, ``perplexity_kl.py``): ``--model``, ``--threads`` (default 2)
+    and ``--json`` (default: `results` in the model's results_dir)."""
+    add_model_options(parser)
+    parser.add_argument("--threads", type=int, default=2, help="default %(default)s")
+    parser.add_argument("--json", type=Path, help=f"default: {results} in bench_models.results_dir")
+
+
 def results_dir(model: str, draft: str | None = None) -> Path:
     """Where a run on `model` (with `draft`, as the options give them) writes: RESULTS for the defaults, else
     ``RESULTS/models/MODEL[+DRAFT]`` (each a name, or a path's file name without ``.gguf``)."""
@@ -272,6 +280,32 @@ def file_type(path: Path) -> str:
         return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
     except ValueError:
         return "as shipped"
+
+
+def record_quality_run(
+    args: argparse.Namespace, text: Path, root: Path, name: str, measure: Callable[[Path], dict[str, Any]]
+) -> tuple[dict[str, Any], Path]:
+    """A quality run (``add_quality_options``' `args`) on the text at `text`: its facts (when, the model file's
+    name, bytes and type, the text's path under `root` and SHA-256, the threads) and `measure`'s figures for the
+    model's path, written as JSON to ``--json`` or to `name` in the model's results_dir; the results and the path."""
+    import json
+    import time
+
+    path = resolve(args.model)
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "model": path.name,
+        "model_bytes": path.stat().st_size,
+        "file_type": file_type(path),
+        "text": str(text.relative_to(root)),
+        "text_sha256": hashlib.sha256(text.read_bytes()).hexdigest(),
+        "threads": args.threads,
+    }
+    results |= measure(path)
+    out = args.json or results_dir(args.model) / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    return results, out
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ Usage: python benchmarks/perplexity_kl.py [--model M] [--chunks 8] [--threads 2]
 from __future__ import annotations
 
 import argparse
-import hashlib
+import functools
 import json
 import math
 import re
@@ -37,11 +37,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_models import RESULTS, add_model_options, file_type, resolve, results_dir, title
+from bench_models import RESULTS, add_quality_options, record_quality_run, title
 from llama_cpp_spec import BENCH_CACHE, ROOT, build_dir, llama_cpp_source, llama_cpp_tool
 
 #: The text every run decodes.
@@ -129,7 +129,7 @@ def measure(model: Path, chunks: int, threads: int) -> dict[str, Any]:
     reference = runs[REFERENCE]["perplexity"]
     for figures in runs.values():
         figures["ln_ratio"] = math.log(figures["perplexity"] / reference)
-    return {"runs": runs}
+    return {"chunks": chunks, "runs": runs}
 
 
 def within(result: Mapping[str, Any]) -> dict[str, bool]:
@@ -171,7 +171,7 @@ def tables(results: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def verdict(results: list[Mapping[str, Any]]) -> str:
+def verdict(results: Sequence[Mapping[str, Any]]) -> str:
     """On how many models the exact path is within upstream's variation (naming the criteria missed elsewhere), and
     on how many the patched build's big batches are the reference's bits."""
     names = {"kl_mean": "mean KL", "perplexity": "perplexity"}
@@ -199,19 +199,11 @@ def kl_fields(results: list[dict[str, Any]]) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(parser)
+    add_quality_options(parser, "perplexity_kl.json")
     parser.add_argument("--chunks", type=int, default=8, help="chunks of the text (default %(default)s)")
-    parser.add_argument("--threads", type=int, default=2, help="default %(default)s")
-    parser.add_argument("--json", type=Path, help="default: perplexity_kl.json in bench_models.results_dir")
     args = parser.parse_args()
-    path = resolve(args.model)
-    text = {"text": str(TEXT.relative_to(ROOT)), "text_sha256": hashlib.sha256(TEXT.read_bytes()).hexdigest()}
-    facts = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": path.name, "model_bytes": path.stat().st_size}
-    results = {**facts, "file_type": file_type(path), "threads": args.threads, "chunks": args.chunks, **text}
-    results |= measure(path, args.chunks, args.threads)
-    out = args.json or results_dir(args.model) / "perplexity_kl.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    record = functools.partial(measure, chunks=args.chunks, threads=args.threads)
+    results, _ = record_quality_run(args, TEXT, ROOT, "perplexity_kl.json", record)
     print(tables([results]))
     print(verdict([results]))
 

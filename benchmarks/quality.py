@@ -32,7 +32,7 @@ Usage: python benchmarks/quality.py [--model M] [--tokens 512] [--threads 2] [--
 from __future__ import annotations
 
 import argparse
-import hashlib
+import functools
 import json
 import subprocess
 import tempfile
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench_models import RESULTS, add_model_options, file_type, resolve, results_dir, title
+from bench_models import RESULTS, add_quality_options, record_quality_run, title
 from peer_venv import peer_python
 from specstate import Context, Model
 from specstate._native import EXACT_PROMPT_ROWS
@@ -323,19 +323,11 @@ def quality_fields(results: list[dict[str, Any]]) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(parser)
+    add_quality_options(parser, "quality.json")
     parser.add_argument("--tokens", type=int, default=512, help="tokens of the text (default %(default)s)")
-    parser.add_argument("--threads", type=int, default=2, help="default %(default)s")
-    parser.add_argument("--json", type=Path, help="default: quality.json in bench_models.results_dir")
     args = parser.parse_args()
-    path = resolve(args.model)
-    text = {"text": str(TEXT.relative_to(ROOT)), "text_sha256": hashlib.sha256(TEXT.read_bytes()).hexdigest()}
-    facts = {"date": time.strftime("%Y-%m-%d %H:%M"), "model": path.name, "model_bytes": path.stat().st_size}
-    results = {**facts, "file_type": file_type(path), "threads": args.threads, **text}
-    results |= measure(path, args.tokens, args.threads)
-    out = args.json or results_dir(args.model) / "quality.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    record = functools.partial(measure, tokens_wanted=args.tokens, threads=args.threads)
+    results, out = record_quality_run(args, TEXT, ROOT, "quality.json", record)
     out.with_suffix(".md").write_text(f"{results['model']}, {args.threads} threads\n\n{tables([results])}\n")
     print(tables([results]))
 

@@ -56,6 +56,9 @@ mod tests {
     fn the_hint_leaves_written_bytes_as_they_were() {
         let mut buffer: Vec<u8> = (0..5 * HUGE_PAGE).map(|i| (i % 251) as u8).collect();
         advise_huge_pages(buffer.as_mut_ptr(), buffer.len());
-        assert!(buffer.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        assert!(buffer
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8));
     }
 }
