@@ -17,8 +17,10 @@ applies ``llama-cpp-sys-4/patches``), so the two differ by specstate's patches a
 - ``patched ub 512``: the patched build's big batches, which keep llama.cpp's kernels: the same bits as the
   reference, which shows that the two builds are the same llama.cpp.
 
-For each run: the perplexity of the text (from its own logits) and, against the reference, llama-perplexity's mean KL
-divergence (with its standard error), 99th percentile and maximum, and the share of rows whose top token agrees.
+For each run: the perplexity of the text (from its own logits), its ratio to the reference's as ``ln(PPL / PPL(ref))``
+with the standard error llama-perplexity gives that ratio (paired, token by token), and, against the reference,
+llama-perplexity's mean KL divergence (with its standard error), 99th percentile and maximum, and the share of rows
+whose top token agrees.
 The exact path is within upstream's variation when its mean KL is no larger than that of the larger of upstream's
 two small-batch runs, and its perplexity no further from the reference's (as ``|ln(PPL / PPL(ref))|``) than theirs.
 
@@ -83,6 +85,7 @@ def patched_perplexity() -> Path:
 #: The figures read from llama-perplexity's output: name, pattern (value, and standard error where it gives one).
 FIGURES = {
     "perplexity": r"Mean PPL\(Q\)\s*:\s*([\d.]+) ±\s*([\d.]+)",
+    "paired_ln_ratio": r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*(-?[\d.]+) ±\s*([\d.]+)",
     "kl_mean": r"Mean\s+KLD:\s*(-?[\d.]+) ±\s*([\d.]+)",
     "kl_p99": r"99\.0%\s+KLD:\s*(-?[\d.]+)",
     "kl_max": r"Maximum KLD:\s*(-?[\d.]+)",
@@ -152,18 +155,20 @@ def load_all(directory: Path = RESULTS) -> list[dict[str, Any]]:
 
 
 def _run_cells(run: Mapping[str, Any]) -> str:
-    """A run's cells: perplexity, mean KL with its standard error, p99 and max KL, top-token agreement."""
+    """A run's cells: perplexity, its ln ratio to the reference's with the standard error of that ratio, mean KL with
+    its standard error, p99 and max KL, top-token agreement."""
     if "kl_mean" not in run:
-        return f"{run['perplexity']:.3f} | (reference) | | | "
+        return f"{run['perplexity']:.3f} | (reference) | | | | "
+    ratio = f"{run['ln_ratio']:+.4f} ± {run['paired_ln_ratio_se']:.4f}"
     kl = f"{run['kl_mean']:.2e} ± {run['kl_mean_se']:.1e} | {run['kl_p99']:.2e} | {run['kl_max']:.2e}"
-    return f"{run['perplexity']:.3f} | {kl} | {run['same_top']:.2f}%"
+    return f"{run['perplexity']:.3f} | {ratio} | {kl} | {run['same_top']:.2f}%"
 
 
 def tables(results: Iterable[Mapping[str, Any]]) -> str:
     """One Markdown table of every model's runs, and a line per model with the verdict of each criterion."""
     lines = [
-        "| model | run | perplexity | mean KL ± s.e. | p99 KL | max KL | same top token |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| model | run | perplexity | ln(PPL / PPL(ref)) ± s.e. | mean KL ± s.e. | p99 KL | max KL | same top token |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for result in results:
         for name, run in result["runs"].items():

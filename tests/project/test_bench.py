@@ -365,6 +365,7 @@ KL_OUTPUT = """
 ====== Perplexity statistics ======
 Mean PPL(Q)                   :  46.062947 ±   3.353190
 Mean PPL(base)                :  45.838379 ±   3.310341
+Mean ln(PPL(Q)/PPL(base))     :   0.004887 ±   0.003376
 ====== KL divergence statistics ======
 Mean    KLD:   0.003933 ±   0.000076
 Maximum KLD:   0.054385
@@ -396,6 +397,8 @@ def test_perplexity_kl_figures_verdicts_and_tables() -> None:
     assert figures == {
         "perplexity": 46.062947,
         "perplexity_se": 3.35319,
+        "paired_ln_ratio": 0.004887,
+        "paired_ln_ratio_se": 0.003376,
         "kl_mean": 0.003933,
         "kl_mean_se": 0.000076,
         "kl_p99": 0.014466,
@@ -412,7 +415,7 @@ def test_perplexity_kl_figures_verdicts_and_tables() -> None:
 
     def run(kl: float, ln_ratio: float, same_top: float = 95.0) -> dict[str, float]:
         figures = {"perplexity": 46.0, "kl_mean": kl, "kl_mean_se": 1e-4, "kl_p99": 0.01, "kl_max": 0.05}
-        return figures | {"same_top": same_top, "ln_ratio": ln_ratio}
+        return figures | {"same_top": same_top, "ln_ratio": ln_ratio, "paired_ln_ratio_se": 0.0034}
 
     runs = {REFERENCE: {"perplexity": 46.0, "ln_ratio": 0.0}, UPSTREAM_SMALL[0]: run(0.0039, -0.002)}
     runs |= {UPSTREAM_SMALL[1]: run(0.0040, 0.003), EXACT: run(0.0040, -0.003), SAME_BUILD: run(0.0, 0.0, 100.0)}
@@ -421,8 +424,9 @@ def test_perplexity_kl_figures_verdicts_and_tables() -> None:
     runs[EXACT] = run(0.0041, 0.0031)
     assert within(result) == {"kl_mean": False, "perplexity": False}
     lines = tables([result]).splitlines()
-    assert lines[2] == "| m.gguf | unpatched ub 512 | 46.000 | (reference) | | |  |"
-    assert f"| m.gguf | {EXACT} | 46.000 | 4.10e-03 ± 1.0e-04 | 1.00e-02 | 5.00e-02 | 95.00% |" in lines
+    assert lines[2] == "| m.gguf | unpatched ub 512 | 46.000 | (reference) | | | |  |"
+    exact = f"| m.gguf | {EXACT} | 46.000 | +0.0031 ± 0.0034 | 4.10e-03 ± 1.0e-04 | 1.00e-02 | 5.00e-02 | 95.00% |"
+    assert exact in lines
     assert all(line.count("|") == lines[1].count("|") for line in lines)
     assert verdict([result]).endswith(
         "on 0 of 1 models (not on m.gguf: mean KL and perplexity); the patched "
