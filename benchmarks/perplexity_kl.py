@@ -159,8 +159,7 @@ def _run_cells(run: Mapping[str, Any]) -> str:
     its standard error, p99 and max KL, top-token agreement."""
     if "kl_mean" not in run:
         return f"{run['perplexity']:.3f} | (reference) | | | | "
-    se = run.get("paired_ln_ratio_se")  # absent from runs recorded before it was read
-    ratio = f"{run['ln_ratio']:+.4f}" + ("" if se is None else f" ± {se:.4f}")
+    ratio = f"{run['ln_ratio']:+.4f} ± {run['paired_ln_ratio_se']:.4f}"
     kl = f"{run['kl_mean']:.2e} ± {run['kl_mean_se']:.1e} | {run['kl_p99']:.2e} | {run['kl_max']:.2e}"
     return f"{run['perplexity']:.3f} | {ratio} | {kl} | {run['same_top']:.2f}%"
 
