@@ -282,8 +282,8 @@ bench-serve: develop
 	$(BIN)/python benchmarks/serve_load.py $(MODEL_OPTIONS)
 
 # Perplexity and KL divergence of specstate's exact decoding (chunks of 16 rows) against upstream llama.cpp's
-# (llama-cpp-python from the benchmark venv) at n_batch 512 and 1, on one fixed text; then llama-perplexity
-# --kl-divergence of the crate's llama.cpp patched against the same unpatched; MODEL= as for `make bench`.
+# (llama-cpp-python from the benchmark venv) at n_batch 512 and 1, on one fixed text; then llama-perplexity's
+# log-probabilities of the crate's llama.cpp patched against the same unpatched; MODEL= as for `make bench`.
 # Not part of `make bench`: decodes of the text with every row's logits, one token at a time among them.
 bench-quality: develop
 	$(BIN)/python benchmarks/quality.py $(if $(MODEL),--model $(MODEL))

@@ -361,27 +361,81 @@ def test_quality_figures_from_small_logits(tmp_path: Path) -> None:
 
 
 #: The lines of llama-perplexity's output that benchmarks/perplexity_kl.py reads (a KL run's, as printed).
-KL_OUTPUT = """
-====== Perplexity statistics ======
-Mean PPL(Q)                   :  46.062947 ±   3.353190
-Mean PPL(base)                :  45.838379 ±   3.310341
-Mean ln(PPL(Q)/PPL(base))     :   0.004887 ±   0.003376
-====== KL divergence statistics ======
-Mean    KLD:   0.003933 ±   0.000076
-Maximum KLD:   0.054385
-99.9%   KLD:   0.023861
-99.0%   KLD:   0.014466
-Same top p: 95.784 ± 0.444 %
-"""
+def write_log_probs(path: Path, context: int, tokens: Any, log_probs: Any) -> None:
+    """A file as llama-perplexity's ``--kl-divergence-base`` writes it: `log_probs` (rows x vocabulary) quantized
+    its way, for the text `tokens` (chunks x `context`)."""
+    import numpy as np
+
+    chunks, vocab = tokens.shape[0], log_probs.shape[1]
+    width = 2 * ((vocab + 1) // 2) + 4
+    rows = np.zeros((len(log_probs), width), dtype=np.uint16)
+    for row, values in zip(rows, log_probs, strict=True):
+        top, bottom = values.max(), max(values.min(), values.max() - 16)
+        scale = np.float32((top - bottom) / 65535)
+        row[:4] = np.array([scale, bottom], dtype=np.float32).view(np.uint16)
+        row[4 : 4 + vocab] = np.where(values > bottom, np.rint((values - bottom) / scale), 0)
+    header = np.array([context, vocab, chunks], dtype=np.int32).tobytes()
+    path.write_bytes(b"_logits_" + header + tokens.astype(np.int32).tobytes() + rows.tobytes())
 
 
-def test_perplexity_kl_figures_verdicts_and_tables() -> None:
-    """benchmarks/perplexity_kl.py: llama-perplexity's figures read with their standard errors (a missing one
-    refused), the exact path within upstream's variation by each criterion against the larger of upstream's two
-    small-batch runs, and the tables and the page's fields from them."""
+def test_perplexity_kl_reads_llama_perplexity_files_and_compares_runs(tmp_path: Path) -> None:
+    """benchmarks/perplexity_kl.py: llama-perplexity's log-probability files read back within their rounding (a
+    wrong header or size refused), and each run's figures against the reference row by row: perplexity's paired
+    error, KL (none for the reference's own rows), top tokens, and the exact path's paired differences."""
+    import numpy as np
+
+    from perplexity_kl import EXACT, REFERENCE, UPSTREAM_SMALL, compare, read_log_probs
+
+    context, chunks, vocab = 8, 3, 7
+    scored = context - 1 - context // 2
+    random = np.random.default_rng(5)
+    tokens = random.integers(0, vocab, size=(chunks, context))
+
+    def log_softmax(logits: Any) -> Any:
+        return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+    base = log_softmax(random.normal(size=(chunks * scored, vocab)) * 3)
+    shifted = {name: log_softmax(base + random.normal(size=base.shape) * 0.1) for name in UPSTREAM_SMALL}
+    runs = {name: tmp_path / f"{index}.kld" for index, name in enumerate([REFERENCE, EXACT, *UPSTREAM_SMALL])}
+    for name, path in runs.items():
+        write_log_probs(path, context, tokens, {REFERENCE: base, EXACT: base, **shifted}[name])
+    reference = read_log_probs(runs[REFERENCE])
+    assert np.array_equal(reference.next_tokens, tokens[:, context // 2 + 1 : context].reshape(-1))
+    assert np.allclose(reference.block(0, len(base)), base, atol=16 / 65535)
+    figures = compare(reference, {name: read_log_probs(path) for name, path in runs.items() if name != REFERENCE})
+    assert figures[EXACT]["kl_mean"] == 0.0 and figures[EXACT]["same_top"] == 100.0
+    assert figures[EXACT]["paired_ln_ratio_se"] == 0.0
+    ub1 = figures[UPSTREAM_SMALL[0]]
+    rows = np.arange(len(base))
+    expected_kl = (np.exp(base) * (base - shifted[UPSTREAM_SMALL[0]])).sum(axis=1)
+    assert ub1["kl_mean"] == pytest.approx(expected_kl.mean(), rel=1e-2)
+    assert ub1["kl_max"] == pytest.approx(expected_kl.max(), rel=1e-2)
+    nll = -shifted[UPSTREAM_SMALL[0]][rows, reference.next_tokens] + base[rows, reference.next_tokens]
+    paired = figures[EXACT]["paired"][UPSTREAM_SMALL[0]]
+    assert paired["kl_mean"] == pytest.approx(-ub1["kl_mean"])
+    assert paired["nll_mean"] == pytest.approx(-nll.mean(), abs=1e-3)
+    assert paired["nll_mean_se"] == pytest.approx(nll.std(ddof=1) / np.sqrt(len(nll)), rel=1e-2)
+    assert ub1["same_top"] == 100.0 * np.mean(np.argmax(shifted[UPSTREAM_SMALL[0]], 1) == np.argmax(base, 1))
+
+    bad = tmp_path / "bad.kld"
+    bad.write_bytes(runs[REFERENCE].read_bytes()[:-2])
+    with pytest.raises(ValueError, match="its size is not that of 3 chunks of 8 rows of 7 tokens"):
+        read_log_probs(bad)
+    bad.write_bytes(b"_logitz_" + runs[REFERENCE].read_bytes()[8:])
+    with pytest.raises(ValueError, match="not a llama-perplexity log-probability file"):
+        read_log_probs(bad)
+    other_text = tmp_path / "other.kld"
+    write_log_probs(other_text, context, (tokens + 1) % vocab, base)
+    with pytest.raises(ValueError, match="different texts"):
+        compare(reference, {EXACT: read_log_probs(other_text)})
+
+
+def test_perplexity_kl_verdicts_and_tables() -> None:
+    """benchmarks/perplexity_kl.py: llama-perplexity's estimate read (a missing one refused), the exact path within
+    upstream's variation by each criterion against the larger of upstream's two small-batch runs, up to two standard
+    errors of the paired difference, and the tables and the page's fields from them."""
     from perplexity_kl import (
         EXACT,
-        FIGURES,
         FINAL,
         REFERENCE,
         SAME_BUILD,
@@ -393,44 +447,45 @@ def test_perplexity_kl_figures_verdicts_and_tables() -> None:
         within,
     )
 
-    figures = parse(KL_OUTPUT, FIGURES)
-    assert figures == {
-        "perplexity": 46.062947,
-        "perplexity_se": 3.35319,
-        "paired_ln_ratio": 0.004887,
-        "paired_ln_ratio_se": 0.003376,
-        "kl_mean": 0.003933,
-        "kl_mean_se": 0.000076,
-        "kl_p99": 0.014466,
-        "kl_max": 0.054385,
-        "same_top": 95.784,
-        "same_top_se": 0.444,
-    }
     assert parse("Final estimate: PPL = 46.0268 +/- 3.34395", {"perplexity": FINAL}) == {
         "perplexity": 46.0268,
         "perplexity_se": 3.34395,
     }
-    with pytest.raises(ValueError, match="printed no kl_mean"):
-        parse(KL_OUTPUT.replace("Mean    KLD", "KLD"), FIGURES)
+    with pytest.raises(ValueError, match="printed no perplexity"):
+        parse("Final: PPL = 46.0268", {"perplexity": FINAL})
 
-    def run(kl: float, ln_ratio: float, same_top: float = 95.0) -> dict[str, float]:
+    def run(kl: float, ln_ratio: float, same_top: float = 95.0) -> dict[str, Any]:
         figures = {"perplexity": 46.0, "kl_mean": kl, "kl_mean_se": 1e-4, "kl_p99": 0.01, "kl_max": 0.05}
         return figures | {"same_top": same_top, "ln_ratio": ln_ratio, "paired_ln_ratio_se": 0.0034}
 
+    def exact(kl: float, ln_ratio: float, kl_se: float, nll_se: float) -> dict[str, Any]:
+        paired = {"kl_mean": kl - 0.0040, "kl_mean_se": kl_se, "nll_mean": ln_ratio - 0.003, "nll_mean_se": nll_se}
+        return run(kl, ln_ratio) | {"paired": {name: paired for name in UPSTREAM_SMALL}}
+
     runs = {REFERENCE: {"perplexity": 46.0, "ln_ratio": 0.0}, UPSTREAM_SMALL[0]: run(0.0039, -0.002)}
-    runs |= {UPSTREAM_SMALL[1]: run(0.0040, 0.003), EXACT: run(0.0040, -0.003), SAME_BUILD: run(0.0, 0.0, 100.0)}
+    runs |= {UPSTREAM_SMALL[1]: run(0.0040, 0.003), SAME_BUILD: run(0.0, 0.0, 100.0)}
     result = {"model": "m.gguf", "date": "today", "chunks": 8, "threads": 2, "runs": runs}
+    runs[EXACT] = exact(0.0040, -0.003, kl_se=1e-5, nll_se=1e-4)
+    assert within(result) == within(result, resolution=0.0) == {"kl_mean": True, "perplexity": True}
+    runs[EXACT] = exact(0.0041, 0.0031, kl_se=6e-5, nll_se=1e-4)
     assert within(result) == {"kl_mean": True, "perplexity": True}
-    runs[EXACT] = run(0.0041, 0.0031)
+    assert within(result, resolution=0.0) == {"kl_mean": False, "perplexity": False}
+    assert verdict([result]).endswith(
+        "on 1 of 1 models; by the point estimates alone on 0 of 1, past them elsewhere by at most 2 standard "
+        "errors of the paired difference; the patched build's big batches agree with the reference on every top "
+        "token on 1 of 1"
+    )
+    runs[EXACT] = exact(0.0041, 0.0031, kl_se=4e-5, nll_se=4e-5)
     assert within(result) == {"kl_mean": False, "perplexity": False}
     lines = tables([result]).splitlines()
     assert lines[2] == "| m.gguf | unpatched ub 512 | 46.000 | (reference) | | | |  |"
-    exact = f"| m.gguf | {EXACT} | 46.000 | +0.0031 ± 0.0034 | 4.10e-03 ± 1.0e-04 | 1.00e-02 | 5.00e-02 | 95.00% |"
-    assert exact in lines
-    assert all(line.count("|") == lines[1].count("|") for line in lines)
+    row = f"| m.gguf | {EXACT} | 46.000 | +0.0031 ± 0.0034 | 4.10e-03 ± 1.0e-04 | 1.00e-02 | 5.00e-02 | 95.00% |"
+    assert row in lines
+    assert f"| m.gguf | {UPSTREAM_SMALL[0]} | +1.00e-04 ± 4.0e-05 | +0.0001 ± 0.0000 |" in lines
+    assert all(line.count("|") == lines[1].count("|") for line in lines[: lines.index("")])
     assert verdict([result]).endswith(
-        "on 0 of 1 models (not on m.gguf: mean KL and perplexity); the patched "
-        "build's big batches agree with the reference on every top token on 1 of 1"
+        "on 0 of 1 models (not on m.gguf: mean KL and perplexity); by the point estimates alone on 0 of 1; the "
+        "patched build's big batches agree with the reference on every top token on 1 of 1"
     )
     assert kl_fields([result])["kl_setup"] == "8 chunks of 512 tokens, 2 threads, today to today"
     assert kl_fields([])["kl_setup"] == "not measured yet"
