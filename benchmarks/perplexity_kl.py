@@ -192,14 +192,15 @@ def compare(reference: LogProbs, runs: Mapping[str, LogProbs]) -> dict[str, dict
     rows = np.arange(BLOCK_ROWS)
     for start in range(0, len(reference.next_tokens), BLOCK_ROWS):
         stop = min(start + BLOCK_ROWS, len(reference.next_tokens))
-        base, tokens = reference.block(start, stop), reference.next_tokens[start:stop]
-        weights = np.where(base > KL_FLOOR, np.exp(base), 0.0)
-        for name, run in [(REFERENCE, reference), *runs.items()]:
-            log_probs = base if run is reference else run.block(start, stop)
+        base, scored = reference.block(start, stop), (rows[: stop - start], reference.next_tokens[start:stop])
+        weights, top = np.where(base > KL_FLOOR, np.exp(base), 0.0), np.argmax(base, axis=1)
+        parts[REFERENCE].setdefault("nll", []).append(-base[scored])
+        for name, run in runs.items():
+            log_probs = run.block(start, stop)
             figures = {
-                "nll": -log_probs[rows[: stop - start], tokens],
+                "nll": -log_probs[scored],
                 "kl": (weights * (base - log_probs)).sum(axis=1),
-                "same_top": np.argmax(log_probs, axis=1) == np.argmax(base, axis=1),
+                "same_top": np.argmax(log_probs, axis=1) == top,
             }
             for key, values in figures.items():
                 parts[name].setdefault(key, []).append(values)
