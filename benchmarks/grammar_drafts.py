@@ -106,7 +106,7 @@ def measure(rounds: int, threads: int) -> dict[str, Any]:
         for mode in MODES:
             on, off = figures[f"{workload} {mode} on"], figures[f"{workload} {mode} off"]
             ratio = pair_ratio(on, off)
-            reply_on, reply_off = (replies[(mode, text is not None, on)] for on in (True, False))
+            reply_on, reply_off = (replies[(mode, text is not None, drafts)] for drafts in (True, False))
             results["workloads"][f"{workload} {mode}"] = {
                 "on_tokens_per_second": statistics.median(on),
                 "off_tokens_per_second": statistics.median(off),
