@@ -385,6 +385,43 @@ mod tests {
         }
     }
 
+    extern "C" {
+        /// specstate's patch 0021 (`ops.cpp`): how many floats with the bit
+        /// patterns `first`, `first + step`, ... up to `last` get other bits
+        /// from the exact attention's eight-lane expf than from libm's expf
+        /// (-1 in builds without that kernel).
+        fn ggml_cpu_exact_expf_mismatches(first: u32, last: u32, step: u32) -> i64;
+    }
+
+    /// The exact attention's softmax takes expf eight cells at a time with
+    /// glibc's operations: it computes what libm's expf computes, on every
+    /// float it can be given (here every third non-positive float, and the
+    /// edges: zero, the underflow thresholds, -inf and NaN).
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
+    fn the_attentions_vector_expf_is_libms() {
+        let edges = [
+            0.0f32,
+            -0.0,
+            -88.0,
+            -103.28,
+            -103.97,
+            -104.0,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        for edge in edges {
+            let bits = edge.to_bits();
+            // SAFETY: a pure function of the patched ggml-cpu over a range of
+            // bit patterns; it touches no state.
+            let mismatches = unsafe { ggml_cpu_exact_expf_mismatches(bits, bits, 1) };
+            assert!(mismatches <= 0, "expf({edge}) differs from libm's");
+        }
+        // SAFETY: as above.
+        let mismatches = unsafe { ggml_cpu_exact_expf_mismatches(0x8000_0000, u32::MAX, 3) };
+        assert!(mismatches <= 0, "{mismatches} non-positive floats differ");
+    }
+
     #[test]
     fn system_info_names_the_cpu_backend() {
         assert!(system_info().contains("CPU"), "{}", system_info());
