@@ -394,9 +394,10 @@ mod tests {
     }
 
     /// The exact attention's softmax takes expf eight cells at a time with
-    /// glibc's operations: it computes what libm's expf computes, on every
-    /// float it can be given (here every third non-positive float, and the
-    /// edges: zero, the underflow thresholds, -inf and NaN).
+    /// glibc's operations and computes what libm's expf computes: checked on
+    /// every third non-positive float (the attention passes no other) and on
+    /// the edges (zero, the underflow thresholds, -inf, NaN). A build without
+    /// that kernel (-1) has nothing to check.
     #[test]
     #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
     fn the_attentions_vector_expf_is_libms() {
